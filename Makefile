@@ -1,0 +1,21 @@
+# Two entry points: `make demo` (the main job) and `make test` (the test suite).
+# Both create a virtualenv under .venv and install the package with what it needs.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+.PHONY: install test demo
+install: $(VENV)/.installed
+
+test: $(VENV)/.installed
+	$(PY) -m pytest tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
+
+demo: $(VENV)/.installed
+	$(PY) train.py --config=configs/demo.py --workdir=runs/demo

@@ -1,0 +1,29 @@
+"""Shared fixtures: a tiny config and small token batches."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import TransformerConfig
+
+
+@pytest.fixture
+def tiny_config() -> TransformerConfig:
+    """The tiny preset with dropout, small enough for CPU tests."""
+    return TransformerConfig.preset("tiny", vocab_size=50, max_len=32)
+
+
+@pytest.fixture
+def token_batch() -> tuple[jax.Array, jax.Array]:
+    """Source [2, 6] and shifted-right target [2, 5] ids with padding (0) in the second row."""
+    src = jnp.array([[5, 6, 7, 8, 9, 3], [10, 11, 12, 3, 0, 0]], jnp.int32)
+    tgt_in = jnp.array([[2, 13, 14, 15, 16], [2, 17, 18, 0, 0]], jnp.int32)
+    return src, tgt_in
+
+
+def random_tokens(rng: np.random.Generator, shape: tuple[int, ...], vocab: int) -> jax.Array:
+    """Non-pad token ids in [4, vocab)."""
+    return jnp.asarray(rng.integers(4, vocab, size=shape), jnp.int32)

@@ -1,0 +1,42 @@
+"""Position-wise feed-forward network (paper section 3.3): FFN(x) = max(0, x W1 + b1) W2 + b2."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+
+class FeedForward(nn.Module):
+    """Two linear maps d_model -> d_ff -> d_model with a ReLU between, applied at every position."""
+
+    d_model: int
+    d_ff: int
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+        """[B, T, d_model] -> [B, T, d_model]."""
+        hidden_BxTxF = nn.Dense(
+            self.d_ff,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=nn.with_logical_partitioning(
+                nn.initializers.xavier_uniform(), ("embed", "mlp")
+            ),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("mlp",)),
+            name="inner",
+        )(x_BxTxD)
+        return nn.Dense(
+            self.d_model,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=nn.with_logical_partitioning(
+                nn.initializers.xavier_uniform(), ("mlp", "embed")
+            ),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+            name="outer",
+        )(nn.relu(hidden_BxTxF))
