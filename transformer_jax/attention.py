@@ -62,6 +62,29 @@ def scaled_dot_product_attention(
     return jnp.where(has_key_BxT[:, :, None, None], out_BxTxHxK, 0.0).astype(out_BxTxHxK.dtype)
 
 
+def fold_beams_into_queries(
+    q_BNxTxHxK: jax.Array, mask: jax.Array | None, batch: int
+) -> tuple[jax.Array, jax.Array | None]:
+    """[B*N, T, H, K] queries (and their mask) -> [B, N*T, H, K], so N beams attend to [B, S] keys.
+
+    Query n*T + t of sentence b is beam n, position t. With N = 1 both are returned unchanged.
+    """
+    batch_beams, length, heads, head_dim = q_BNxTxHxK.shape
+    if batch_beams == batch:
+        return q_BNxTxHxK, mask
+    if batch_beams % batch:
+        raise ValueError(f"query batch {batch_beams} is not a multiple of the key batch {batch}")
+    beams = batch_beams // batch
+    q_BxNTxHxK = q_BNxTxHxK.reshape(batch, beams * length, heads, head_dim)
+    if mask is None:
+        return q_BxNTxHxK, None
+    mask_heads, kv_len = mask.shape[1], mask.shape[-1]
+    mask = jnp.broadcast_to(mask, (batch_beams, mask_heads, length, kv_len))
+    # [B*N, H|1, T, S] -> [B, N, H|1, T, S] -> [B, H|1, N, T, S] -> [B, H|1, N*T, S].
+    mask = mask.reshape(batch, beams, mask_heads, length, kv_len).transpose(0, 2, 1, 3, 4)
+    return q_BxNTxHxK, mask.reshape(batch, mask_heads, beams * length, kv_len)
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -73,7 +96,8 @@ class MultiHeadAttention(nn.Module):
       * self-attention appends the new position's key/value to a [B, max_len, H, K] cache each step;
         the cache length is the query length of the call that creates it;
       * cross-attention projects the encoder output to keys/values once, when the cache is created,
-        and reuses them at every later step.
+        and reuses them at every later step. Queries may carry N hypotheses (beams) per sentence,
+        [B*N, T, ...] against [B, S, ...] encoder keys/values: the beams then share one copy of them.
     """
 
     num_heads: int
@@ -84,10 +108,11 @@ class MultiHeadAttention(nn.Module):
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
 
-    def _projection(self, name: str) -> nn.DenseGeneral:
+    def _projection(self, name: str, use_bias: bool = True) -> nn.DenseGeneral:
         head_dim = self.d_model // self.num_heads
         return nn.DenseGeneral(
             features=(self.num_heads, head_dim),
+            use_bias=use_bias,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
             kernel_init=nn.with_logical_partitioning(
@@ -109,9 +134,12 @@ class MultiHeadAttention(nn.Module):
         """[B, T, d_model] queries (and [B, S, d_model] keys/values) -> [B, T, d_model]."""
         is_cross = inputs_kv is not None
         q_BxTxHxK = self._projection("query")(inputs_q)
-        key_proj, value_proj = self._projection("key"), self._projection("value")
+        # No key bias: it adds the same q.b to every logit of a query, which the softmax cancels,
+        # so it would be a parameter with an identically zero gradient.
+        key_proj, value_proj = self._projection("key", use_bias=False), self._projection("value")
         if self.decode and is_cross:
             k_BxSxHxK, v_BxSxHxK = self._cross_kv(key_proj, value_proj, inputs_kv)
+            q_BxTxHxK, mask = fold_beams_into_queries(q_BxTxHxK, mask, k_BxSxHxK.shape[0])
         else:
             source = inputs_kv if is_cross else inputs_q
             k_BxSxHxK, v_BxSxHxK = key_proj(source), value_proj(source)
@@ -133,6 +161,8 @@ class MultiHeadAttention(nn.Module):
             out_BxTxHxK = scaled_dot_product_attention(
                 q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, backend=self.backend
             )
+        # Undo any beam folding ([B, N*T, H, K] -> [B*N, T, H, K]; otherwise a no-op).
+        out_BxTxHxK = out_BxTxHxK.reshape(inputs_q.shape[:2] + out_BxTxHxK.shape[2:])
         # Concatenate the heads and project back: [B, T, H, K] -> [B, T, d_model].
         return nn.DenseGeneral(
             features=self.d_model,

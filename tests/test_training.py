@@ -1,0 +1,95 @@
+"""Loss, schedule, optimizer and the train step."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import Transformer, TransformerConfig
+from transformer_jax.training import (
+    create_train_state,
+    label_smoothed_cross_entropy,
+    paper_learning_rate,
+    paper_optimizer,
+    train_step,
+)
+
+
+def test_label_smoothed_loss_equals_hand_computation():
+    logits = jnp.array([[[2.0, 0.5, -1.0, 0.0]]])
+    targets = jnp.array([[1]])
+    loss, nll = label_smoothed_cross_entropy(logits, targets, smoothing=0.1)
+    log_p = np.log(np.exp([2.0, 0.5, -1.0, 0.0]) / np.exp([2.0, 0.5, -1.0, 0.0]).sum())
+    q = np.array([0.1 / 3, 0.9, 0.1 / 3, 0.1 / 3])  # 1 - eps on the reference, eps / (V - 1) elsewhere
+    np.testing.assert_allclose(loss[0, 0], -(q * log_p).sum(), rtol=1e-6)
+    np.testing.assert_allclose(nll[0, 0], -log_p[1], rtol=1e-6)
+    plain, _ = label_smoothed_cross_entropy(logits, targets, smoothing=0.0)
+    np.testing.assert_allclose(plain[0, 0], -log_p[1], rtol=1e-6)
+
+
+@pytest.mark.parametrize("step", [1, 10, 1000, 3999, 4000, 4001, 10000, 100000])
+def test_schedule_equals_the_paper_formula(step):
+    schedule = paper_learning_rate(d_model=512, warmup_steps=4000)
+    expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
+    # optax passes the update count, which starts at 0 for step 1.
+    np.testing.assert_allclose(schedule(step - 1), expected, rtol=1e-6)
+
+
+def test_schedule_peaks_at_warmup_and_scales():
+    schedule = paper_learning_rate(d_model=512, warmup_steps=4000, scale=2.0)
+    rates = np.asarray([schedule(c) for c in (3998, 3999, 4000)])
+    assert rates[1] > rates[0] and rates[1] > rates[2]
+    np.testing.assert_allclose(rates[1], 2.0 * 512**-0.5 * 4000**-0.5, rtol=1e-6)
+
+
+def test_optimizer_uses_paper_adam_hyperparameters():
+    opt = paper_optimizer(lambda count: 1.0)
+    params = {"w": jnp.array([1.0])}
+    state = opt.init(params)
+    updates, state = opt.update({"w": jnp.array([2.0])}, state, params)
+    # First Adam step: m = (1-b1) g, v = (1-b2) g^2, bias-corrected -> g / (|g| + eps) = 1.
+    np.testing.assert_allclose(updates["w"], [-1.0], rtol=1e-6)
+    np.testing.assert_allclose(state[0].mu["w"], [0.1 * 2.0], rtol=1e-6)
+    np.testing.assert_allclose(state[0].nu["w"], [0.02 * 4.0], rtol=1e-6)
+
+
+def copy_task_batch(rng: np.random.Generator, batch: int = 16, length: int = 7) -> dict:
+    tokens = rng.integers(4, 30, size=(batch, length)).astype(np.int32)
+    tokens[:, -1] = 3
+    targets = tokens.copy()
+    target_inputs = np.concatenate([np.full((batch, 1), 2, np.int32), targets[:, :-1]], 1)
+    return {"inputs": tokens, "targets": targets, "target_inputs": target_inputs}
+
+
+@pytest.fixture
+def small_state():
+    model = Transformer(TransformerConfig.preset("tiny", vocab_size=32))
+    optimizer = paper_optimizer(paper_learning_rate(model.config.d_model, warmup_steps=10))
+    return create_train_state(model, optimizer, seed=0)
+
+
+def test_loss_falls_over_30_steps(small_state):
+    step = jax.jit(train_step, static_argnums=2, donate_argnums=0)
+    batch = copy_task_batch(np.random.default_rng(0))
+    state, losses = small_state, []
+    for _ in range(30):
+        state, metrics = step(state, batch, 0.1)
+        losses.append(float(metrics["loss"]))
+    assert int(state.step) == 30 and int(state.skipped_updates) == 0
+    assert np.mean(losses[-5:]) < 0.9 * np.mean(losses[:5]), losses
+
+
+def test_non_finite_gradients_skip_the_update(small_state):
+    step = jax.jit(train_step, static_argnums=2)
+    batch = copy_task_batch(np.random.default_rng(0))
+    poisoned = small_state.replace(
+        params=jax.tree.map(lambda p: p.at[(0,) * p.ndim].set(jnp.nan) if p.ndim == 2 else p, small_state.params)
+    )
+    new_state, metrics = step(poisoned, batch, 0.1)
+    assert int(metrics["update_skipped"]) == 1 and int(new_state.skipped_updates) == 1
+    assert int(new_state.step) == 1
+    same = jax.tree.map(lambda a, b: bool(np.array_equal(a, b, equal_nan=True)), new_state.params, poisoned.params)
+    assert all(jax.tree.leaves(same))
+    healthy, metrics = step(small_state, batch, 0.1)
+    assert int(metrics["update_skipped"]) == 0
+    assert not np.array_equal(jax.tree.leaves(healthy.params)[0], jax.tree.leaves(small_state.params)[0])

@@ -1,0 +1,194 @@
+"""Training: the paper's loss, learning-rate schedule and Adam, the train state, and the jitted steps.
+
+Batches are dicts of int32 arrays: `inputs` [B, S], `targets` [B, T], `target_inputs` [B, T] (BOS +
+targets shifted right) and, for packed rows, `inputs_position`, `targets_position`,
+`inputs_segmentation`, `targets_segmentation`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+from flax.training import train_state
+
+from transformer_jax.masks import PAD_ID
+from transformer_jax.model import Transformer
+
+Batch = dict[str, jax.Array]
+Metrics = dict[str, jax.Array]
+
+
+def label_smoothed_cross_entropy(
+    logits_BxTxV: jax.Array, targets_BxT: jax.Array, smoothing: float
+) -> tuple[jax.Array, jax.Array]:
+    """Per-token cross-entropy against the smoothed target distribution, and the plain NLL.
+
+    The smoothed distribution puts 1 - smoothing on the reference token and smoothing / (V - 1) on
+    every other token (as tensor2tensor and fairseq do). It is never materialized as a one-hot
+    [B, T, V] array: -sum_v q_v log p_v = -(conf - low) log p_ref - low * sum_v log p_v.
+    """
+    vocab_size = logits_BxTxV.shape[-1]
+    log_probs_BxTxV = jax.nn.log_softmax(logits_BxTxV.astype(jnp.float32), axis=-1)
+    reference_log_prob_BxT = jnp.take_along_axis(log_probs_BxTxV, targets_BxT[..., None], -1)[..., 0]
+    nll_BxT = -reference_log_prob_BxT
+    if smoothing == 0.0:
+        return nll_BxT, nll_BxT
+    low = smoothing / (vocab_size - 1)
+    confidence = 1.0 - smoothing
+    loss_BxT = -(confidence - low) * reference_log_prob_BxT - low * log_probs_BxTxV.sum(-1)
+    return loss_BxT, nll_BxT
+
+
+def paper_learning_rate(
+    d_model: int, warmup_steps: int = 4000, scale: float = 1.0
+) -> Callable[[jax.Array], jax.Array]:
+    """lrate = scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), step counted from 1.
+
+    Returned as an optax schedule of the update count (which optax counts from 0).
+    """
+
+    def schedule(count: jax.Array) -> jax.Array:
+        step = jnp.asarray(count, jnp.float32) + 1.0
+        return scale * d_model**-0.5 * jnp.minimum(step**-0.5, step * warmup_steps**-1.5)
+
+    return schedule
+
+
+def paper_optimizer(
+    schedule: Callable[[jax.Array], jax.Array],
+    b1: float = 0.9,
+    b2: float = 0.98,
+    eps: float = 1e-9,
+    grad_clip_norm: float | None = None,
+) -> optax.GradientTransformation:
+    """Adam(β1=0.9, β2=0.98, ε=1e-9) with the given schedule, optionally after global-norm clipping."""
+    adam = optax.adam(schedule, b1=b1, b2=b2, eps=eps)
+    if grad_clip_norm:
+        return optax.chain(optax.clip_by_global_norm(grad_clip_norm), adam)
+    return adam
+
+
+class TrainState(train_state.TrainState):
+    """Parameters, optimizer state and step, plus the dropout key and a count of skipped updates."""
+
+    dropout_key: jax.Array = struct.field(default=None)
+    skipped_updates: jax.Array = struct.field(default=None)
+
+
+def create_train_state(
+    model: Transformer, optimizer: optax.GradientTransformation, seed: int
+) -> TrainState:
+    """Initialize parameters (with logical-axis boxes) and the optimizer state from `seed`.
+
+    Pass the same `model` and `optimizer` objects to every call whose results must share a tree
+    structure (e.g. `jax.eval_shape` and `jax.jit` of the same initializer).
+    """
+    init_key, dropout_key = jax.random.split(jax.random.key(seed))
+    dummy = jnp.ones((1, 8), jnp.int32)
+    params = model.init(init_key, dummy, dummy)["params"]
+    return TrainState.create(
+        apply_fn=model.apply,
+        params=params,
+        tx=optimizer,
+        dropout_key=jax.random.key_data(dropout_key),
+        skipped_updates=jnp.zeros((), jnp.int32),
+    )
+
+
+def _model_inputs(batch: Batch) -> dict[str, jax.Array | None]:
+    return dict(
+        src_positions=batch.get("inputs_position"),
+        tgt_positions=batch.get("targets_position"),
+        src_segments=batch.get("inputs_segmentation"),
+        tgt_segments=batch.get("targets_segmentation"),
+    )
+
+
+def loss_sums(
+    params: Any, apply_fn: Callable, batch: Batch, smoothing: float, dropout_key: jax.Array | None
+) -> tuple[jax.Array, Metrics]:
+    """Summed label-smoothed loss over non-pad target tokens, and summed metrics (not yet averaged)."""
+    deterministic = dropout_key is None
+    rngs = None if deterministic else {"dropout": dropout_key}
+    logits_BxTxV = apply_fn(
+        {"params": params}, batch["inputs"], batch["target_inputs"], **_model_inputs(batch),
+        deterministic=deterministic, rngs=rngs,
+    )
+    loss_BxT, nll_BxT = label_smoothed_cross_entropy(logits_BxTxV, batch["targets"], smoothing)
+    weights_BxT = (batch["targets"] != PAD_ID).astype(jnp.float32)
+    correct_BxT = (jnp.argmax(logits_BxTxV, -1) == batch["targets"]).astype(jnp.float32)
+    sums = {
+        "loss": (loss_BxT * weights_BxT).sum(),
+        "nll": (nll_BxT * weights_BxT).sum(),
+        "correct": (correct_BxT * weights_BxT).sum(),
+        "tokens": weights_BxT.sum(),
+    }
+    return sums["loss"], sums
+
+
+def step_dropout_key(state: TrainState) -> jax.Array:
+    """The dropout key of this step: derived from the seed and the step, so reruns repeat exactly."""
+    return jax.random.fold_in(jax.random.wrap_key_data(state.dropout_key), state.step)
+
+
+def compute_gradients(
+    state: TrainState, batch: Batch, smoothing: float, micro_step: int | jax.Array = 0
+) -> tuple[Any, Metrics]:
+    """Gradients of the summed loss of one (micro-)batch, and its summed metrics."""
+    dropout_key = jax.random.fold_in(step_dropout_key(state), micro_step)
+    grad_fn = jax.grad(loss_sums, has_aux=True)
+    return grad_fn(state.params, state.apply_fn, batch, smoothing, dropout_key)
+
+
+def apply_gradients(state: TrainState, grad_sums: Any, sums: Metrics) -> tuple[TrainState, Metrics]:
+    """Normalize summed gradients by the batch's non-pad target tokens and take one Adam step.
+
+    A non-finite loss or gradient skips the update (parameters and optimizer state unchanged) and
+    counts it in `skipped_updates`.
+    """
+    tokens = jnp.maximum(sums["tokens"], 1.0)
+    grads = jax.tree.map(lambda g: g / tokens, grad_sums)
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss"])
+    updated = state.apply_gradients(grads=grads)
+    # Keep the old parameters and optimizer state where the update is not finite, but count the step.
+    new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, state)
+    new_state = new_state.replace(
+        step=state.step + 1, skipped_updates=state.skipped_updates + (1 - finite.astype(jnp.int32))
+    )
+    metrics = {
+        "loss": sums["loss"] / tokens,
+        "nll": sums["nll"] / tokens,
+        "accuracy": sums["correct"] / tokens,
+        "tokens": sums["tokens"],
+        "grad_norm": grad_norm,
+        "update_skipped": 1 - finite.astype(jnp.int32),
+    }
+    return new_state, metrics
+
+
+def train_step(state: TrainState, batch: Batch, smoothing: float) -> tuple[TrainState, Metrics]:
+    """One optimizer update on one batch (jit this with `donate_argnums=0`)."""
+    grad_sums, sums = compute_gradients(state, batch, smoothing)
+    return apply_gradients(state, grad_sums, sums)
+
+
+def eval_step(params: Any, apply_fn: Callable, batch: Batch, smoothing: float) -> Metrics:
+    """Summed loss, NLL, correct-token and token counts of one batch, without dropout."""
+    _, sums = loss_sums(params, apply_fn, batch, smoothing, None)
+    return sums
+
+
+def add_trees(a: Any, b: Any) -> Any:
+    """Elementwise a + b over matching pytrees (gradient accumulation)."""
+    return jax.tree.map(jnp.add, a, b)
+
+
+def unboxed(tree: Any) -> Any:
+    """`tree` with flax's logical-axis boxes removed."""
+    return nn.meta.unbox(tree)
