@@ -99,8 +99,9 @@ def test_multi_head_attention_matches_reference(backend):
     out = module.apply({"params": params}, x, memory, mask)
 
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), nn.meta.unbox(params))
-    project = lambda inp, name: np.einsum("btd,dhk->bthk", inp, p[name]["kernel"]) + p[name]["bias"]
+    project = lambda inp, name: np.einsum("btd,dhk->bthk", inp, p[name]["kernel"]) + p[name].get("bias", 0.0)
     heads_out = reference_attention(project(x, "query"), project(memory, "key"), project(memory, "value"), mask)
     expected = np.einsum("bthk,hkd->btd", heads_out, p["out"]["kernel"]) + p["out"]["bias"]
     assert relative_error(out, expected) < 1e-5
     assert p["query"]["kernel"].shape == (d_model, heads, d_model // heads)
+    assert "bias" not in p["key"]  # the softmax cancels a key bias
