@@ -68,6 +68,18 @@ def init_sharded(create: Callable[[], Any], mesh: Mesh) -> tuple[Any, Any]:
     return jax.jit(create, out_shardings=shardings)(), shardings
 
 
+def abstract_with_shardings(state: Any, shardings: Any) -> Any:
+    """`state` as ShapeDtypeStructs carrying their shardings (logical-axis boxes kept), for restoring."""
+
+    def abstract(sharding: NamedSharding, leaf: Any) -> Any:
+        if isinstance(leaf, nn.meta.AxisMetadata):
+            value = leaf.unbox()
+            return leaf.replace_boxed(jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding))
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+
+    return jax.tree.map(abstract, shardings, state, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+
+
 def global_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
     """Place this process's part of the batch onto the mesh as one global array per key.
 

@@ -74,10 +74,11 @@ def paper_optimizer(
 
 
 class TrainState(train_state.TrainState):
-    """Parameters, optimizer state and step, plus the dropout key and a count of skipped updates."""
+    """Parameters, optimizer state and step, the dropout key, and counts of skipped updates."""
 
     dropout_key: jax.Array = struct.field(default=None)
-    skipped_updates: jax.Array = struct.field(default=None)
+    skipped_updates: jax.Array = struct.field(default=None)  # in the whole run
+    consecutive_skipped: jax.Array = struct.field(default=None)  # since the last finite update
 
 
 def create_train_state(
@@ -97,6 +98,7 @@ def create_train_state(
         tx=optimizer,
         dropout_key=jax.random.key_data(dropout_key),
         skipped_updates=jnp.zeros((), jnp.int32),
+        consecutive_skipped=jnp.zeros((), jnp.int32),
     )
 
 
@@ -158,8 +160,11 @@ def apply_gradients(state: TrainState, grad_sums: Any, sums: Metrics) -> tuple[T
     updated = state.apply_gradients(grads=grads)
     # Keep the old parameters and optimizer state where the update is not finite, but count the step.
     new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, state)
+    skipped = 1 - finite.astype(jnp.int32)
     new_state = new_state.replace(
-        step=state.step + 1, skipped_updates=state.skipped_updates + (1 - finite.astype(jnp.int32))
+        step=state.step + 1,
+        skipped_updates=state.skipped_updates + skipped,
+        consecutive_skipped=(state.consecutive_skipped + skipped) * skipped,
     )
     metrics = {
         "loss": sums["loss"] / tokens,
@@ -167,7 +172,7 @@ def apply_gradients(state: TrainState, grad_sums: Any, sums: Metrics) -> tuple[T
         "accuracy": sums["correct"] / tokens,
         "tokens": sums["tokens"],
         "grad_norm": grad_norm,
-        "update_skipped": 1 - finite.astype(jnp.int32),
+        "update_skipped": skipped,
     }
     return new_state, metrics
 

@@ -1,0 +1,76 @@
+"""The training loop: metrics, checkpoints, resume equal to an uninterrupted run, the non-finite guard."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from transformer_jax.checkpointing import Checkpointer
+from transformer_jax.config import ConfigError
+from transformer_jax.metrics_log import read_metrics
+from transformer_jax.trainer import Trainer, TrainingError, model_config
+
+
+def train_losses(workdir):
+    return {r["step"]: r["loss"] for r in read_metrics(workdir) if r["split"] == "train"}
+
+
+def params_of(trainer):
+    return [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
+
+
+def test_run_logs_checkpoints_and_keeps_the_last_k(run_config, tmp_path):
+    trainer = Trainer(run_config, str(tmp_path))
+    state = trainer.run()
+    assert int(state.step) == 6
+    records = read_metrics(str(tmp_path))
+    train = [r for r in records if r["split"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
+    assert all(np.isfinite(r["loss"]) and r["tokens_per_second"] > 0 for r in train)
+    assert {"loss", "nll", "perplexity", "accuracy", "learning_rate", "grad_norm"} <= set(train[0])
+    dev = [r for r in records if r["split"] == "dev"]
+    assert [r["step"] for r in dev] == [3, 6]
+    np.testing.assert_allclose(dev[0]["perplexity"], np.exp(dev[0]["nll"]), rtol=1e-5)
+    # Keep the last 2 (4, 6) plus the best by dev loss (3 or 6).
+    steps = Checkpointer(str(tmp_path / "checkpoints")).steps()
+    assert steps[-2:] == [4, 6] and len(steps) <= 3
+    assert os.listdir(tmp_path / "tensorboard")
+    assert json.load(open(tmp_path / "config.json"))["model"]["d_model"] == 32
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(run_config, tmp_path):
+    uninterrupted = Trainer(run_config, str(tmp_path / "a"))
+    uninterrupted.run()
+
+    first = run_config.copy_and_resolve_references()
+    first.training.num_train_steps = 3  # stops at step 3 (checkpointed), as a preempted run would
+    Trainer(first, str(tmp_path / "b")).run()
+    resumed = Trainer(run_config, str(tmp_path / "b"))
+    resumed.run()
+
+    assert train_losses(str(tmp_path / "b")) == train_losses(str(tmp_path / "a"))
+    for a, b in zip(params_of(uninterrupted), params_of(resumed)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_non_finite_updates_stop_training_and_keep_the_last_good_checkpoint(run_config, tmp_path):
+    Trainer(run_config, str(tmp_path)).run()  # a good checkpoint at step 6
+    config = run_config.copy_and_resolve_references()
+    config.training.num_train_steps = 12
+    config.training.learning_rate_scale = 1e30  # the first update overflows to inf
+    config.training.max_skipped_updates = 2
+    trainer = Trainer(config, str(tmp_path))
+    with pytest.raises(TrainingError, match="non-finite"):
+        trainer.run()
+    checkpointer = Checkpointer(str(tmp_path / "checkpoints"))
+    for step in checkpointer.steps():
+        params = checkpointer.restore_params(step)
+        assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params)), step
+
+
+def test_vocab_size_must_agree_with_the_tokenizer(run_config):
+    run_config.model.vocab_size = 123
+    with pytest.raises(ConfigError, match="disagrees with the tokenizer's 500"):
+        model_config(run_config, 500)

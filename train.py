@@ -1,0 +1,66 @@
+"""Train a Transformer: python train.py --config=configs/demo.py --workdir=runs/demo [--config.KEY=VALUE ...].
+
+Resumes from the newest checkpoint in --workdir. At the end, translates the test split with beam
+search and prints SacreBLEU (the signature included).
+"""
+
+import json
+import logging
+import os
+
+import jax
+from absl import app, flags
+from ml_collections import config_flags
+
+from transformer_jax.cli import ensure_writable_workdir, user_errors
+from transformer_jax.trainer import Trainer, TrainingError
+from transformer_jax.translation import score_split
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (see configs/).", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, tokenizer, logs and outputs.")
+_MULTIHOST = flags.DEFINE_bool(
+    "multihost", False, "Join a multi-process run with jax.distributed.initialize() (auto-detected on "
+    "TPU pods and SLURM; elsewhere give the three flags below).")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multihost).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (multihost).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (multihost).")
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    logging.getLogger().setLevel(logging.WARNING)
+    with user_errors((TrainingError,)):
+        if _MULTIHOST.value:
+            jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+        config, workdir = _CONFIG.value, _WORKDIR.value
+        ensure_writable_workdir(workdir)
+        trainer = Trainer(config, workdir)
+        evaluation = config.eval
+        options = dict(beam_size=evaluation.beam_size, alpha=evaluation.alpha,
+                       max_extra_length=evaluation.max_extra_length,
+                       batch_size=config.data.eval_batch_size, show_progress=False)
+        data, model_config = trainer.data, trainer.model_config
+
+        def dev_bleu(params):
+            scores, _ = score_split(params, model_config, data.dev, data.tokenizer, config.data.target_lang,
+                                    limit=config.training.dev_bleu_sentences, **options)
+            return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
+
+        state = trainer.run(dev_bleu)
+        if state.step < config.training.num_train_steps:
+            return  # stopped early by a signal; the checkpoint is saved
+        scores, hypotheses = score_split(state.params, model_config, data.test, data.tokenizer,
+                                         config.data.target_lang, **{**options, "show_progress": True})
+        if jax.process_index() == 0:
+            with open(os.path.join(workdir, "test_final.hyp"), "w") as f:
+                f.write("".join(line + "\n" for line in hypotheses))
+            with open(os.path.join(workdir, "test_final.json"), "w") as f:
+                json.dump({"step": int(state.step), **scores}, f, indent=2)
+            print(f"test SacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})")
+            print(f"test chrF {scores['chrf']:.2f}; tokenized compound-split BLEU (paper-style, "
+                  f"not comparable with SacreBLEU) {scores['tokenized_compound_split_bleu']:.2f}")
+
+
+if __name__ == "__main__":
+    app.run(main)

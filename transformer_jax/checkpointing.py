@@ -1,0 +1,176 @@
+"""Orbax checkpoints of a run: train state, data-iterator position and run metadata, saved together.
+
+Orbax writes each step into a temporary directory and renames it only once complete, so a crash
+mid-save never produces a "latest" that cannot be restored. The last `keep` steps are kept, plus
+the best one by a dev metric when one is given.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+
+_policies = ocp.checkpoint_managers.preservation_policy
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used as asked; the message names it and the fix."""
+
+
+@jax.jit
+def tree_is_finite(tree: Any) -> jax.Array:
+    """True when every element of every leaf is finite."""
+    leaves = [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(leaves))
+
+
+def _path_name(path: tuple) -> str:
+    """'params/encoder/layer_0/...' for a pytree path, the same for a state and its saved metadata."""
+    return jax.tree_util.keystr(path, simple=True, separator="/")
+
+
+class Checkpointer:
+    """Saves and restores {state, data, meta} under `<directory>/<step>/` with an Orbax manager.
+
+    `best_metric` (e.g. "dev_bleu", higher is better, or "dev_loss", lower is better) marks which
+    value passed to `save(metrics=...)` ranks checkpoints for `best_step()`.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        keep: int = 5,
+        best_metric: str | None = None,
+        best_mode: str = "max",
+        asynchronous: bool = True,
+    ) -> None:
+        self.directory = os.path.abspath(directory)
+        self.best_metric, self.best_mode = best_metric, best_mode
+        policies: list[Any] = [_policies.LatestN(keep)]
+        if best_metric:
+            sign = 1.0 if best_mode == "max" else -1.0
+            policies.append(
+                _policies.BestN(
+                    get_metric_fn=lambda metrics: sign * metrics[best_metric],
+                    n=1,
+                    keep_checkpoints_without_metrics=False,
+                )
+            )
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=_policies.AnyPreservationPolicy(policies),
+            enable_async_checkpointing=asynchronous,
+            cleanup_tmp_directories=True,
+        )
+        handlers = {
+            "state": ocp.StandardCheckpointHandler(),
+            "data": ocp.JsonCheckpointHandler(),
+            "meta": ocp.JsonCheckpointHandler(),
+        }
+        self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+
+    def save(
+        self,
+        step: int,
+        state: Any,
+        data_state: dict[str, Any],
+        meta: dict[str, Any],
+        metrics: dict[str, float] | None = None,
+    ) -> bool:
+        """Start saving `state` at `step` (asynchronously); refuse non-finite parameters.
+
+        Returns False (and saves nothing) when the parameters hold NaN or Inf.
+        """
+        if not bool(tree_is_finite(state.params)):
+            return False
+        ranked = metrics if metrics and self.best_metric in metrics else None
+        self.manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state),
+                data=ocp.args.JsonSave(data_state),
+                meta=ocp.args.JsonSave({**meta, "step": step, "metrics": metrics or {}}),
+            ),
+            metrics=ranked,
+            force=True,
+        )
+        return True
+
+    def steps(self) -> list[int]:
+        """Complete checkpoints on disk, oldest first."""
+        self.manager.reload()
+        return sorted(self.manager.all_steps())
+
+    def latest_step(self) -> int | None:
+        """The newest complete checkpoint, or None."""
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def meta(self, step: int) -> dict[str, Any]:
+        """The run metadata saved with `step` (config, metrics, ...)."""
+        return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+    def best_step(self) -> int | None:
+        """The kept step with the best `best_metric`, or None when none was ranked."""
+        ranked = []
+        for step in self.steps():
+            value = self.meta(step).get("metrics", {}).get(self.best_metric)
+            if value is not None:
+                ranked.append((value if self.best_mode == "max" else -value, step))
+        return max(ranked)[1] if ranked else None
+
+    def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+        """(state, data_state, meta) of `step`, placed as `abstract_state`'s shardings say.
+
+        Raises CheckpointError when the saved shapes differ from `abstract_state`'s.
+        """
+        self._check_shapes(step, abstract_state)
+        restored = self.manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract_state),
+                data=ocp.args.JsonRestore(),
+                meta=ocp.args.JsonRestore(),
+            ),
+        )
+        return restored["state"], restored["data"], restored["meta"]
+
+    def restore_params(self, step: int) -> Any:
+        """Only the parameters of `step`, as saved (host arrays on the default device)."""
+        restored = self.manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore())
+        )
+        return restored["state"]["params"]
+
+    def _check_shapes(self, step: int, abstract_state: Any) -> None:
+        saved = self.manager.item_metadata(step)["state"]
+        saved_tree = getattr(saved, "tree", saved)
+        expected = jax.tree_util.tree_leaves_with_path(abstract_state)
+        saved_leaves = dict(
+            (_path_name(path), leaf)
+            for path, leaf in jax.tree_util.tree_leaves_with_path(
+                saved_tree, is_leaf=lambda x: hasattr(x, "shape")
+            )
+        )
+        for path, leaf in expected:
+            key = _path_name(path)
+            saved_leaf = saved_leaves.get(key)
+            if saved_leaf is None or tuple(saved_leaf.shape) != tuple(leaf.shape):
+                found = "missing" if saved_leaf is None else tuple(saved_leaf.shape)
+                raise CheckpointError(
+                    f"checkpoint {self.directory}/{step} does not match the config: {key} is "
+                    f"{found} on disk but {tuple(leaf.shape)} in the model; use the config the run "
+                    "was started with, or a new workdir"
+                )
+
+    def wait(self) -> None:
+        """Block until pending asynchronous saves are on disk."""
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        """Finish pending saves and release the manager."""
+        self.manager.wait_until_finished()
+        self.manager.close()

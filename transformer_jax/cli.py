@@ -1,0 +1,40 @@
+"""What train.py and eval.py share: one-line errors for mistakes a user can make, and workdir checks."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from typing import Iterator
+
+from transformer_jax.checkpointing import CheckpointError
+from transformer_jax.config import ConfigError
+from transformer_jax.data import DataError
+from transformer_jax.sharding import MeshError
+
+USER_ERRORS: tuple[type[BaseException], ...] = (ConfigError, DataError, CheckpointError, MeshError)
+
+
+@contextlib.contextmanager
+def user_errors(extra: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Turn a user-caused error into one line on stderr and exit status 1 (no traceback)."""
+    try:
+        yield
+    except USER_ERRORS + extra as error:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(1)
+
+
+def ensure_writable_workdir(workdir: str) -> None:
+    """Create `workdir` if needed; fail clearly when it cannot be written."""
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        probe = os.path.join(workdir, ".write_test")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as error:
+        raise ConfigError(
+            f"workdir {workdir} is not writable ({error.strerror}); choose another --workdir"
+        ) from None

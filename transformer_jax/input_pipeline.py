@@ -1,0 +1,99 @@
+"""From a run config to what training and evaluation read: the tokenizer, training batches, dev/test sets."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import ml_collections
+
+from transformer_jax.batching import BatchIterator
+from transformer_jax.data import DataError, Pair, drop_empty_pairs, load_splits
+from transformer_jax.tokenized import EncodedPairs, encode_pairs, filter_by_length
+from transformer_jax.tokenizer import Tokenizer, load_or_train_tokenizer
+
+
+@dataclasses.dataclass
+class EvalSet:
+    """A dev or test split: raw pairs (references stay untokenized) and their token ids."""
+
+    pairs: list[Pair]
+    encoded: EncodedPairs
+
+
+@dataclasses.dataclass
+class RunData:
+    """The tokenizer, the training iterator and the dev/test sets of one run."""
+
+    tokenizer: Tokenizer
+    train: BatchIterator
+    dev: EvalSet
+    test: EvalSet
+
+
+def load_run_splits(data: ml_collections.ConfigDict, seed: int, splits: tuple[str, ...]) -> dict[str, list[Pair]]:
+    """The configured source's splits as (source, target) text pairs in the configured direction."""
+    return load_splits(
+        data.source,
+        path=data.path or None,
+        source_lang=data.source_lang,
+        target_lang=data.target_lang,
+        splits=splits,
+        tfds_train_name=data.tfds_train_name,
+        tfds_eval_name=data.tfds_eval_name,
+        tfds_data_dir=data.tfds_data_dir or None,
+        tfds_manual_dir=data.tfds_manual_dir or None,
+        builtin_sizes=(data.builtin_train_size, data.builtin_dev_size, data.builtin_test_size),
+        seed=seed,
+    )
+
+
+def eval_set(pairs: list[Pair], tokenizer: Tokenizer) -> EvalSet:
+    """Tokenize a dev/test split, keeping every pair (empty ones too) in order."""
+    return EvalSet(pairs, encode_pairs(pairs, tokenizer))
+
+
+def prepare_data(
+    config: ml_collections.ConfigDict,
+    workdir: str,
+    row_multiple: int = 1,
+    process_index: int = 0,
+    process_count: int = 1,
+) -> RunData:
+    """Load the splits, train or reuse `<workdir>/tokenizer.model`, and build the training iterator.
+
+    `row_multiple` (the number of devices the batch is split over) divides every batch's rows.
+    """
+    data = config.data
+    splits = load_run_splits(data, config.training.seed, ("train", "dev", "test"))
+    train_pairs, dropped = drop_empty_pairs(splits["train"])
+    if dropped:
+        logging.warning("dropped %d training pairs with an empty side", dropped)
+    tokenizer = load_or_train_tokenizer(
+        workdir,
+        train_pairs,
+        vocab_size=data.vocab_size,
+        model_type=data.tokenizer_type,
+        byte_fallback=data.byte_fallback,
+        sample_size=data.tokenizer_sample_size,
+        seed=config.training.seed,
+    )
+    train, too_long = filter_by_length(encode_pairs(train_pairs, tokenizer), data.max_length)
+    if too_long:
+        logging.warning("dropped %d training pairs longer than max_length=%d", too_long, data.max_length)
+    if data.tokens_per_batch < data.max_length * row_multiple:
+        raise DataError(
+            f"data.tokens_per_batch={data.tokens_per_batch} cannot hold one row of "
+            f"max_length={data.max_length} per device ({row_multiple} devices); raise tokens_per_batch"
+        )
+    iterator = BatchIterator(
+        train,
+        tokens_per_batch=data.tokens_per_batch,
+        max_length=data.max_length,
+        pack=data.pack,
+        row_multiple=row_multiple,
+        seed=config.training.seed,
+        process_index=process_index,
+        process_count=process_count,
+    )
+    return RunData(tokenizer, iterator, eval_set(splits["dev"], tokenizer), eval_set(splits["test"], tokenizer))

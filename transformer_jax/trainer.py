@@ -1,0 +1,279 @@
+"""The training loop: sharded state, checkpoints and resume, preemption, logging, dev and test evaluation."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from jax.experimental import multihost_utils
+from tqdm import tqdm
+
+from transformer_jax.batching import eval_batches
+from transformer_jax.checkpointing import Checkpointer
+from transformer_jax.config import ConfigError, TransformerConfig
+from transformer_jax.input_pipeline import EvalSet, RunData, prepare_data
+from transformer_jax.metrics_log import MetricsLog
+from transformer_jax.model import Transformer
+from transformer_jax.sharding import (
+    abstract_with_shardings,
+    batch_sharding,
+    global_batch,
+    init_sharded,
+    make_mesh,
+)
+from transformer_jax.training import (
+    TrainState,
+    add_trees,
+    apply_gradients,
+    compute_gradients,
+    create_train_state,
+    eval_step,
+    paper_learning_rate,
+    paper_optimizer,
+    train_step,
+)
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (e.g. the loss stays non-finite); the message says why and what to do."""
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
+    """The TransformerConfig of a run, with the vocabulary size taken from (and checked against) the tokenizer."""
+    fields = dict(config.model)
+    if fields["vocab_size"] not in (0, vocab_size):
+        raise ConfigError(
+            f"model.vocab_size={fields['vocab_size']} disagrees with the tokenizer's {vocab_size} "
+            "pieces; set model.vocab_size=0 (take the tokenizer's) or retrain the tokenizer"
+        )
+    fields["vocab_size"] = vocab_size
+    model = TransformerConfig(**fields)
+    longest = config.data.max_length + 1
+    if model.max_len < longest:
+        raise ConfigError(
+            f"model.max_len={model.max_len} is shorter than data.max_length + 1 = {longest}; raise model.max_len"
+        )
+    return model
+
+
+def write_run_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+    """Save the run's config as `<workdir>/config.json` (eval.py rebuilds the model from it)."""
+    path = os.path.join(workdir, "config.json")
+    temporary = path + ".tmp"
+    with open(temporary, "w") as f:
+        f.write(config.to_json_best_effort(indent=2))
+    os.replace(temporary, path)
+
+
+@dataclasses.dataclass
+class StopFlag:
+    """Set by SIGTERM/SIGINT so the loop saves a checkpoint and exits at the next step boundary."""
+
+    signal_number: int | None = None
+
+    def install(self) -> None:
+        """Route SIGTERM and SIGINT to this flag."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signal_number: int, frame: Any) -> None:
+        self.signal_number = signal_number
+
+    def agreed(self) -> bool:
+        """True when any process was signalled (all processes must stop at the same step)."""
+        stop = self.signal_number is not None
+        if jax.process_count() == 1:
+            return stop
+        return bool(np.any(multihost_utils.process_allgather(np.array(stop))))
+
+
+class Trainer:
+    """Holds what one run needs; `run()` trains to `num_train_steps` (resuming if checkpoints exist)."""
+
+    def __init__(self, config: ml_collections.ConfigDict, workdir: str, data: RunData | None = None) -> None:
+        self.config, self.workdir = config, workdir
+        self.mesh = make_mesh(config.mesh.data, config.mesh.fsdp)
+        self.data = data or prepare_data(
+            config, workdir, row_multiple=self.mesh.size,
+            process_index=jax.process_index(), process_count=jax.process_count(),
+        )
+        self.model_config = model_config(config, self.data.tokenizer.vocab_size)
+        self.model = Transformer(self.model_config)
+        training = config.training
+        self.schedule = paper_learning_rate(
+            self.model_config.d_model, training.warmup_steps, training.learning_rate_scale
+        )
+        optimizer = paper_optimizer(
+            self.schedule, training.adam_b1, training.adam_b2, training.adam_eps,
+            training.grad_clip_norm or None,
+        )
+        self.state, self.shardings = init_sharded(
+            lambda: create_train_state(self.model, optimizer, training.seed), self.mesh
+        )
+        best_metric = ("dev_bleu", "max") if training.bleu_every else ("dev_loss", "min")
+        self.checkpointer = Checkpointer(
+            os.path.join(workdir, "checkpoints"), training.keep_checkpoints, *best_metric
+        )
+        self._jit_steps()
+
+    def _jit_steps(self) -> None:
+        smoothing = self.config.training.label_smoothing
+        batch = batch_sharding(self.mesh)
+        self.train_step = jax.jit(
+            lambda state, b: train_step(state, b, smoothing),
+            in_shardings=(self.shardings, batch), out_shardings=(self.shardings, None), donate_argnums=0,
+        )
+        self.micro_gradients = jax.jit(
+            lambda state, b, i: compute_gradients(state, b, smoothing, i),
+            in_shardings=(self.shardings, batch, None), out_shardings=(self.shardings.params, None),
+        )
+        self.apply_gradients = jax.jit(
+            apply_gradients, in_shardings=(self.shardings, self.shardings.params, None),
+            out_shardings=(self.shardings, None), donate_argnums=(0, 1),
+        )
+        self.eval_step = jax.jit(
+            lambda params, b: eval_step(params, self.model.apply, b, smoothing),
+        )
+
+    def restore_latest(self) -> int:
+        """Resume from the newest complete checkpoint, if any; returns the step to continue from."""
+        step = self.checkpointer.latest_step()
+        if step is None:
+            return 0
+        abstract = abstract_with_shardings(self.state, self.shardings)
+        self.state, data_state, _ = self.checkpointer.restore(step, abstract)
+        self.data.train.set_state(data_state)
+        logging.info("resumed from %s/%d", self.checkpointer.directory, step)
+        return step
+
+    def update(self) -> dict[str, jax.Array]:
+        """One optimizer update from `accumulation_steps` micro-batches; returns its metrics."""
+        accumulation = self.config.training.accumulation_steps
+        batches = [global_batch(next(self.data.train), self.mesh) for _ in range(accumulation)]
+        if accumulation == 1:
+            self.state, metrics = self.train_step(self.state, batches[0])
+            return metrics
+        grads, sums = self.micro_gradients(self.state, batches[0], 0)
+        for index, batch in enumerate(batches[1:], start=1):
+            more_grads, more_sums = self.micro_gradients(self.state, batch, index)
+            grads, sums = add_trees(grads, more_grads), add_trees(sums, more_sums)
+        self.state, metrics = self.apply_gradients(self.state, grads, sums)
+        return metrics
+
+    def dev_loss(self) -> dict[str, float]:
+        """Loss, NLL, perplexity and token accuracy on the whole dev set."""
+        return evaluate_loss(self.eval_step, self.state.params, self.data.dev, self.config.data.eval_batch_size)
+
+    def save(self, step: int, metrics: dict[str, float] | None = None) -> None:
+        """Checkpoint the state, the data position and what rebuilds the run."""
+        meta = {"model_config": dataclasses.asdict(self.model_config)}
+        if not self.checkpointer.save(step, self.state, self.data.train.get_state(), meta, metrics):
+            logging.error("parameters at step %d are not finite: checkpoint not written", step)
+
+    def run(self, dev_bleu: Callable[[Any], dict[str, float]] | None = None) -> TrainState:
+        """Train to `num_train_steps`, resuming where the workdir's checkpoints left off."""
+        training = self.config.training
+        start = self.restore_latest()
+        is_writer = jax.process_index() == 0
+        if is_writer:
+            write_run_config(self.config, self.workdir)
+        log = MetricsLog(self.workdir, enabled=is_writer, resume_step=start)
+        stop = StopFlag()
+        stop.install()
+        window: list[dict[str, jax.Array]] = []
+        window_start = time.perf_counter()
+        progress = tqdm(total=training.num_train_steps, initial=start, disable=not is_writer,
+                        desc="train", unit="step", dynamic_ncols=True)
+        step = start
+        try:
+            while step < training.num_train_steps:
+                window.append(self.update())
+                step += 1
+                progress.update(1)
+                if step % training.log_every == 0 or step == training.num_train_steps:
+                    summary = summarize_window(window, time.perf_counter() - window_start)
+                    summary["learning_rate"] = float(self.schedule(step - 1))
+                    log.write(step, "train", summary)
+                    progress.set_postfix(loss=f"{summary['loss']:.3f}", lr=f"{summary['learning_rate']:.2e}",
+                                         tok_s=f"{summary['tokens_per_second']:.0f}")
+                    self._check_skipped()
+                    window, window_start = [], time.perf_counter()
+                metrics = self._evaluate(step, log, dev_bleu)
+                if step % training.checkpoint_every == 0 or metrics:
+                    self.save(step, metrics)
+                if stop.agreed():
+                    self.save(step)
+                    logging.warning("stopped by signal %s at step %d; checkpoint saved", stop.signal_number, step)
+                    break
+            if self.checkpointer.latest_step() != step:
+                self.save(step)
+        finally:
+            progress.close()
+            self.checkpointer.wait()
+            log.close()
+        return self.state
+
+    def _evaluate(self, step: int, log: MetricsLog, dev_bleu: Callable | None) -> dict[str, float] | None:
+        training = self.config.training
+        metrics: dict[str, float] = {}
+        if training.eval_every and step % training.eval_every == 0:
+            metrics.update({f"dev_{k}": v for k, v in self.dev_loss().items()})
+        if dev_bleu is not None and training.bleu_every and step % training.bleu_every == 0:
+            metrics.update({f"dev_{k}": v for k, v in dev_bleu(self.state.params).items()})
+        if not metrics:
+            return None
+        log.write(step, "dev", {k.removeprefix("dev_"): v for k, v in metrics.items()})
+        return metrics
+
+    def _check_skipped(self) -> None:
+        consecutive = int(self.state.consecutive_skipped)
+        if consecutive >= self.config.training.max_skipped_updates:
+            raise TrainingError(
+                f"the last {consecutive} updates had a non-finite loss or gradient and were skipped; "
+                "lower training.learning_rate_scale or set training.grad_clip_norm (the last good "
+                "checkpoint is kept)"
+            )
+
+
+def summarize_window(window: list[dict[str, jax.Array]], seconds: float) -> dict[str, float]:
+    """Token-weighted means of the per-step metrics since the last log, plus throughput."""
+    fetched = jax.device_get(window)
+    tokens = np.array([m["tokens"] for m in fetched])
+    total = max(tokens.sum(), 1.0)
+    mean = lambda key: float(np.sum([m[key] * t for m, t in zip(fetched, tokens)]) / total)
+    nll = mean("nll")
+    return {
+        "loss": mean("loss"),
+        "nll": nll,
+        "perplexity": float(np.exp(min(nll, 50.0))),
+        "accuracy": mean("accuracy"),
+        "grad_norm": float(np.mean([m["grad_norm"] for m in fetched])),
+        "skipped_updates": float(np.sum([m["update_skipped"] for m in fetched])),
+        "tokens_per_second": float(tokens.sum() / max(seconds, 1e-9)),
+    }
+
+
+def evaluate_loss(step_fn: Callable, params: Any, split: EvalSet, batch_size: int) -> dict[str, float]:
+    """Token-weighted loss, NLL, perplexity and accuracy of `params` over every pair of `split`."""
+    totals: dict[str, float] = {}
+    for batch in eval_batches(split.encoded, batch_size):
+        sums = jax.device_get(step_fn(params, {k: v for k, v in batch.items() if k != "index"}))
+        for key, value in sums.items():
+            totals[key] = totals.get(key, 0.0) + float(value)
+    tokens = max(totals.get("tokens", 0.0), 1.0)
+    nll = totals.get("nll", 0.0) / tokens
+    return {
+        "loss": totals.get("loss", 0.0) / tokens,
+        "nll": nll,
+        "perplexity": float(np.exp(min(nll, 50.0))),
+        "accuracy": totals.get("correct", 0.0) / tokens,
+    }
