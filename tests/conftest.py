@@ -43,6 +43,7 @@ def tiny_run_config():
     config.data.builtin_dev_size = 16
     config.data.builtin_test_size = 16
     config.data.vocab_size = 500
+    config.data.pack = True
     config.data.tokenizer_sample_size = 1200
     config.data.tokens_per_batch = 512
     config.data.max_length = 32

@@ -28,6 +28,15 @@ def tree_is_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack(leaves))
 
 
+def _unbox_saved(tree: Any) -> Any:
+    """Saved logical-axis boxes come back as {"value": array}; return the arrays themselves."""
+    if isinstance(tree, dict):
+        if set(tree) == {"value"}:
+            return tree["value"]
+        return {key: _unbox_saved(value) for key, value in tree.items()}
+    return tree
+
+
 def _path_name(path: tuple) -> str:
     """'params/encoder/layer_0/...' for a pytree path, the same for a state and its saved metadata."""
     return jax.tree_util.keystr(path, simple=True, separator="/")
@@ -139,11 +148,11 @@ class Checkpointer:
         return restored["state"], restored["data"], restored["meta"]
 
     def restore_params(self, step: int) -> Any:
-        """Only the parameters of `step`, as saved (host arrays on the default device)."""
+        """Only the parameters of `step`, as plain arrays (logical-axis boxes removed)."""
         restored = self.manager.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore())
         )
-        return restored["state"]["params"]
+        return _unbox_saved(restored["state"]["params"])
 
     def _check_shapes(self, step: int, abstract_state: Any) -> None:
         saved = self.manager.item_metadata(step)["state"]

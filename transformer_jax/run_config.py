@@ -40,7 +40,7 @@ def default_config() -> ml_collections.ConfigDict:
     data.tokenizer_sample_size = 1_000_000  # sentences sampled across the corpus to train SentencePiece
     data.tokens_per_batch = 25_000  # padded token budget per batch and side (source or target)
     data.max_length = 256  # longest training pair in tokens (dev/test are never filtered)
-    data.pack = False  # pack several pairs per row (segment ids) instead of length buckets
+    data.pack = True  # pack several pairs per row (segment ids); False: length buckets (more shapes, more padding)
     data.eval_batch_size = 64  # sentences per dev/test batch (rows, padded)
 
     config.training = training = ml_collections.ConfigDict()

@@ -1,0 +1,60 @@
+"""Evaluate or use a trained run.
+
+  python eval.py --workdir=DIR [--checkpoint=latest|best|STEP|average:N] [--split=test|dev]
+                 [--beam_size=4 --alpha=0.6 --max_extra_length=50] [--mode=beam|greedy|sample]
+  python eval.py --workdir=DIR --translate=FILE|-        # translate text line by line
+  python eval.py --workdir=DIR --checkpoint=average:5 --write_averaged=PATH
+"""
+
+import os
+import sys
+
+import jax
+from absl import app, flags
+
+from transformer_jax.cli import user_errors
+from transformer_jax.data import DataError
+from transformer_jax.eval_run import evaluate_checkpoint, format_results, translate_lines
+from transformer_jax.restore import checkpoint_params, open_run, select_steps, write_params
+
+_WORKDIR = flags.DEFINE_string("workdir", None, "The --workdir of a training run.")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", "latest", "latest, best, a step, or average:N (last N).")
+_SPLIT = flags.DEFINE_enum("split", "test", ["dev", "test"], "Split to translate and score.")
+_MODE = flags.DEFINE_enum("mode", "beam", ["beam", "greedy", "sample"], "Decoding mode.")
+_BEAM = flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's eval.beam_size).")
+_ALPHA = flags.DEFINE_float("alpha", None, "Length penalty alpha (default: the run's eval.alpha).")
+_EXTRA = flags.DEFINE_integer("max_extra_length", None, "Output length limit: input length + this.")
+_BATCH = flags.DEFINE_integer("batch_size", 64, "Sentences decoded together.")
+_TRANSLATE = flags.DEFINE_string("translate", None, "Translate this file ('-' = standard input) to stdout.")
+_AVERAGED = flags.DEFINE_string("write_averaged", None, "Write the --checkpoint parameters here (Orbax).")
+flags.mark_flag_as_required("workdir")
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    with user_errors():
+        run = open_run(_WORKDIR.value)
+        evaluation = run.config.eval
+        options = {"mode": _MODE.value, "batch_size": _BATCH.value,
+                   "max_extra_length": _EXTRA.value or evaluation.max_extra_length}
+        if _MODE.value == "beam":
+            options.update(beam_size=_BEAM.value or evaluation.beam_size,
+                           alpha=evaluation.alpha if _ALPHA.value is None else _ALPHA.value)
+        if _AVERAGED.value:
+            steps = select_steps(run.checkpointer, _CHECKPOINT.value)
+            write_params(checkpoint_params(run, steps), _AVERAGED.value)
+            print(f"wrote the parameters of steps {steps} to {_AVERAGED.value}")
+        elif _TRANSLATE.value:
+            params = checkpoint_params(run, select_steps(run.checkpointer, _CHECKPOINT.value))
+            if _TRANSLATE.value != "-" and not os.path.isfile(_TRANSLATE.value):
+                raise DataError(f"--translate file {_TRANSLATE.value} does not exist; pass a text file or -")
+            source = sys.stdin if _TRANSLATE.value == "-" else open(_TRANSLATE.value, encoding="utf-8")
+            chunk = 1 if _TRANSLATE.value == "-" else _BATCH.value
+            for translation in translate_lines(run, params, source, options, chunk):
+                print(translation, flush=True)
+        else:
+            print(format_results(evaluate_checkpoint(run, _CHECKPOINT.value, _SPLIT.value, options)))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,123 @@
+"""Reopening a finished or running training run: its config, tokenizer and checkpoints, and averaging them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+
+from transformer_jax.checkpointing import CheckpointError, Checkpointer
+from transformer_jax.config import TransformerConfig
+from transformer_jax.tokenizer import MODEL_FILENAME, Tokenizer
+
+
+@dataclasses.dataclass
+class Run:
+    """A training run on disk."""
+
+    workdir: str
+    config: ml_collections.ConfigDict
+    model_config: TransformerConfig
+    tokenizer: Tokenizer
+    checkpointer: Checkpointer
+
+
+def open_run(workdir: str) -> Run:
+    """Load `<workdir>/config.json`, the tokenizer and the checkpoint manager; fail clearly if absent."""
+    config_path = os.path.join(workdir, "config.json")
+    if not os.path.isdir(workdir):
+        raise CheckpointError(f"workdir {workdir} does not exist; pass the --workdir a training run wrote")
+    if not os.path.isfile(config_path):
+        present = ", ".join(sorted(os.listdir(workdir))) or "nothing"
+        raise CheckpointError(
+            f"{workdir} holds no training run (no config.json; it contains: {present}); "
+            "pass the --workdir given to train.py"
+        )
+    with open(config_path) as f:
+        config = ml_collections.ConfigDict(json.load(f))
+    tokenizer = Tokenizer.load(os.path.join(workdir, MODEL_FILENAME))
+    fields = {**config.model.to_dict(), "vocab_size": tokenizer.vocab_size}
+    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), asynchronous=False,
+                                best_metric="dev_bleu" if config.training.bleu_every else "dev_loss",
+                                best_mode="max" if config.training.bleu_every else "min")
+    return Run(workdir, config, TransformerConfig(**fields), tokenizer, checkpointer)
+
+
+def select_steps(checkpointer: Checkpointer, spec: str) -> list[int]:
+    """Steps named by `spec`: "latest", "best", a step number, or "average:N" (the last N)."""
+    steps = checkpointer.steps()
+    if not steps:
+        raise CheckpointError(
+            f"no checkpoint in {checkpointer.directory}; train first (train.py) or pass another --workdir"
+        )
+    listing = f"available steps: {', '.join(map(str, steps))}"
+    if spec == "latest":
+        return [steps[-1]]
+    if spec == "best":
+        best = checkpointer.best_step()
+        if best is None:
+            raise CheckpointError(f"no checkpoint in {checkpointer.directory} has a dev metric; {listing}")
+        return [best]
+    if spec.startswith("average:"):
+        count = spec.split(":", 1)[1]
+        if not count.isdigit() or int(count) < 1:
+            raise CheckpointError(f"--checkpoint={spec}: N must be a positive integer, e.g. average:5")
+        if int(count) > len(steps):
+            raise CheckpointError(f"--checkpoint={spec} asks for {count} checkpoints but {listing}")
+        return steps[-int(count):]
+    if spec.isdigit() and int(spec) in steps:
+        return [int(spec)]
+    raise CheckpointError(f"--checkpoint={spec} is not latest, best, average:N or a saved step; {listing}")
+
+
+def checkpoint_params(run: Run, steps: list[int]) -> Any:
+    """The parameters of one step, or the element-wise mean over several (checkpoint averaging)."""
+    total = None
+    for step in steps:
+        params = run.checkpointer.restore_params(step)
+        check_param_shapes(run, params, step)
+        params = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
+        total = params if total is None else jax.tree.map(np.add, total, params)
+    return jax.tree.map(lambda x: (x / len(steps)).astype(np.float32), total)
+
+
+def check_param_shapes(run: Run, params: Any, step: int) -> None:
+    """Fail clearly when saved parameter shapes differ from what the run's config builds."""
+    from transformer_jax.model import Transformer  # only needed here
+
+    dummy = jax.numpy.ones((1, 4), jax.numpy.int32)
+    expected = jax.eval_shape(
+        lambda: Transformer(run.model_config).init(jax.random.key(0), dummy, dummy)["params"]
+    )
+    expected_shapes = {k: v.shape for k, v in _flat(expected).items()}
+    saved_shapes = {k: tuple(np.shape(v)) for k, v in _flat(params).items()}
+    for key, shape in expected_shapes.items():
+        if saved_shapes.get(key) != tuple(shape):
+            raise CheckpointError(
+                f"checkpoint {run.checkpointer.directory}/{step} does not match {run.workdir}/config.json: "
+                f"{key} is {saved_shapes.get(key, 'missing')} on disk but {tuple(shape)} in the config"
+            )
+
+
+def _flat(tree: Any) -> dict[str, Any]:
+    from flax import linen as nn
+
+    return {
+        jax.tree_util.keystr(path, simple=True, separator="/"): leaf
+        for path, leaf in jax.tree_util.tree_leaves_with_path(nn.meta.unbox(tree))
+    }
+
+
+def write_params(params: Any, path: str) -> None:
+    """Save parameters alone (e.g. an averaged model) as an Orbax checkpoint at `path`."""
+    if os.path.exists(path):
+        raise CheckpointError(f"{path} already exists; choose another path or remove it")
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(os.path.abspath(path), params)
+    checkpointer.wait_until_finished()
