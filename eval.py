@@ -12,7 +12,7 @@ import sys
 import jax
 from absl import app, flags
 
-from transformer_jax.cli import user_errors
+from transformer_jax.cli import parse_flags, user_errors
 from transformer_jax.data import DataError
 from transformer_jax.eval_run import evaluate_checkpoint, format_results, translate_lines
 from transformer_jax.restore import checkpoint_params, open_run, select_steps, write_params
@@ -30,31 +30,45 @@ _AVERAGED = flags.DEFINE_string("write_averaged", None, "Write the --checkpoint 
 flags.mark_flag_as_required("workdir")
 
 
+def decoding_options(run_config) -> dict:
+    """Decoding settings: the flags where given, else the run's eval section."""
+    evaluation = run_config.eval
+    options = {"mode": _MODE.value, "batch_size": _BATCH.value,
+               "max_extra_length": _EXTRA.value or evaluation.max_extra_length}
+    if _MODE.value == "beam":
+        options.update(beam_size=_BEAM.value or evaluation.beam_size,
+                       alpha=evaluation.alpha if _ALPHA.value is None else _ALPHA.value)
+    return options
+
+
+def translate_text(run, options: dict) -> None:
+    """Print the translation of each line of --translate (a file, or standard input with '-')."""
+    if _TRANSLATE.value != "-" and not os.path.isfile(_TRANSLATE.value):
+        raise DataError(f"--translate file {_TRANSLATE.value} does not exist; pass a text file or -")
+    params = checkpoint_params(run, select_steps(run.checkpointer, _CHECKPOINT.value))
+    interactive = _TRANSLATE.value == "-"
+    source = sys.stdin if interactive else open(_TRANSLATE.value, encoding="utf-8")
+    for translation in translate_lines(run, params, source, options, 1 if interactive else _BATCH.value):
+        print(translation, flush=True)
+
+
 def main(argv: list[str]) -> None:
     del argv
     with user_errors():
         run = open_run(_WORKDIR.value)
-        evaluation = run.config.eval
-        options = {"mode": _MODE.value, "batch_size": _BATCH.value,
-                   "max_extra_length": _EXTRA.value or evaluation.max_extra_length}
-        if _MODE.value == "beam":
-            options.update(beam_size=_BEAM.value or evaluation.beam_size,
-                           alpha=evaluation.alpha if _ALPHA.value is None else _ALPHA.value)
-        if _AVERAGED.value:
-            steps = select_steps(run.checkpointer, _CHECKPOINT.value)
-            write_params(checkpoint_params(run, steps), _AVERAGED.value)
-            print(f"wrote the parameters of steps {steps} to {_AVERAGED.value}")
-        elif _TRANSLATE.value:
-            params = checkpoint_params(run, select_steps(run.checkpointer, _CHECKPOINT.value))
-            if _TRANSLATE.value != "-" and not os.path.isfile(_TRANSLATE.value):
-                raise DataError(f"--translate file {_TRANSLATE.value} does not exist; pass a text file or -")
-            source = sys.stdin if _TRANSLATE.value == "-" else open(_TRANSLATE.value, encoding="utf-8")
-            chunk = 1 if _TRANSLATE.value == "-" else _BATCH.value
-            for translation in translate_lines(run, params, source, options, chunk):
-                print(translation, flush=True)
-        else:
-            print(format_results(evaluate_checkpoint(run, _CHECKPOINT.value, _SPLIT.value, options)))
+        try:
+            options = decoding_options(run.config)
+            if _AVERAGED.value:
+                steps = select_steps(run.checkpointer, _CHECKPOINT.value)
+                write_params(checkpoint_params(run, steps), _AVERAGED.value)
+                print(f"wrote the parameters of steps {steps} to {_AVERAGED.value}")
+            elif _TRANSLATE.value:
+                translate_text(run, options)
+            else:
+                print(format_results(evaluate_checkpoint(run, _CHECKPOINT.value, _SPLIT.value, options)))
+        finally:
+            run.checkpointer.close()
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

@@ -12,7 +12,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer_jax.cli import ensure_writable_workdir, user_errors
+from transformer_jax.cli import ensure_writable_workdir, parse_flags, user_errors
 from transformer_jax.trainer import Trainer, TrainingError
 from transformer_jax.translation import score_split
 
@@ -63,4 +63,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

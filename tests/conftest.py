@@ -46,9 +46,9 @@ def tiny_run_config():
     config.data.pack = True
     config.data.tokenizer_sample_size = 1200
     config.data.tokens_per_batch = 512
-    config.data.max_length = 32
+    config.data.max_length = 64
     config.data.eval_batch_size = 16
-    config.model.update(num_layers=1, d_model=32, d_ff=64, num_heads=2, max_len=64)
+    config.model.update(num_layers=1, d_model=32, d_ff=64, num_heads=2, max_len=128)
     config.training.update(num_train_steps=6, warmup_steps=3, log_every=1, eval_every=3,
                            checkpoint_every=2, keep_checkpoints=2, bleu_every=0)
     config.eval.update(beam_size=2, max_extra_length=4)

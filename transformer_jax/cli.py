@@ -26,6 +26,23 @@ def user_errors(extra: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
         sys.exit(1)
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl flag parsing where a bad flag, config file or --config override is one line and exit 1."""
+    from absl import flags
+
+    try:
+        remaining = flags.FLAGS(argv)
+        if "config" in flags.FLAGS:
+            getattr(flags.FLAGS.config, "keys")  # a config file loads lazily: fail here, not mid-run
+        return remaining
+    except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as error:
+        # ml_collections writes "'key'\nDid you mean ..." and multi-line file errors: keep one line.
+        lines = [line.strip() for line in str(error).replace("\\n", "\n").splitlines() if line.strip()]
+        detail = " ".join(lines[-2:] if isinstance(error, OSError) else lines).replace("'", "").replace("\\", "")
+        print(f"error: invalid command line: {detail}; see --help and configs/", file=sys.stderr)
+        sys.exit(1)
+
+
 def ensure_writable_workdir(workdir: str) -> None:
     """Create `workdir` if needed; fail clearly when it cannot be written."""
     try:

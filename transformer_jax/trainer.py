@@ -174,7 +174,10 @@ class Trainer:
         return evaluate_loss(self.eval_step, self.state.params, self.data.dev, self.config.data.eval_batch_size)
 
     def save(self, step: int, metrics: dict[str, float] | None = None) -> None:
-        """Checkpoint the state, the data position and what rebuilds the run."""
+        """Checkpoint the state, the data position and what rebuilds the run (once per step)."""
+        if step == self.last_saved_step:
+            return
+        self.last_saved_step = step
         meta = {"model_config": dataclasses.asdict(self.model_config)}
         if not self.checkpointer.save(step, self.state, self.data.train.get_state(), meta, metrics):
             logging.error("parameters at step %d are not finite: checkpoint not written", step)
@@ -183,6 +186,7 @@ class Trainer:
         """Train to `num_train_steps`, resuming where the workdir's checkpoints left off."""
         training = self.config.training
         start = self.restore_latest()
+        self.last_saved_step = start
         is_writer = jax.process_index() == 0
         if is_writer:
             write_run_config(self.config, self.workdir)
@@ -199,28 +203,34 @@ class Trainer:
                 window.append(self.update())
                 step += 1
                 progress.update(1)
-                if step % training.log_every == 0 or step == training.num_train_steps:
-                    summary = summarize_window(window, time.perf_counter() - window_start)
-                    summary["learning_rate"] = float(self.schedule(step - 1))
-                    log.write(step, "train", summary)
-                    progress.set_postfix(loss=f"{summary['loss']:.3f}", lr=f"{summary['learning_rate']:.2e}",
-                                         tok_s=f"{summary['tokens_per_second']:.0f}")
-                    self._check_skipped()
-                    window, window_start = [], time.perf_counter()
+                closes_window = step % training.log_every == 0 or step == training.num_train_steps
+                if closes_window:
+                    self._log_train(step, window, window_start, log, progress)
+                    window = []
                 metrics = self._evaluate(step, log, dev_bleu)
                 if step % training.checkpoint_every == 0 or metrics:
                     self.save(step, metrics)
+                if closes_window:
+                    window_start = time.perf_counter()  # evaluating and saving are not training time
                 if stop.agreed():
                     self.save(step)
                     logging.warning("stopped by signal %s at step %d; checkpoint saved", stop.signal_number, step)
                     break
-            if self.checkpointer.latest_step() != step:
-                self.save(step)
+            self.save(step)
         finally:
             progress.close()
             self.checkpointer.wait()
             log.close()
         return self.state
+
+    def _log_train(self, step: int, window: list, window_start: float, log: MetricsLog, progress: tqdm) -> None:
+        fetched = jax.device_get(window)  # waits for the window's steps to finish
+        summary = summarize_window(fetched, time.perf_counter() - window_start)
+        summary["learning_rate"] = float(self.schedule(step - 1))
+        log.write(step, "train", summary)
+        progress.set_postfix(loss=f"{summary['loss']:.3f}", lr=f"{summary['learning_rate']:.2e}",
+                             tok_s=f"{summary['tokens_per_second']:.0f}")
+        self._check_skipped()
 
     def _evaluate(self, step: int, log: MetricsLog, dev_bleu: Callable | None) -> dict[str, float] | None:
         training = self.config.training
@@ -244,9 +254,8 @@ class Trainer:
             )
 
 
-def summarize_window(window: list[dict[str, jax.Array]], seconds: float) -> dict[str, float]:
-    """Token-weighted means of the per-step metrics since the last log, plus throughput."""
-    fetched = jax.device_get(window)
+def summarize_window(fetched: list[dict[str, Any]], seconds: float) -> dict[str, float]:
+    """Token-weighted means of the (fetched) per-step metrics since the last log, plus throughput."""
     tokens = np.array([m["tokens"] for m in fetched])
     total = max(tokens.sum(), 1.0)
     mean = lambda key: float(np.sum([m[key] * t for m, t in zip(fetched, tokens)]) / total)
