@@ -11,6 +11,8 @@ tokens of inputs + targets, the figure to compare with what a train step consume
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import tempfile
 import time
 
@@ -51,8 +53,10 @@ def measure(iterator: BatchIterator, seconds: float) -> dict[str, float]:
             "efficiency": real / slots, "shapes": len(iterator.shapes())}
 
 
-def report(name: str, corpus: EncodedPairs, tokens_per_batch: int, max_length: int, seconds: float) -> None:
-    """Print one line per batching mode."""
+def report(name: str, corpus: EncodedPairs, tokens_per_batch: int, max_length: int,
+           seconds: float) -> dict[str, dict[str, float]]:
+    """Print one line per batching mode; return the measurements by mode."""
+    results = {}
     for pack in (True, False):
         iterator = BatchIterator(corpus, tokens_per_batch, max_length, pack=pack, seed=0)
         result = measure(iterator, seconds)
@@ -60,6 +64,8 @@ def report(name: str, corpus: EncodedPairs, tokens_per_batch: int, max_length: i
         print(f"{name:<22} {mode:<9} {len(corpus):>8,} pairs  tokens_per_batch={tokens_per_batch:<6} "
               f"shapes={result['shapes']:<3} efficiency={result['efficiency']:6.1%}  "
               f"{result['batches/s']:8.1f} batches/s  {result['real tok/s'] / 1e6:6.2f} M real tok/s")
+        results[mode] = result
+    return results
 
 
 def main() -> None:
@@ -79,8 +85,19 @@ def main() -> None:
     print(f"built-in corpus: generated in {generated - start:.1f}s, tokenizer trained in {trained - generated:.1f}s, "
           f"{len(corpus):,} pairs encoded in {encoded - trained:.1f}s "
           f"({(corpus.source.values.size + corpus.target.values.size) / (encoded - trained) / 1e6:.2f} M tok/s)")
-    report("built-in (max_len 64)", corpus, 4_096, 64, args.seconds)
+    builtin = report("built-in (max_len 64)", corpus, 4_096, 64, args.seconds)
     report("WMT-like (max_len 256)", wmt_like_corpus(500_000), 25_000, 256, args.seconds)
+
+    # The consumer, same machine, same run: the demo model's train step on its packed 64 x 64 batches.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from train_step import CASES, measure as measure_train_step
+
+    config, rows, length = CASES["demo (d_model 128, 2 layers, vocab 4000)"]
+    step = measure_train_step(config, rows, length, steps=10)
+    consumed = 2 * step["target_tokens_per_second"]  # source + target token slots per second
+    produced = builtin["packed"]["slot tok/s"]
+    print(f"demo train step consumes {consumed / 1e6:.3f} M tok/s (source + target slots); the packed "
+          f"pipeline produces {produced / 1e6:.2f} M/s: {produced / consumed:,.0f}x what the step needs")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from transformer_jax.attention import (
     scaled_dot_product_attention,
 )
 from transformer_jax.config import PRESETS, ConfigError, TransformerConfig
+from transformer_jax.decode import beam_search, greedy_decode, sample_decode, translate_batch
 from transformer_jax.embeddings import PositionalEncoding, TokenEmbedding, sinusoidal_encoding
 from transformer_jax.feed_forward import FeedForward
 from transformer_jax.layers import DecoderLayer, EncoderLayer
@@ -34,6 +35,10 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "attention_weights",
+    "beam_search",
+    "greedy_decode",
+    "sample_decode",
+    "translate_batch",
     "causal_mask",
     "combine_masks",
     "key_padding_mask",

@@ -14,7 +14,7 @@ from typing import Sequence
 import sacrebleu
 from sacremoses import MosesTokenizer
 
-_COMPOUND = re.compile(r"(\S)-(\S)")
+_INNER_HYPHEN = re.compile(r"(?<=\S)-(?=\S)")
 
 
 def sacrebleu_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float | str]:
@@ -34,11 +34,8 @@ def sacrebleu_scores(hypotheses: Sequence[str], references: Sequence[str]) -> di
 
 
 def split_compounds(text: str) -> str:
-    """Moses-tokenized text with hyphens between word characters set apart as ##AT##-##AT##."""
-    previous = None
-    while previous != text:  # overlapping matches ("a-b-c") need a second pass
-        previous, text = text, _COMPOUND.sub(r"\1 ##AT##-##AT## \2", text)
-    return text
+    """Moses-tokenized text with each hyphen between non-spaces set apart as ##AT##-##AT##."""
+    return _INNER_HYPHEN.sub(" ##AT##-##AT## ", text)
 
 
 def tokenized_compound_split_bleu(
