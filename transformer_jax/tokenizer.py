@@ -7,10 +7,11 @@ representable: characters outside the vocabulary become byte pieces instead of <
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -82,6 +83,20 @@ def sample_sentences(pairs: Sequence[tuple[str, str]], sample_size: int, seed: i
     return [text for i in order.tolist() for text in pairs[i] if text]
 
 
+@contextlib.contextmanager
+def _sentencepiece_errors(vocab_size: int) -> Iterator[None]:
+    """SentencePiece reports a too-small vocabulary as a multi-line RuntimeError: make it a DataError."""
+    try:
+        yield
+    except RuntimeError as error:
+        if "Vocabulary size is smaller than required_chars" in str(error):
+            raise DataError(
+                f"tokenizer vocab_size={vocab_size} cannot hold the corpus's characters (plus 256 byte "
+                "pieces with byte_fallback); raise data.vocab_size"
+            ) from None
+        raise
+
+
 def train_tokenizer(sentences: Sequence[str], model_path: str, vocab_size: int = 32_000,
                     model_type: str = "unigram", byte_fallback: bool = True,
                     character_coverage: float = 0.9995) -> Tokenizer:
@@ -91,7 +106,7 @@ def train_tokenizer(sentences: Sequence[str], model_path: str, vocab_size: int =
     if not sentences:
         raise DataError("cannot train a tokenizer on an empty corpus; check the training data")
     model = io.BytesIO()
-    with open(os.devnull, "w") as quiet:
+    with open(os.devnull, "w") as quiet, _sentencepiece_errors(vocab_size):
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
             model_type=model_type, byte_fallback=byte_fallback, character_coverage=character_coverage,
