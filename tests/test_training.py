@@ -93,3 +93,29 @@ def test_non_finite_gradients_skip_the_update(small_state):
     healthy, metrics = step(small_state, batch, 0.1)
     assert int(metrics["update_skipped"]) == 0
     assert not np.array_equal(jax.tree.leaves(healthy.params)[0], jax.tree.leaves(small_state.params)[0])
+
+
+def test_accumulated_micro_batches_equal_one_big_batch():
+    """Summed gradients over two halves, normalized once, give the update of the whole batch."""
+    from transformer_jax.training import add_trees, apply_gradients, compute_gradients
+
+    model = Transformer(TransformerConfig.preset("tiny", vocab_size=32, dropout_rate=0.0))
+    optimizer = paper_optimizer(paper_learning_rate(model.config.d_model, warmup_steps=10))
+    state = create_train_state(model, optimizer, seed=0)
+    batch = copy_task_batch(np.random.default_rng(1))
+    batch["targets"][:8, 4:] = 0  # uneven padding: halves hold different token counts
+    whole, whole_metrics = jax.jit(train_step, static_argnums=2)(state, batch, 0.1)
+    halves = [{k: v[:8] for k, v in batch.items()}, {k: v[8:] for k, v in batch.items()}]
+    grads, sums = compute_gradients(state, halves[0], 0.1, 0)
+    more_grads, more_sums = compute_gradients(state, halves[1], 0.1, 1)
+    accumulated, metrics = apply_gradients(state, add_trees(grads, more_grads), add_trees(sums, more_sums))
+    np.testing.assert_allclose(metrics["loss"], whole_metrics["loss"], rtol=1e-6)
+    whole_grads, whole_sums = compute_gradients(state, batch, 0.1, 0)
+    assert float(whole_sums["tokens"]) == float(sums["tokens"] + more_sums["tokens"])
+    summed = add_trees(grads, more_grads)
+    for a, b in zip(jax.tree.leaves(summed), jax.tree.leaves(whole_grads)):
+        # float32 sums over thousands of tokens in another order: compare against the leaf's scale.
+        assert np.max(np.abs(np.asarray(a) - np.asarray(b))) <= 1e-5 * np.max(np.abs(np.asarray(b))) + 1e-6
+    # Adam turns float round-off in near-zero gradients into ~lr-sized differences in a few elements.
+    for a, b in zip(jax.tree.leaves(accumulated.params), jax.tree.leaves(whole.params)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
