@@ -9,7 +9,6 @@
 import os
 import sys
 
-import jax
 from absl import app, flags
 
 from transformer_jax.cli import parse_flags, user_errors
@@ -18,12 +17,17 @@ from transformer_jax.eval_run import evaluate_checkpoint, format_results, transl
 from transformer_jax.restore import checkpoint_params, open_run, select_steps, write_params
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The --workdir of a training run.")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", "latest", "latest, best, a step, or average:N (last N).")
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint", "latest", "latest, best, a step, average:N (mean of the last N), or average (the run's eval.average_last).")
 _SPLIT = flags.DEFINE_enum("split", "test", ["dev", "test"], "Split to translate and score.")
 _MODE = flags.DEFINE_enum("mode", "beam", ["beam", "greedy", "sample"], "Decoding mode.")
 _BEAM = flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's eval.beam_size).")
 _ALPHA = flags.DEFINE_float("alpha", None, "Length penalty alpha (default: the run's eval.alpha).")
 _EXTRA = flags.DEFINE_integer("max_extra_length", None, "Output length limit: input length + this.")
+_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed (--mode=sample).")
+_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling temperature (--mode=sample).")
+_TOP_K = flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens; 0 = all (--mode=sample).")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass; 1 = all (--mode=sample).")
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Sentences decoded together.")
 _TRANSLATE = flags.DEFINE_string("translate", None, "Translate this file ('-' = standard input) to stdout.")
 _AVERAGED = flags.DEFINE_string("write_averaged", None, "Write the --checkpoint parameters here (Orbax).")
@@ -34,10 +38,12 @@ def decoding_options(run_config) -> dict:
     """Decoding settings: the flags where given, else the run's eval section."""
     evaluation = run_config.eval
     options = {"mode": _MODE.value, "batch_size": _BATCH.value,
-               "max_extra_length": _EXTRA.value or evaluation.max_extra_length}
+               "max_extra_length": evaluation.max_extra_length if _EXTRA.value is None else _EXTRA.value}
     if _MODE.value == "beam":
         options.update(beam_size=_BEAM.value or evaluation.beam_size,
                        alpha=evaluation.alpha if _ALPHA.value is None else _ALPHA.value)
+    if _MODE.value == "sample":
+        options.update(seed=_SEED.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
     return options
 
 
@@ -45,7 +51,7 @@ def translate_text(run, options: dict) -> None:
     """Print the translation of each line of --translate (a file, or standard input with '-')."""
     if _TRANSLATE.value != "-" and not os.path.isfile(_TRANSLATE.value):
         raise DataError(f"--translate file {_TRANSLATE.value} does not exist; pass a text file or -")
-    params = checkpoint_params(run, select_steps(run.checkpointer, _CHECKPOINT.value))
+    params = checkpoint_params(run, select_steps(run.checkpointer, _CHECKPOINT.value, run.config.eval.average_last))
     interactive = _TRANSLATE.value == "-"
     source = sys.stdin if interactive else open(_TRANSLATE.value, encoding="utf-8")
     for translation in translate_lines(run, params, source, options, 1 if interactive else _BATCH.value):
@@ -54,12 +60,12 @@ def translate_text(run, options: dict) -> None:
 
 def main(argv: list[str]) -> None:
     del argv
-    with user_errors():
+    with user_errors((ValueError,)):
         run = open_run(_WORKDIR.value)
         try:
             options = decoding_options(run.config)
             if _AVERAGED.value:
-                steps = select_steps(run.checkpointer, _CHECKPOINT.value)
+                steps = select_steps(run.checkpointer, _CHECKPOINT.value, run.config.eval.average_last)
                 write_params(checkpoint_params(run, steps), _AVERAGED.value)
                 print(f"wrote the parameters of steps {steps} to {_AVERAGED.value}")
             elif _TRANSLATE.value:

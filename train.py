@@ -12,6 +12,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
+from transformer_jax.atomic import write_atomically
 from transformer_jax.cli import ensure_writable_workdir, parse_flags, user_errors
 from transformer_jax.trainer import Trainer, TrainingError
 from transformer_jax.translation import score_split
@@ -47,16 +48,18 @@ def main(argv: list[str]) -> None:
                                     limit=config.training.dev_bleu_sentences, **options)
             return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
 
-        state = trainer.run(dev_bleu)
+        try:
+            state = trainer.run(dev_bleu)
+        finally:
+            trainer.close()
         if state.step < config.training.num_train_steps:
             return  # stopped early by a signal; the checkpoint is saved
         scores, hypotheses = score_split(state.params, model_config, data.test, data.tokenizer,
                                          config.data.target_lang, **{**options, "show_progress": True})
         if jax.process_index() == 0:
-            with open(os.path.join(workdir, "test_final.hyp"), "w") as f:
-                f.write("".join(line + "\n" for line in hypotheses))
-            with open(os.path.join(workdir, "test_final.json"), "w") as f:
-                json.dump({"step": int(state.step), **scores}, f, indent=2)
+            write_atomically(os.path.join(workdir, "test_final.hyp"), "".join(h + "\n" for h in hypotheses))
+            write_atomically(os.path.join(workdir, "test_final.json"),
+                             json.dumps({"step": int(state.step), **scores}, indent=2))
             print(f"test SacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})")
             print(f"test chrF {scores['chrf']:.2f}; tokenized compound-split BLEU (paper-style, "
                   f"not comparable with SacreBLEU) {scores['tokenized_compound_split_bleu']:.2f}")

@@ -1,7 +1,6 @@
 """train.py and eval.py as a user runs them: outputs, preemption, checkpoint choice, translation, errors."""
 
 import json
-import os
 import pathlib
 import shutil
 import signal

@@ -22,9 +22,10 @@ def test_sacrebleu_is_cased_detokenized_13a_with_signature():
     assert 0 < scores["chrf"] < 100 and "nc:6|nw:0" in scores["chrf_signature"]  # chrF, character 6-grams
 
 
-def test_compound_splitting_marks_every_inner_hyphen():
+def test_compound_splitting_follows_the_tensor2tensor_script():
     assert split_compounds("Staats-Oberhaupt-Treffen") == "Staats ##AT##-##AT## Oberhaupt ##AT##-##AT## Treffen"
     assert split_compounds("a - b") == "a - b"
+    assert split_compounds("a-b-c") == "a ##AT##-##AT## b-c"  # one pass, as tensor2tensor's script
 
 
 def test_tokenized_compound_split_bleu_rewards_compound_parts():

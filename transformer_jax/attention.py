@@ -5,7 +5,6 @@ Shapes: B batch, T query length, S key/value length, H heads, K head dim (d_k = 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import flax.linen as nn

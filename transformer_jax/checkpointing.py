@@ -28,6 +28,11 @@ def tree_is_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack(leaves))
 
 
+def best_metric_for(bleu_every: int) -> tuple[str, str]:
+    """The dev metric that ranks checkpoints: BLEU when it is computed during training, else loss."""
+    return ("dev_bleu", "max") if bleu_every else ("dev_loss", "min")
+
+
 def _unbox_saved(tree: Any) -> Any:
     """Saved logical-axis boxes come back as {"value": array}; return the arrays themselves."""
     if isinstance(tree, dict):
@@ -56,6 +61,7 @@ class Checkpointer:
         best_metric: str | None = None,
         best_mode: str = "max",
         asynchronous: bool = True,
+        read_only: bool = False,
     ) -> None:
         self.directory = os.path.abspath(directory)
         self.best_metric, self.best_mode = best_metric, best_mode
@@ -72,7 +78,10 @@ class Checkpointer:
         options = ocp.CheckpointManagerOptions(
             preservation_policy=_policies.AnyPreservationPolicy(policies),
             enable_async_checkpointing=asynchronous,
-            cleanup_tmp_directories=True,
+            # Only the writer may remove unfinished saves: a reader (eval.py during training) must not.
+            cleanup_tmp_directories=not read_only,
+            read_only=read_only,
+            create=not read_only,
         )
         handlers = {
             "state": ocp.StandardCheckpointHandler(),
@@ -148,9 +157,16 @@ class Checkpointer:
         return restored["state"], restored["data"], restored["meta"]
 
     def restore_params(self, step: int) -> Any:
-        """Only the parameters of `step`, as plain arrays (logical-axis boxes removed)."""
+        """The parameters of `step` as plain arrays on one local device, whatever mesh saved them."""
+        saved = self.manager.item_metadata(step)["state"]
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        target = jax.tree.map(
+            lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=device),
+            getattr(saved, "tree", saved),
+            is_leaf=lambda x: hasattr(x, "shape"),
+        )
         restored = self.manager.restore(
-            step, args=ocp.args.Composite(state=ocp.args.StandardRestore())
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target))
         )
         return _unbox_saved(restored["state"]["params"])
 

@@ -47,7 +47,7 @@ def ensure_writable_workdir(workdir: str) -> None:
     """Create `workdir` if needed; fail clearly when it cannot be written."""
     try:
         os.makedirs(workdir, exist_ok=True)
-        probe = os.path.join(workdir, ".write_test")
+        probe = os.path.join(workdir, f".write_test.{os.getpid()}")  # unique per process (shared disks)
         with open(probe, "w") as f:
             f.write("ok")
         os.remove(probe)

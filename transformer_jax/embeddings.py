@@ -83,4 +83,5 @@ class PositionalEncoding(nn.Module):
             (self.max_len, self.d_model),
             self.param_dtype,
         )
-        return jnp.take(table, positions, axis=0).astype(self.dtype)
+        # Positions past the table (only padding of over-wide batches) reuse the last row, not NaN.
+        return jnp.take(table, positions, axis=0, mode="clip").astype(self.dtype)

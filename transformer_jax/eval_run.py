@@ -9,6 +9,7 @@ from typing import Any, Iterable, Iterator
 import jax
 
 
+from transformer_jax.atomic import write_atomically
 from transformer_jax.input_pipeline import eval_set, load_run_splits
 from transformer_jax.model import Transformer
 from transformer_jax.restore import Run, checkpoint_params, select_steps
@@ -23,15 +24,6 @@ def checkpoint_tag(spec: str, steps: list[int]) -> str:
     if len(steps) == 1:
         return f"step_{steps[0]}"
     return f"average_{len(steps)}_to_{steps[-1]}"
-
-
-def write_atomically(path: str, text: str) -> None:
-    """Write `text` to `path` through a temporary file, so an interrupted write never leaves half a file."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    temporary = path + ".tmp"
-    with open(temporary, "w") as f:
-        f.write(text)
-    os.replace(temporary, path)
 
 
 def evaluate_checkpoint(run: Run, spec: str, split: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -74,8 +66,10 @@ def translate_lines(run: Run, params: Any, lines: Iterable[str], options: dict[s
 
 def _translate_chunk(run: Run, params: Any, texts: list[str], options: dict[str, Any]) -> list[str]:
     encoded = encode_pairs([(text, "") for text in texts], run.tokenizer)
+    # Decode as many rows as there are lines (one for interactive use), not a full eval batch.
+    batch_size = min(options.get("batch_size", 64), len(texts))
     return translate_encoded(params, run.model_config, encoded, run.tokenizer,
-                             **{**options, "show_progress": False})
+                             **{**options, "batch_size": batch_size, "show_progress": False})
 
 
 def format_results(results: dict[str, Any]) -> str:

@@ -14,7 +14,7 @@ from typing import Sequence
 import sacrebleu
 from sacremoses import MosesTokenizer
 
-_INNER_HYPHEN = re.compile(r"(?<=\S)-(?=\S)")
+_COMPOUND = re.compile(r"(\S)-(\S)")
 
 
 def sacrebleu_scores(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float | str]:
@@ -34,8 +34,9 @@ def sacrebleu_scores(hypotheses: Sequence[str], references: Sequence[str]) -> di
 
 
 def split_compounds(text: str) -> str:
-    """Moses-tokenized text with each hyphen between non-spaces set apart as ##AT##-##AT##."""
-    return _INNER_HYPHEN.sub(" ##AT##-##AT## ", text)
+    """`perl -ple 's{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g'` of tensor2tensor's get_ende_bleu.sh: one
+    non-overlapping pass, so "a-b-c" keeps its second hyphen, as that script does."""
+    return _COMPOUND.sub(r"\1 ##AT##-##AT## \2", text)
 
 
 def tokenized_compound_split_bleu(

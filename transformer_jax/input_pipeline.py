@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 
 import ml_collections
 
 from transformer_jax.batching import BatchIterator
 from transformer_jax.data import DataError, Pair, drop_empty_pairs, load_splits
 from transformer_jax.tokenized import EncodedPairs, encode_pairs, filter_by_length
-from transformer_jax.tokenizer import Tokenizer, load_or_train_tokenizer
+from transformer_jax.tokenizer import MODEL_FILENAME, Tokenizer, load_or_train_tokenizer
 
 
 @dataclasses.dataclass
@@ -48,6 +49,29 @@ def load_run_splits(data: ml_collections.ConfigDict, seed: int, splits: tuple[st
     )
 
 
+def shared_tokenizer(
+    config: ml_collections.ConfigDict, workdir: str, train_pairs: list[Pair],
+    process_index: int, process_count: int,
+) -> Tokenizer:
+    """Process 0 trains (or reuses) `<workdir>/tokenizer.model`; the others wait, then load that file.
+
+    One file for all processes guarantees identical token ids, which the shared batch plan needs.
+    """
+    data = config.data
+    tokenizer = None
+    if process_index == 0:
+        tokenizer = load_or_train_tokenizer(
+            workdir, train_pairs, vocab_size=data.vocab_size, model_type=data.tokenizer_type,
+            byte_fallback=data.byte_fallback, sample_size=data.tokenizer_sample_size,
+            seed=config.training.seed,
+        )
+    if process_count > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("tokenizer ready")
+    return tokenizer or Tokenizer.load(os.path.join(workdir, MODEL_FILENAME))
+
+
 def eval_set(pairs: list[Pair], tokenizer: Tokenizer) -> EvalSet:
     """Tokenize a dev/test split, keeping every pair (empty ones too) in order."""
     return EvalSet(pairs, encode_pairs(pairs, tokenizer))
@@ -69,15 +93,7 @@ def prepare_data(
     train_pairs, dropped = drop_empty_pairs(splits["train"])
     if dropped:
         logging.warning("dropped %d training pairs with an empty side", dropped)
-    tokenizer = load_or_train_tokenizer(
-        workdir,
-        train_pairs,
-        vocab_size=data.vocab_size,
-        model_type=data.tokenizer_type,
-        byte_fallback=data.byte_fallback,
-        sample_size=data.tokenizer_sample_size,
-        seed=config.training.seed,
-    )
+    tokenizer = shared_tokenizer(config, workdir, train_pairs, process_index, process_count)
     train, too_long = filter_by_length(encode_pairs(train_pairs, tokenizer), data.max_length)
     if too_long:
         logging.warning("dropped %d training pairs longer than max_length=%d", too_long, data.max_length)

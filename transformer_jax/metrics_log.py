@@ -6,6 +6,8 @@ import json
 import os
 from typing import Any, Mapping
 
+from transformer_jax.atomic import write_atomically
+
 
 class MetricsLog:
     """Appends {"step": s, "split": ..., metric: value} lines and TensorBoard scalars.
@@ -24,17 +26,15 @@ class MetricsLog:
         self._truncate_after(resume_step)
         from tensorboardX import SummaryWriter  # imported here: only the writing process needs it
 
-        self._writer = SummaryWriter(os.path.join(workdir, "tensorboard"))
+        # purge_step drops events a previous attempt logged after the restored step.
+        self._writer = SummaryWriter(os.path.join(workdir, "tensorboard"),
+                                     purge_step=resume_step + 1 if resume_step else None)
 
     def _truncate_after(self, step: int) -> None:
         if not os.path.exists(self.path):
             return
-        with open(self.path) as f:
-            kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
-        temporary = self.path + ".tmp"
-        with open(temporary, "w") as f:
-            f.writelines(kept)
-        os.replace(temporary, self.path)
+        kept = [json.dumps(r) + "\n" for r in read_records(self.path) if r["step"] <= step]
+        write_atomically(self.path, "".join(kept))
 
     def write(self, step: int, split: str, metrics: Mapping[str, Any]) -> None:
         """Record `metrics` of `split` ("train", "dev", "test") at `step`."""
@@ -53,7 +53,18 @@ class MetricsLog:
             self._writer.close()
 
 
+def read_records(path: str) -> list[dict[str, Any]]:
+    """The complete JSON lines of `path` (a last line cut short by a crash is skipped)."""
+    records = []
+    with open(path) as f:
+        for line in f:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
     """All records of `<workdir>/metrics.jsonl`, in order."""
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    return read_records(os.path.join(workdir, "metrics.jsonl"))

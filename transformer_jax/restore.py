@@ -12,7 +12,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from transformer_jax.checkpointing import CheckpointError, Checkpointer
+from transformer_jax.checkpointing import CheckpointError, Checkpointer, best_metric_for
 from transformer_jax.config import TransformerConfig
 from transformer_jax.tokenizer import MODEL_FILENAME, Tokenizer
 
@@ -43,14 +43,17 @@ def open_run(workdir: str) -> Run:
         config = ml_collections.ConfigDict(json.load(f))
     tokenizer = Tokenizer.load(os.path.join(workdir, MODEL_FILENAME))
     fields = {**config.model.to_dict(), "vocab_size": tokenizer.vocab_size}
-    checkpointer = Checkpointer(os.path.join(workdir, "checkpoints"), asynchronous=False,
-                                best_metric="dev_bleu" if config.training.bleu_every else "dev_loss",
-                                best_mode="max" if config.training.bleu_every else "min")
+    directory = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(directory):
+        raise CheckpointError(f"no checkpoint in {directory}; train first (train.py) or pass another --workdir")
+    checkpointer = Checkpointer(directory, best_metric=best_metric_for(config.training.bleu_every)[0],
+                                best_mode=best_metric_for(config.training.bleu_every)[1],
+                                asynchronous=False, read_only=True)
     return Run(workdir, config, TransformerConfig(**fields), tokenizer, checkpointer)
 
 
-def select_steps(checkpointer: Checkpointer, spec: str) -> list[int]:
-    """Steps named by `spec`: "latest", "best", a step number, or "average:N" (the last N)."""
+def select_steps(checkpointer: Checkpointer, spec: str, average_last: int = 5) -> list[int]:
+    """Steps named by `spec`: "latest", "best", a step, "average:N" (the last N) or "average" (the last `average_last`)."""
     steps = checkpointer.steps()
     if not steps:
         raise CheckpointError(
@@ -64,6 +67,8 @@ def select_steps(checkpointer: Checkpointer, spec: str) -> list[int]:
         if best is None:
             raise CheckpointError(f"no checkpoint in {checkpointer.directory} has a dev metric; {listing}")
         return [best]
+    if spec == "average":
+        spec = f"average:{average_last}"
     if spec.startswith("average:"):
         count = spec.split(":", 1)[1]
         if not count.isdigit() or int(count) < 1:

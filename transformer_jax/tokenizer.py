@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import sentencepiece as spm
 
+from transformer_jax.atomic import write_atomically
 from transformer_jax.data import DataError
 from transformer_jax.masks import PAD_ID
 
@@ -116,22 +116,8 @@ def train_tokenizer(sentences: Sequence[str], model_path: str, vocab_size: int =
             hard_vocab_limit=False, input_sentence_size=0, num_threads=os.cpu_count() or 1,
             logstream=quiet,
         )
-    _write_atomically(model_path, model.getvalue())
+    write_atomically(model_path, model.getvalue())
     return Tokenizer(model.getvalue())
-
-
-def _write_atomically(path: str, content: bytes) -> None:
-    """Write via a temporary file and rename, so a crash never leaves a half-written model."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".tokenizer-", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as f:
-            f.write(content)
-        os.replace(temporary, path)
-    except BaseException:
-        os.unlink(temporary)
-        raise
 
 
 def load_or_train_tokenizer(workdir: str, train_pairs: Sequence[tuple[str, str]], vocab_size: int = 32_000,

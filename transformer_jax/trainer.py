@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -11,14 +10,14 @@ import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
+from transformer_jax.atomic import write_atomically
 from transformer_jax.batching import eval_batches
-from transformer_jax.checkpointing import Checkpointer
+from transformer_jax.checkpointing import Checkpointer, best_metric_for
 from transformer_jax.config import ConfigError, TransformerConfig
 from transformer_jax.input_pipeline import EvalSet, RunData, prepare_data
 from transformer_jax.metrics_log import MetricsLog
@@ -67,11 +66,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Transfor
 
 def write_run_config(config: ml_collections.ConfigDict, workdir: str) -> None:
     """Save the run's config as `<workdir>/config.json` (eval.py rebuilds the model from it)."""
-    path = os.path.join(workdir, "config.json")
-    temporary = path + ".tmp"
-    with open(temporary, "w") as f:
-        f.write(config.to_json_best_effort(indent=2))
-    os.replace(temporary, path)
+    write_atomically(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
 
 
 @dataclasses.dataclass
@@ -79,14 +74,22 @@ class StopFlag:
     """Set by SIGTERM/SIGINT so the loop saves a checkpoint and exits at the next step boundary."""
 
     signal_number: int | None = None
+    previous: dict[int, Any] = dataclasses.field(default_factory=dict)
 
     def install(self) -> None:
-        """Route SIGTERM and SIGINT to this flag."""
+        """Route SIGTERM and SIGINT to this flag (a second signal gets the previous handling back)."""
         for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._handle)
+            self.previous[sig] = signal.signal(sig, self._handle)
+
+    def uninstall(self) -> None:
+        """Give SIGTERM and SIGINT back to the handlers they had before `install`."""
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+        self.previous.clear()
 
     def _handle(self, signal_number: int, frame: Any) -> None:
         self.signal_number = signal_number
+        self.uninstall()
 
     def agreed(self) -> bool:
         """True when any process was signalled (all processes must stop at the same step)."""
@@ -119,9 +122,9 @@ class Trainer:
         self.state, self.shardings = init_sharded(
             lambda: create_train_state(self.model, optimizer, training.seed), self.mesh
         )
-        best_metric = ("dev_bleu", "max") if training.bleu_every else ("dev_loss", "min")
         self.checkpointer = Checkpointer(
-            os.path.join(workdir, "checkpoints"), training.keep_checkpoints, *best_metric
+            os.path.join(workdir, "checkpoints"), training.keep_checkpoints,
+            *best_metric_for(training.bleu_every),
         )
         self._jit_steps()
 
@@ -138,22 +141,27 @@ class Trainer:
         )
         self.apply_gradients = jax.jit(
             apply_gradients, in_shardings=(self.shardings, self.shardings.params, None),
-            out_shardings=(self.shardings, None), donate_argnums=(0, 1),
+            out_shardings=(self.shardings, None), donate_argnums=0,
         )
+        self.add_trees = jax.jit(add_trees, donate_argnums=0)
         self.eval_step = jax.jit(
             lambda params, b: eval_step(params, self.model.apply, b, smoothing),
         )
 
-    def restore_latest(self) -> int:
-        """Resume from the newest complete checkpoint, if any; returns the step to continue from."""
+    def restore_latest(self) -> tuple[int, list[dict[str, Any]]]:
+        """Resume from the newest complete checkpoint, if any.
+
+        Returns the step to continue from and the per-step metrics of the log window that was open
+        when the checkpoint was saved, so the next log line covers the same steps as without a stop.
+        """
         step = self.checkpointer.latest_step()
         if step is None:
-            return 0
+            return 0, []
         abstract = abstract_with_shardings(self.state, self.shardings)
-        self.state, data_state, _ = self.checkpointer.restore(step, abstract)
+        self.state, data_state, meta = self.checkpointer.restore(step, abstract)
         self.data.train.set_state(data_state)
         logging.info("resumed from %s/%d", self.checkpointer.directory, step)
-        return step
+        return step, meta.get("open_window", [])
 
     def update(self) -> dict[str, jax.Array]:
         """One optimizer update from `accumulation_steps` micro-batches; returns its metrics."""
@@ -165,7 +173,7 @@ class Trainer:
         grads, sums = self.micro_gradients(self.state, batches[0], 0)
         for index, batch in enumerate(batches[1:], start=1):
             more_grads, more_sums = self.micro_gradients(self.state, batch, index)
-            grads, sums = add_trees(grads, more_grads), add_trees(sums, more_sums)
+            grads, sums = self.add_trees(grads, more_grads), self.add_trees(sums, more_sums)
         self.state, metrics = self.apply_gradients(self.state, grads, sums)
         return metrics
 
@@ -173,19 +181,20 @@ class Trainer:
         """Loss, NLL, perplexity and token accuracy on the whole dev set."""
         return evaluate_loss(self.eval_step, self.state.params, self.data.dev, self.config.data.eval_batch_size)
 
-    def save(self, step: int, metrics: dict[str, float] | None = None) -> None:
-        """Checkpoint the state, the data position and what rebuilds the run (once per step)."""
+    def save(self, step: int, window: list, metrics: dict[str, float] | None = None) -> None:
+        """Checkpoint the state, the data position, the open log window and what rebuilds the run."""
         if step == self.last_saved_step:
             return
         self.last_saved_step = step
-        meta = {"model_config": dataclasses.asdict(self.model_config)}
+        open_window = [{k: float(v) for k, v in m.items()} for m in jax.device_get(window)]
+        meta = {"model_config": dataclasses.asdict(self.model_config), "open_window": open_window}
         if not self.checkpointer.save(step, self.state, self.data.train.get_state(), meta, metrics):
             logging.error("parameters at step %d are not finite: checkpoint not written", step)
 
     def run(self, dev_bleu: Callable[[Any], dict[str, float]] | None = None) -> TrainState:
         """Train to `num_train_steps`, resuming where the workdir's checkpoints left off."""
         training = self.config.training
-        start = self.restore_latest()
+        start, window = self.restore_latest()
         self.last_saved_step = start
         is_writer = jax.process_index() == 0
         if is_writer:
@@ -193,7 +202,6 @@ class Trainer:
         log = MetricsLog(self.workdir, enabled=is_writer, resume_step=start)
         stop = StopFlag()
         stop.install()
-        window: list[dict[str, jax.Array]] = []
         window_start = time.perf_counter()
         progress = tqdm(total=training.num_train_steps, initial=start, disable=not is_writer,
                         desc="train", unit="step", dynamic_ncols=True)
@@ -209,24 +217,31 @@ class Trainer:
                     window = []
                 metrics = self._evaluate(step, log, dev_bleu)
                 if step % training.checkpoint_every == 0 or metrics:
-                    self.save(step, metrics)
+                    self.save(step, window, metrics)
                 if closes_window:
                     window_start = time.perf_counter()  # evaluating and saving are not training time
-                if stop.agreed():
-                    self.save(step)
+                # Several processes must agree on the stop step: they compare flags at log steps only.
+                if (jax.process_count() == 1 or closes_window) and stop.agreed():
+                    self.save(step, window)
                     logging.warning("stopped by signal %s at step %d; checkpoint saved", stop.signal_number, step)
                     break
-            self.save(step)
+            self.save(step, window)
         finally:
+            stop.uninstall()
             progress.close()
             self.checkpointer.wait()
             log.close()
         return self.state
 
+    def close(self) -> None:
+        """Finish pending checkpoint writes and release the checkpoint manager."""
+        self.checkpointer.close()
+
     def _log_train(self, step: int, window: list, window_start: float, log: MetricsLog, progress: tqdm) -> None:
         fetched = jax.device_get(window)  # waits for the window's steps to finish
         summary = summarize_window(fetched, time.perf_counter() - window_start)
-        summary["learning_rate"] = float(self.schedule(step - 1))
+        # Optax counts only applied updates: skipped ones did not advance the schedule.
+        summary["learning_rate"] = float(self.schedule(step - 1 - int(self.state.skipped_updates)))
         log.write(step, "train", summary)
         progress.set_postfix(loss=f"{summary['loss']:.3f}", lr=f"{summary['learning_rate']:.2e}",
                              tok_s=f"{summary['tokens_per_second']:.0f}")
@@ -245,10 +260,10 @@ class Trainer:
         return metrics
 
     def _check_skipped(self) -> None:
-        consecutive = int(self.state.consecutive_skipped)
-        if consecutive >= self.config.training.max_skipped_updates:
+        streak = int(self.state.longest_skip_streak)
+        if streak >= self.config.training.max_skipped_updates:
             raise TrainingError(
-                f"the last {consecutive} updates had a non-finite loss or gradient and were skipped; "
+                f"{streak} updates in a row had a non-finite loss or gradient and were skipped; "
                 "lower training.learning_rate_scale or set training.grad_clip_norm (the last good "
                 "checkpoint is kept)"
             )

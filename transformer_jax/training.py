@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
@@ -79,6 +78,7 @@ class TrainState(train_state.TrainState):
     dropout_key: jax.Array = struct.field(default=None)
     skipped_updates: jax.Array = struct.field(default=None)  # in the whole run
     consecutive_skipped: jax.Array = struct.field(default=None)  # since the last finite update
+    longest_skip_streak: jax.Array = struct.field(default=None)  # most consecutive skips so far
 
 
 def create_train_state(
@@ -99,6 +99,7 @@ def create_train_state(
         dropout_key=jax.random.key_data(dropout_key),
         skipped_updates=jnp.zeros((), jnp.int32),
         consecutive_skipped=jnp.zeros((), jnp.int32),
+        longest_skip_streak=jnp.zeros((), jnp.int32),
     )
 
 
@@ -156,15 +157,18 @@ def apply_gradients(state: TrainState, grad_sums: Any, sums: Metrics) -> tuple[T
     tokens = jnp.maximum(sums["tokens"], 1.0)
     grads = jax.tree.map(lambda g: g / tokens, grad_sums)
     grad_norm = optax.tree.norm(grads)
-    finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss"])
     updated = state.apply_gradients(grads=grads)
+    # The update itself can overflow (e.g. a huge learning rate) even when the gradient is finite.
+    finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss"]) & jnp.isfinite(optax.tree.norm(updated.params))
     # Keep the old parameters and optimizer state where the update is not finite, but count the step.
     new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, state)
     skipped = 1 - finite.astype(jnp.int32)
+    consecutive = (state.consecutive_skipped + skipped) * skipped
     new_state = new_state.replace(
         step=state.step + 1,
         skipped_updates=state.skipped_updates + skipped,
-        consecutive_skipped=(state.consecutive_skipped + skipped) * skipped,
+        consecutive_skipped=consecutive,
+        longest_skip_streak=jnp.maximum(state.longest_skip_streak, consecutive),
     )
     metrics = {
         "loss": sums["loss"] / tokens,
@@ -193,7 +197,3 @@ def add_trees(a: Any, b: Any) -> Any:
     """Elementwise a + b over matching pytrees (gradient accumulation)."""
     return jax.tree.map(jnp.add, a, b)
 
-
-def unboxed(tree: Any) -> Any:
-    """`tree` with flax's logical-axis boxes removed."""
-    return nn.meta.unbox(tree)

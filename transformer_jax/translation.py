@@ -19,12 +19,15 @@ from transformer_jax.tokenized import EncodedPairs
 from transformer_jax.tokenizer import EOS_ID, Tokenizer
 
 
-@functools.partial(jax.jit, static_argnames=("config", "mode", "beam_size", "alpha", "max_extra_length"))
-def _translate(params: Any, src_tokens: jax.Array, config: TransformerConfig, mode: str,
-               beam_size: int, alpha: float, max_extra_length: int) -> jax.Array:
+@functools.partial(jax.jit, static_argnames=("config", "mode", "beam_size", "max_extra_length", "top_k"))
+def _translate(params: Any, src_tokens: jax.Array, rng: jax.Array, config: TransformerConfig, mode: str,
+               beam_size: int, alpha: float, max_extra_length: int, temperature: float, top_k: int,
+               top_p: float) -> jax.Array:
     options: dict[str, Any] = {"max_extra_length": max_extra_length}
     if mode == "beam":
         options.update(beam_size=beam_size, alpha=alpha)
+    if mode == "sample":
+        options.update(rng=rng, temperature=temperature, top_k=top_k, top_p=top_p)
     return translate_batch(params, config, src_tokens, mode=mode, **options)
 
 
@@ -33,10 +36,11 @@ def fit_to_model(src_BxS: np.ndarray, max_len: int) -> np.ndarray:
     if src_BxS.shape[1] <= max_len:
         return src_BxS
     lengths = (src_BxS != 0).sum(1)
-    logging.warning(
-        "%d source sentence(s) longer than model.max_len=%d tokens are truncated for decoding",
-        int((lengths > max_len).sum()), max_len,
-    )
+    if (lengths > max_len).any():
+        logging.warning(
+            "%d source sentence(s) longer than model.max_len=%d tokens are truncated for decoding",
+            int((lengths > max_len).sum()), max_len,
+        )
     cut = src_BxS[:, :max_len].copy()
     cut[lengths > max_len, max_len - 1] = EOS_ID
     return cut
@@ -53,16 +57,26 @@ def translate_encoded(
     beam_size: int = 4,
     alpha: float = 0.6,
     max_extra_length: int = 50,
+    seed: int = 0,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
     show_progress: bool = True,
 ) -> list[str]:
-    """Detokenized translations of every source sentence, in corpus order; empty sources give ''."""
+    """Detokenized translations of every source sentence, in corpus order; empty sources give ''.
+
+    Each translation is one line: a newline the tokenizer's byte pieces produce becomes a space.
+    """
+    rng = jax.random.key(seed)
     outputs: list[str] = []
     indices: list[int] = []
     with tqdm(total=len(encoded), unit="sent", desc="translate", disable=not show_progress) as progress:
         for batch in eval_batches(encoded, batch_size):
             src = fit_to_model(batch["inputs"], config.max_len)
-            ids = _translate(params, src, config, mode, beam_size, alpha, max_extra_length)
-            outputs.extend(tokenizer.decode_batch(np.asarray(ids)))
+            rng, key = jax.random.split(rng)
+            ids = _translate(params, src, key, config, mode, beam_size, alpha, max_extra_length,
+                             temperature, top_k, top_p)
+            outputs.extend(" ".join(text.splitlines()) for text in tokenizer.decode_batch(np.asarray(ids)))
             indices.extend(batch["index"].tolist())
             progress.update(int((batch["index"] >= 0).sum()))
     ordered = restore_order(outputs, indices, len(encoded))
