@@ -6,8 +6,11 @@ import subprocess
 import sys
 import textwrap
 
+import jax
+import numpy as np
 import pytest
 
+from transformer_jax.checkpointing import Checkpointer
 from transformer_jax.sharding import MeshError, make_mesh
 
 # Runs in a fresh interpreter: the host-device count must be set before JAX starts.
@@ -16,6 +19,7 @@ MESH_SCRIPT = textwrap.dedent(
     import itertools, json, sys
     import jax, numpy as np, optax
     from transformer_jax import Transformer, TransformerConfig
+    from transformer_jax.checkpointing import Checkpointer
     from transformer_jax.sharding import global_batch, init_sharded, make_mesh
     from transformer_jax.training import create_train_state, paper_learning_rate, paper_optimizer, train_step
 
@@ -43,14 +47,20 @@ MESH_SCRIPT = textwrap.dedent(
         results[f"{name}/{opt_name}"] = {
             "losses": losses, "params": [x.ravel().tolist() for x in leaves],
             "kernel_shards": len({str(s.index) for s in kernel.value.addressable_shards})}
+        if name == "data4_fsdp2" and opt_name == "adam":  # a checkpoint written by a 4x2 mesh
+            checkpointer = Checkpointer(sys.argv[1])
+            checkpointer.save(3, state, {}, {})
+            checkpointer.close()
     print(json.dumps(results))
     """
 )
 
 
-def test_mesh_results_equal_one_device():
+def test_mesh_results_equal_one_device(tmp_path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
-    run = subprocess.run([sys.executable, "-c", MESH_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    checkpoints = str(tmp_path / "checkpoints")
+    run = subprocess.run([sys.executable, "-c", MESH_SCRIPT, checkpoints], env=env, capture_output=True,
+                         text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads(run.stdout.strip().splitlines()[-1])
     for mesh in ("data8", "data4_fsdp2"):
@@ -67,6 +77,12 @@ def test_mesh_results_equal_one_device():
     # fsdp=2 really shards parameters: the d_model axis of a kernel is split in two.
     assert results["data4_fsdp2/adam"]["kernel_shards"] == 2
     assert results["data8/adam"]["kernel_shards"] == 1
+    # The checkpoint the 8-device mesh wrote restores here, on one device (e.g. to evaluate).
+    restored = jax.tree.leaves(Checkpointer(checkpoints, read_only=True).restore_params(3))
+    saved = results["data4_fsdp2/adam"]["params"]
+    assert len(restored) == len(saved)
+    for got, want in zip(restored, saved):
+        np.testing.assert_array_equal(np.asarray(got).ravel(), np.asarray(want, np.float32))
 
 
 def test_mesh_that_does_not_cover_the_devices_is_a_clear_error():

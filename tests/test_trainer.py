@@ -74,3 +74,35 @@ def test_vocab_size_must_agree_with_the_tokenizer(run_config):
     run_config.model.vocab_size = 123
     with pytest.raises(ConfigError, match="disagrees with the tokenizer's 500"):
         model_config(run_config, 500)
+
+
+def test_preempted_run_resumes_with_the_same_log_as_an_uninterrupted_one(run_config, tmp_path):
+    """SIGTERM mid log-window: the resumed run's metrics.jsonl and parameters equal an uninterrupted run's."""
+    import signal
+
+    run_config.training.update(num_train_steps=8, log_every=4, eval_every=0, checkpoint_every=100)
+    uninterrupted = Trainer(run_config, str(tmp_path / "a"))
+    uninterrupted.run()
+
+    preempted = Trainer(run_config, str(tmp_path / "b"))
+    update, calls = preempted.update, []
+
+    def update_then_signal():
+        calls.append(1)
+        if len(calls) == 3:  # a real SIGTERM arrives during step 3, inside the first log window
+            signal.raise_signal(signal.SIGTERM)
+        return update()
+
+    preempted.update = update_then_signal
+    assert int(preempted.run().step) == 3
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is given back
+    resumed = Trainer(run_config, str(tmp_path / "b"))
+    resumed.run()
+
+    def without_timing(workdir):
+        return [{k: v for k, v in r.items() if k != "tokens_per_second"} for r in read_metrics(workdir)]
+
+    assert without_timing(str(tmp_path / "b")) == without_timing(str(tmp_path / "a"))
+    assert [r["step"] for r in read_metrics(str(tmp_path / "b"))] == [4, 8]
+    for a, b in zip(params_of(uninterrupted), params_of(resumed)):
+        np.testing.assert_array_equal(a, b)

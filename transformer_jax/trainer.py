@@ -271,6 +271,8 @@ class Trainer:
 
 def summarize_window(fetched: list[dict[str, Any]], seconds: float) -> dict[str, float]:
     """Token-weighted means of the (fetched) per-step metrics since the last log, plus throughput."""
+    # Python floats throughout, so a window restored from a checkpoint sums exactly like a live one.
+    fetched = [{key: float(value) for key, value in m.items()} for m in fetched]
     tokens = np.array([m["tokens"] for m in fetched])
     total = max(tokens.sum(), 1.0)
     mean = lambda key: float(np.sum([m[key] * t for m, t in zip(fetched, tokens)]) / total)
