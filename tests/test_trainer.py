@@ -106,3 +106,20 @@ def test_preempted_run_resumes_with_the_same_log_as_an_uninterrupted_one(run_con
     assert [r["step"] for r in read_metrics(str(tmp_path / "b"))] == [4, 8]
     for a, b in zip(params_of(uninterrupted), params_of(resumed)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_an_unfinished_save_is_never_taken_for_the_latest_checkpoint(run_config, tmp_path):
+    """Orbax writes into a temporary directory and renames it when complete: a crash mid-save leaves
+    only that temporary directory, which readers ignore and the next training run removes."""
+    Trainer(run_config, str(tmp_path)).run()
+    unfinished = tmp_path / "checkpoints" / "8.orbax-checkpoint-tmp-1795270000000000"
+    (unfinished / "state").mkdir(parents=True)
+    (unfinished / "state" / "partial").write_bytes(b"\0" * 100)
+    assert Checkpointer(str(tmp_path / "checkpoints"), read_only=True).latest_step() == 6
+    assert unfinished.exists()  # a reader (eval.py) leaves a save in progress alone
+    config = run_config.copy_and_resolve_references()
+    config.training.num_train_steps = 8
+    resumed = Trainer(config, str(tmp_path))
+    assert resumed.restore_latest()[0] == 6
+    resumed.close()
+    assert not unfinished.exists()  # the writer cleans it up
