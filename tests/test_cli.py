@@ -112,7 +112,7 @@ def test_eval_errors_name_the_problem_and_what_exists(trained, tmp_path):
     config["model"]["d_ff"] = 128
     (mismatched / "config.json").write_text(json.dumps(config))
     before = (mismatched / "test_final.hyp").read_text()
-    assert_one_line_error(run("eval.py", f"--workdir={mismatched}"), "does not match", "(128,) in the config")
+    assert_one_line_error(run("eval.py", f"--workdir={mismatched}"), "does not match the config", "(128,) in the model")
     assert (mismatched / "test_final.hyp").read_text() == before
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
@@ -42,9 +43,23 @@ def _unbox_saved(tree: Any) -> Any:
     return tree
 
 
-def _path_name(path: tuple) -> str:
-    """'params/encoder/layer_0/...' for a pytree path, the same for a state and its saved metadata."""
-    return jax.tree_util.keystr(path, simple=True, separator="/")
+def _shapes_by_path(tree: Any) -> dict[str, tuple[int, ...]]:
+    """{'params/encoder/layer_0/...': shape} for every array-like leaf (logical-axis boxes removed)."""
+    leaves = jax.tree_util.tree_leaves_with_path(
+        _unbox_saved(nn.meta.unbox(tree)), is_leaf=lambda x: hasattr(x, "shape")
+    )
+    return {jax.tree_util.keystr(path, simple=True, separator="/"): tuple(leaf.shape) for path, leaf in leaves}
+
+
+def check_shapes(saved: Any, expected: Any, what: str) -> None:
+    """Raise CheckpointError naming the first leaf whose saved shape differs from the expected one."""
+    saved_shapes = _shapes_by_path(saved)
+    for key, shape in _shapes_by_path(expected).items():
+        if saved_shapes.get(key) != shape:
+            raise CheckpointError(
+                f"{what} does not match the config: {key} is {saved_shapes.get(key, 'missing')} on disk "
+                f"but {shape} in the model; use the config the run was started with, or a new workdir"
+            )
 
 
 class Checkpointer:
@@ -172,24 +187,7 @@ class Checkpointer:
 
     def _check_shapes(self, step: int, abstract_state: Any) -> None:
         saved = self.manager.item_metadata(step)["state"]
-        saved_tree = getattr(saved, "tree", saved)
-        expected = jax.tree_util.tree_leaves_with_path(abstract_state)
-        saved_leaves = dict(
-            (_path_name(path), leaf)
-            for path, leaf in jax.tree_util.tree_leaves_with_path(
-                saved_tree, is_leaf=lambda x: hasattr(x, "shape")
-            )
-        )
-        for path, leaf in expected:
-            key = _path_name(path)
-            saved_leaf = saved_leaves.get(key)
-            if saved_leaf is None or tuple(saved_leaf.shape) != tuple(leaf.shape):
-                found = "missing" if saved_leaf is None else tuple(saved_leaf.shape)
-                raise CheckpointError(
-                    f"checkpoint {self.directory}/{step} does not match the config: {key} is "
-                    f"{found} on disk but {tuple(leaf.shape)} in the model; use the config the run "
-                    "was started with, or a new workdir"
-                )
+        check_shapes(getattr(saved, "tree", saved), abstract_state, f"checkpoint {self.directory}/{step}")
 
     def wait(self) -> None:
         """Block until pending asynchronous saves are on disk."""

@@ -12,7 +12,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from transformer_jax.checkpointing import CheckpointError, Checkpointer, best_metric_for
+from transformer_jax.checkpointing import CheckpointError, Checkpointer, best_metric_for, check_shapes
 from transformer_jax.config import TransformerConfig
 from transformer_jax.tokenizer import MODEL_FILENAME, Tokenizer
 
@@ -93,30 +93,14 @@ def checkpoint_params(run: Run, steps: list[int]) -> Any:
 
 
 def check_param_shapes(run: Run, params: Any, step: int) -> None:
-    """Fail clearly when saved parameter shapes differ from what the run's config builds."""
+    """Fail clearly when saved parameter shapes differ from what the run's config.json builds."""
     from transformer_jax.model import Transformer  # only needed here
 
     dummy = jax.numpy.ones((1, 4), jax.numpy.int32)
     expected = jax.eval_shape(
         lambda: Transformer(run.model_config).init(jax.random.key(0), dummy, dummy)["params"]
     )
-    expected_shapes = {k: v.shape for k, v in _flat(expected).items()}
-    saved_shapes = {k: tuple(np.shape(v)) for k, v in _flat(params).items()}
-    for key, shape in expected_shapes.items():
-        if saved_shapes.get(key) != tuple(shape):
-            raise CheckpointError(
-                f"checkpoint {run.checkpointer.directory}/{step} does not match {run.workdir}/config.json: "
-                f"{key} is {saved_shapes.get(key, 'missing')} on disk but {tuple(shape)} in the config"
-            )
-
-
-def _flat(tree: Any) -> dict[str, Any]:
-    from flax import linen as nn
-
-    return {
-        jax.tree_util.keystr(path, simple=True, separator="/"): leaf
-        for path, leaf in jax.tree_util.tree_leaves_with_path(nn.meta.unbox(tree))
-    }
+    check_shapes(params, expected, f"checkpoint {run.checkpointer.directory}/{step}")
 
 
 def write_params(params: Any, path: str) -> None:
