@@ -52,3 +52,15 @@ def test_embedding_is_scaled_by_sqrt_d_model_and_attend_uses_same_table():
     logits = module.apply(variables, x, method=TokenEmbedding.attend)
     assert logits.dtype == jnp.float32
     np.testing.assert_allclose(logits[0, 0], table.sum(-1), rtol=1e-5)
+
+
+def test_untied_output_projection_gives_float32_logits_from_bfloat16_inputs():
+    from transformer_jax.embeddings import OutputProjection
+
+    module = OutputProjection(vocab_size=7, dtype=jnp.bfloat16)
+    x = jnp.ones((1, 2, 4), jnp.bfloat16)
+    variables = module.init(jax.random.key(0), x)
+    logits = module.apply(variables, x)
+    assert logits.dtype == jnp.float32 and logits.shape == (1, 2, 7)
+    kernel = variables["params"]["kernel"].value
+    np.testing.assert_allclose(logits[0, 0], np.asarray(kernel, np.float32).sum(0), rtol=1e-2)

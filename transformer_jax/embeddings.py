@@ -63,6 +63,36 @@ class TokenEmbedding(nn.Module):
         )
 
 
+class OutputProjection(nn.Module):
+    """The pre-softmax linear map when it is not tied to the embedding: x W + b, float32 logits.
+
+    The matmul runs in the compute dtype and accumulates in float32, like `TokenEmbedding.attend`.
+    """
+
+    vocab_size: int
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
+        """[B, T, d_model] -> [B, T, vocab] float32 logits."""
+        kernel = self.param(
+            "kernel",
+            nn.with_logical_partitioning(nn.initializers.xavier_uniform(), ("embed", "vocab")),
+            (x_BxTxD.shape[-1], self.vocab_size),
+            self.param_dtype,
+        )
+        bias = self.param(
+            "bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+            (self.vocab_size,), self.param_dtype,
+        )
+        logits_BxTxV = jnp.einsum(
+            "btd,dv->btv", x_BxTxD.astype(self.dtype), kernel.astype(self.dtype),
+            preferred_element_type=jnp.float32,
+        )
+        return logits_BxTxV + bias.astype(jnp.float32)
+
+
 class PositionalEncoding(nn.Module):
     """Position vectors [B, T, d_model] for explicit integer positions (packed rows restart at 0)."""
 

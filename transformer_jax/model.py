@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.config import TransformerConfig
-from transformer_jax.embeddings import PositionalEncoding, TokenEmbedding
+from transformer_jax.embeddings import OutputProjection, PositionalEncoding, TokenEmbedding
 from transformer_jax.layers import DecoderLayer, EncoderLayer, layer_norm
 from transformer_jax.masks import causal_mask, combine_masks, padding_mask, segment_mask
 
@@ -129,16 +129,9 @@ class Decoder(nn.Module):
             y_BxTxD = layer_norm(cfg, "final_norm")(y_BxTxD)
         if cfg.tie_output_embedding:
             return embed.attend(y_BxTxD)
-        return nn.Dense(
-            cfg.vocab_size,
-            dtype=cfg.compute_dtype,
-            param_dtype=cfg.params_dtype,
-            kernel_init=nn.with_logical_partitioning(
-                nn.initializers.xavier_uniform(), ("embed", "vocab")
-            ),
-            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
-            name="output_projection",
-        )(y_BxTxD).astype(jnp.float32)
+        return OutputProjection(
+            cfg.vocab_size, cfg.compute_dtype, cfg.params_dtype, name="output_projection"
+        )(y_BxTxD)
 
 
 class Transformer(nn.Module):
