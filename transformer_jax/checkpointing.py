@@ -40,6 +40,8 @@ def _unbox_saved(tree: Any) -> Any:
         if set(tree) == {"value"}:
             return tree["value"]
         return {key: _unbox_saved(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+        return type(tree)(_unbox_saved(value) for value in tree)
     return tree
 
 
