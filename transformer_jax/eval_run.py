@@ -8,13 +8,12 @@ from typing import Any, Iterable, Iterator
 
 import jax
 
-
 from transformer_jax.atomic import write_atomically
+from transformer_jax.evaluation import evaluate_loss
 from transformer_jax.input_pipeline import eval_set, load_run_splits
 from transformer_jax.model import Transformer
 from transformer_jax.restore import Run, checkpoint_params, select_steps
 from transformer_jax.tokenized import encode_pairs
-from transformer_jax.trainer import evaluate_loss
 from transformer_jax.training import eval_step
 from transformer_jax.translation import score_split, translate_encoded
 
@@ -40,7 +39,7 @@ def evaluate_checkpoint(run: Run, spec: str, split: str, options: dict[str, Any]
     apply_fn = Transformer(run.model_config).apply
     smoothing = run.config.training.label_smoothing
     loss_step = jax.jit(lambda p, b: eval_step(p, apply_fn, b, smoothing))
-    losses = evaluate_loss(loss_step, params, data, options.get("batch_size", 64))
+    losses = evaluate_loss(loss_step, params, data.encoded, options.get("batch_size", 64))
     tag = checkpoint_tag(spec, steps)
     results = {"split": split, "checkpoint": spec, "steps": steps, "sentences": len(pairs),
                **scores, **{f"{k}": v for k, v in losses.items()}}

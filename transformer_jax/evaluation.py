@@ -1,5 +1,7 @@
 """BLEU and chrF the way the field reports them.
 
+Also the loss, perplexity and token accuracy of a model over a whole dev/test split.
+
 Primary: SacreBLEU on detokenized, cased output with its signature (tokenizer 13a). Secondary and
 labelled as such: the paper's tokenized BLEU, computed on Moses-tokenized text with hyphenated
 compounds split ("a-b" -> "a ##AT##-##AT## b"), which is what tensor2tensor's `get_ende_bleu.sh`
@@ -9,10 +11,16 @@ reports and is not comparable with SacreBLEU figures.
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
 
 import sacrebleu
 from sacremoses import MosesTokenizer
+
+from transformer_jax.batching import eval_batches
+from transformer_jax.tokenized import EncodedPairs
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
 
@@ -63,3 +71,20 @@ def translation_scores(
         hypotheses, references, target_lang
     )
     return scores
+
+
+def evaluate_loss(step_fn: Callable, params: Any, split: EncodedPairs, batch_size: int) -> dict[str, float]:
+    """Token-weighted loss, NLL, perplexity and accuracy of `params` over every pair of `split`."""
+    totals: dict[str, float] = {}
+    for batch in eval_batches(split, batch_size):
+        sums = jax.device_get(step_fn(params, {k: v for k, v in batch.items() if k != "index"}))
+        for key, value in sums.items():
+            totals[key] = totals.get(key, 0.0) + float(value)
+    tokens = max(totals.get("tokens", 0.0), 1.0)
+    nll = totals.get("nll", 0.0) / tokens
+    return {
+        "loss": totals.get("loss", 0.0) / tokens,
+        "nll": nll,
+        "perplexity": float(np.exp(min(nll, 50.0))),
+        "accuracy": totals.get("correct", 0.0) / tokens,
+    }

@@ -16,10 +16,10 @@ from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from transformer_jax.atomic import write_atomically
-from transformer_jax.batching import eval_batches
 from transformer_jax.checkpointing import Checkpointer, best_metric_for
 from transformer_jax.config import ConfigError, TransformerConfig
-from transformer_jax.input_pipeline import EvalSet, RunData, prepare_data
+from transformer_jax.evaluation import evaluate_loss
+from transformer_jax.input_pipeline import RunData, prepare_data
 from transformer_jax.metrics_log import MetricsLog
 from transformer_jax.model import Transformer
 from transformer_jax.sharding import (
@@ -179,7 +179,7 @@ class Trainer:
 
     def dev_loss(self) -> dict[str, float]:
         """Loss, NLL, perplexity and token accuracy on the whole dev set."""
-        return evaluate_loss(self.eval_step, self.state.params, self.data.dev, self.config.data.eval_batch_size)
+        return evaluate_loss(self.eval_step, self.state.params, self.data.dev.encoded, self.config.data.eval_batch_size)
 
     def save(self, step: int, window: list, metrics: dict[str, float] | None = None) -> None:
         """Checkpoint the state, the data position, the open log window and what rebuilds the run."""
@@ -285,21 +285,4 @@ def summarize_window(fetched: list[dict[str, Any]], seconds: float) -> dict[str,
         "grad_norm": float(np.mean([m["grad_norm"] for m in fetched])),
         "skipped_updates": float(np.sum([m["update_skipped"] for m in fetched])),
         "tokens_per_second": float(tokens.sum() / max(seconds, 1e-9)),
-    }
-
-
-def evaluate_loss(step_fn: Callable, params: Any, split: EvalSet, batch_size: int) -> dict[str, float]:
-    """Token-weighted loss, NLL, perplexity and accuracy of `params` over every pair of `split`."""
-    totals: dict[str, float] = {}
-    for batch in eval_batches(split.encoded, batch_size):
-        sums = jax.device_get(step_fn(params, {k: v for k, v in batch.items() if k != "index"}))
-        for key, value in sums.items():
-            totals[key] = totals.get(key, 0.0) + float(value)
-    tokens = max(totals.get("tokens", 0.0), 1.0)
-    nll = totals.get("nll", 0.0) / tokens
-    return {
-        "loss": totals.get("loss", 0.0) / tokens,
-        "nll": nll,
-        "perplexity": float(np.exp(min(nll, 50.0))),
-        "accuracy": totals.get("correct", 0.0) / tokens,
     }
