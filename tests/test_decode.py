@@ -306,6 +306,16 @@ def test_beam_search_with_cache_equals_the_full_forward_reference(model, beam_ou
     np.testing.assert_allclose(beam_output[1], scores, atol=1e-5, rtol=1e-5)
 
 
+def test_scanned_layers_decode_the_same_beams(model, beam_output):
+    """With scan_layers the cache has a leading layer axis; beams must still be reordered per hypothesis."""
+    from transformer_jax.model import scanned_layout
+
+    params, config, src = model
+    tokens, scores = beam_search(scanned_layout(params), config.replace(scan_layers=True), src, **BEAM)
+    np.testing.assert_array_equal(beam_output[0], tokens)
+    np.testing.assert_allclose(beam_output[1], scores, atol=1e-5, rtol=1e-5)
+
+
 def test_beam_scores_are_full_forward_log_probs_over_the_length_penalty(model, beam_output):
     params, config, src = model
     tokens, scores = beam_output

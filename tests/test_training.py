@@ -27,6 +27,38 @@ def test_label_smoothed_loss_equals_hand_computation():
     np.testing.assert_allclose(plain[0, 0], -log_p[1], rtol=1e-6)
 
 
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_label_smoothed_loss_gradient_equals_autodiff_of_the_definition(smoothing):
+    """The hand-written backward pass (softmax - q, recomputed) equals autodiff of -sum q log p."""
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(2, 3, 7)) * 3, jnp.float32)
+    targets = jnp.asarray(rng.integers(0, 7, size=(2, 3)))
+    w_loss, w_nll = jnp.asarray(rng.normal(size=(2, 3))), jnp.asarray(rng.normal(size=(2, 3)))
+
+    def reference(x):
+        log_p = jax.nn.log_softmax(x, axis=-1)
+        q = jax.nn.one_hot(targets, 7) * (1 - smoothing - smoothing / 6) + smoothing / 6
+        return (-(q * log_p).sum(-1) * w_loss).sum() + (-(jax.nn.one_hot(targets, 7) * log_p).sum(-1) * w_nll).sum()
+
+    def ours(x):
+        loss, nll = label_smoothed_cross_entropy(x, targets, smoothing)
+        return (loss * w_loss).sum() + (nll * w_nll).sum()
+
+    np.testing.assert_allclose(ours(logits), reference(logits), rtol=1e-5)
+    np.testing.assert_allclose(jax.grad(ours)(logits), jax.grad(reference)(logits), rtol=1e-5, atol=1e-6)
+
+
+def test_loss_keeps_no_second_float32_vocab_sized_array_for_the_backward_pass():
+    """Residuals saved for the backward pass of the loss: the logits and per-token values only."""
+    logits = jnp.zeros((4, 16, 1000), jnp.float32)
+    targets = jnp.ones((4, 16), jnp.int32)
+    fn = lambda x: label_smoothed_cross_entropy(x, targets, 0.1)[0].sum()
+    _, backward = jax.vjp(fn, logits)
+    residuals = [np.shape(leaf) for leaf in jax.tree.leaves(backward)]
+    big = [shape for shape in residuals if np.prod(shape) >= 4 * 16 * 1000]
+    assert big == [(4, 16, 1000)], residuals  # the logits themselves
+
+
 @pytest.mark.parametrize("step", [1, 10, 1000, 3999, 4000, 4001, 10000, 100000])
 def test_schedule_equals_the_paper_formula(step):
     schedule = paper_learning_rate(d_model=512, warmup_steps=4000)

@@ -13,6 +13,10 @@ PositionalEncodingKind = Literal["sinusoidal", "learned"]
 # attention dropout). "fused": jax.nn.dot_product_attention, which picks cuDNN flash attention on GPUs
 # where it applies. "cudnn": jax.nn.dot_product_attention forced onto cuDNN (GPU only).
 AttentionBackend = Literal["einsum", "fused", "cudnn"]
+# What each layer keeps for the backward pass. "none": everything XLA wants; "full": only the layer's
+# input (the layer is recomputed in the backward pass); "dots": the outputs of matmuls without batch
+# dimensions (the projections), recomputing the rest (attention weights, activations, norms).
+RematPolicy = Literal["none", "full", "dots"]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -43,6 +47,11 @@ class TransformerConfig:
       dtype: compute dtype ("float32" or "bfloat16"); softmax and logits stay float32.
       param_dtype: dtype parameters are stored in.
       layer_norm_epsilon: epsilon of every LayerNorm.
+      scan_layers: run each stack as one `nn.scan` over its N layers: compile time no longer grows
+        with N; parameters are stacked with a leading layer axis (checkpoints of scanned and
+        unscanned models are not interchangeable).
+      remat: rematerialization of each layer in the backward pass, trading compute for activation
+        memory; see RematPolicy.
     """
 
     vocab_size: int = 37000
@@ -61,6 +70,8 @@ class TransformerConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     layer_norm_epsilon: float = 1e-6
+    scan_layers: bool = False
+    remat: RematPolicy = "none"
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads", "max_len"):
@@ -79,6 +90,7 @@ class TransformerConfig:
         _check_choice("norm_position", self.norm_position, ("post", "pre"))
         _check_choice("positional_encoding", self.positional_encoding, ("sinusoidal", "learned"))
         _check_choice("attention_backend", self.attention_backend, ("einsum", "fused", "cudnn"))
+        _check_choice("remat", self.remat, ("none", "full", "dots"))
         _check_choice("dtype", self.dtype, tuple(_DTYPES))
         _check_choice("param_dtype", self.param_dtype, tuple(_DTYPES))
         if self.attention_backend != "einsum" and self.attention_dropout_rate > 0:

@@ -70,7 +70,7 @@ class EncoderLayer(nn.Module):
 
     @nn.compact
     def __call__(
-        self, x_BxSxD: jax.Array, mask: jax.Array | None, *, deterministic: bool = True
+        self, x_BxSxD: jax.Array, mask: jax.Array | None, deterministic: bool = True
     ) -> jax.Array:
         """[B, S, d_model] -> [B, S, d_model]; `mask` is the [B, 1, S, S] self-attention mask."""
         cfg = self.config
@@ -95,7 +95,6 @@ class DecoderLayer(nn.Module):
         encoded_BxSxD: jax.Array,
         self_mask: jax.Array | None,
         cross_mask: jax.Array | None,
-        *,
         deterministic: bool = True,
     ) -> jax.Array:
         """[B, T, d_model] targets attending to [B, S, d_model] encoder output -> [B, T, d_model]."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -32,6 +35,86 @@ def _segment_mask_or_none(q_segments: jax.Array | None, kv_segments: jax.Array |
     if q_segments is None or kv_segments is None:
         return None
     return segment_mask(q_segments, kv_segments)
+
+
+class _ScannedEncoderLayer(EncoderLayer):
+    """An EncoderLayer with the (carry, output) signature `nn.scan` needs."""
+
+    def __call__(self, x_BxSxD, mask, deterministic=True):  # type: ignore[override]
+        return super().__call__(x_BxSxD, mask, deterministic), None
+
+
+class _ScannedDecoderLayer(DecoderLayer):
+    """A DecoderLayer with the (carry, output) signature `nn.scan` needs."""
+
+    def __call__(self, y_BxTxD, encoded_BxSxD, self_mask, cross_mask, deterministic=True):  # type: ignore[override]
+        return super().__call__(y_BxTxD, encoded_BxSxD, self_mask, cross_mask, deterministic), None
+
+
+_REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
+def layer_stack(config: TransformerConfig, layer: type[nn.Module], num_args: int, **kwargs) -> list[nn.Module] | nn.Module:
+    """The N layers of a stack, rematerialized and/or scanned as `config` asks.
+
+    `num_args` is the number of arguments after the carried activations (the last is
+    `deterministic`, kept static). Returns a list of N layers, or one scanned module when
+    `config.scan_layers` (then called once; its leading parameter axis is the layer, named `layers`).
+    """
+    if config.scan_layers:
+        layer = _ScannedEncoderLayer if layer is EncoderLayer else _ScannedDecoderLayer
+    if config.remat != "none":
+        # Argument numbers count the module itself as 0 and the carried activations as 1.
+        layer = nn.remat(layer, policy=_REMAT_POLICIES[config.remat], prevent_cse=not config.scan_layers,
+                         static_argnums=(num_args + 1,))
+    if not config.scan_layers:
+        return [layer(config, name=f"layer_{i}", **kwargs) for i in range(config.num_layers)]
+    scanned = nn.scan(
+        layer,
+        variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast,) * num_args,
+        length=config.num_layers,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+    )
+    return scanned(config, name="layers", **kwargs)
+
+
+def run_stack(stack: list[nn.Module] | nn.Module, x: jax.Array, *args) -> jax.Array:
+    """Apply the layers from `layer_stack` in order to `x` (other arguments shared by every layer)."""
+    if isinstance(stack, list):
+        for layer in stack:
+            x = layer(x, *args)
+        return x
+    return stack(x, *args)[0]
+
+
+def scanned_layout(params: Any) -> Any:
+    """Parameters of an unscanned model (`layer_0`..`layer_{N-1}`) in the scan_layers=True layout.
+
+    Works on plain (unboxed) arrays; logical-axis boxes are dropped.
+    """
+    params = nn.meta.unbox(params)
+    if not isinstance(params, Mapping):
+        return params
+    names = sorted((k for k in params if k.startswith("layer_")), key=lambda k: int(k.split("_")[1]))
+    out = {k: scanned_layout(v) for k, v in params.items() if k not in names}
+    if names:
+        out["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *(params[k] for k in names))
+    return out
+
+
+def unscanned_layout(params: Any) -> Any:
+    """Parameters of a scan_layers=True model in the per-layer (`layer_i`) layout (unboxed)."""
+    params = nn.meta.unbox(params)
+    if not isinstance(params, Mapping):
+        return params
+    out = {k: unscanned_layout(v) for k, v in params.items() if k != "layers"}
+    if "layers" in params:
+        num_layers = jax.tree.leaves(params["layers"])[0].shape[0]
+        for i in range(num_layers):
+            out[f"layer_{i}"] = jax.tree.map(lambda x: x[i], params["layers"])
+    return out
 
 
 class Encoder(nn.Module):
@@ -65,8 +148,7 @@ class Encoder(nn.Module):
         mask = combine_masks(
             padding_mask(src_tokens, src_tokens), _segment_mask_or_none(src_segments, src_segments)
         )
-        for i in range(cfg.num_layers):
-            x_BxSxD = EncoderLayer(cfg, name=f"layer_{i}")(x_BxSxD, mask, deterministic=deterministic)
+        x_BxSxD = run_stack(layer_stack(cfg, EncoderLayer, 2), x_BxSxD, mask, deterministic)
         if cfg.norm_position == "pre":
             x_BxSxD = layer_norm(cfg, "final_norm")(x_BxSxD)
         return x_BxSxD
@@ -121,10 +203,8 @@ class Decoder(nn.Module):
         cross_mask = combine_masks(
             padding_mask(tgt_in, src_tokens), _segment_mask_or_none(tgt_segments, src_segments)
         )
-        for i in range(cfg.num_layers):
-            y_BxTxD = DecoderLayer(cfg, decode=self.decode, name=f"layer_{i}")(
-                y_BxTxD, encoded_BxSxD, self_mask, cross_mask, deterministic=deterministic
-            )
+        layers = layer_stack(cfg, DecoderLayer, 4, decode=self.decode)
+        y_BxTxD = run_stack(layers, y_BxTxD, encoded_BxSxD, self_mask, cross_mask, deterministic)
         if cfg.norm_position == "pre":
             y_BxTxD = layer_norm(cfg, "final_norm")(y_BxTxD)
         if cfg.tie_output_embedding:

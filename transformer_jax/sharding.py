@@ -25,6 +25,7 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
     ("heads", None),
     ("kv", None),
     ("mlp", None),
+    ("layers", None),  # the stacked layer axis of scanned stacks (model.scan_layers)
 )
 
 

@@ -7,6 +7,7 @@ targets shifted right) and, for packed rows, `inputs_position`, `targets_positio
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -27,20 +28,62 @@ def label_smoothed_cross_entropy(
 ) -> tuple[jax.Array, jax.Array]:
     """Per-token cross-entropy against the smoothed target distribution, and the plain NLL.
 
-    The smoothed distribution puts 1 - smoothing on the reference token and smoothing / (V - 1) on
-    every other token (as tensor2tensor and fairseq do). It is never materialized as a one-hot
-    [B, T, V] array: -sum_v q_v log p_v = -(conf - low) log p_ref - low * sum_v log p_v.
+    The smoothed distribution q puts 1 - smoothing on the reference token and smoothing / (V - 1) on
+    every other token (as tensor2tensor and fairseq do). Neither q (a one-hot) nor log-probabilities
+    are materialized as [B, T, V] arrays: with lse = logsumexp(logits),
+      -sum_v q_v log p_v = lse - (conf - low) * logit_ref - low * sum_v logit_v,
+    and the gradient, softmax - q, is recomputed from the logits in the backward pass, so the logits
+    are the only float32 [B, T, V] array kept for it.
     """
-    vocab_size = logits_BxTxV.shape[-1]
-    log_probs_BxTxV = jax.nn.log_softmax(logits_BxTxV.astype(jnp.float32), axis=-1)
-    reference_log_prob_BxT = jnp.take_along_axis(log_probs_BxTxV, targets_BxT[..., None], -1)[..., 0]
-    nll_BxT = -reference_log_prob_BxT
-    if smoothing == 0.0:
-        return nll_BxT, nll_BxT
-    low = smoothing / (vocab_size - 1)
-    confidence = 1.0 - smoothing
-    loss_BxT = -(confidence - low) * reference_log_prob_BxT - low * log_probs_BxTxV.sum(-1)
-    return loss_BxT, nll_BxT
+    return _smoothed_cross_entropy(logits_BxTxV.astype(jnp.float32), targets_BxT, float(smoothing))
+
+
+def _smoothing_weights(vocab_size: int, smoothing: float) -> tuple[float, float]:
+    """(conf - low, low): the reference token's extra weight and every token's base weight in q."""
+    low = smoothing / (vocab_size - 1) if smoothing else 0.0
+    return 1.0 - smoothing - low, low
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _smoothed_cross_entropy(
+    logits_BxTxV: jax.Array, targets_BxT: jax.Array, smoothing: float
+) -> tuple[jax.Array, jax.Array]:
+    loss_and_nll, _ = _smoothed_cross_entropy_forward(logits_BxTxV, targets_BxT, smoothing)
+    return loss_and_nll
+
+
+def _smoothed_cross_entropy_forward(
+    logits_BxTxV: jax.Array, targets_BxT: jax.Array, smoothing: float
+) -> tuple[tuple[jax.Array, jax.Array], tuple[jax.Array, jax.Array, jax.Array]]:
+    extra, low = _smoothing_weights(logits_BxTxV.shape[-1], smoothing)
+    lse_BxT = jax.nn.logsumexp(logits_BxTxV, axis=-1)
+    reference_BxT = jnp.take_along_axis(logits_BxTxV, targets_BxT[..., None], -1)[..., 0]
+    nll_BxT = lse_BxT - reference_BxT
+    loss_BxT = lse_BxT - extra * reference_BxT
+    if low:
+        loss_BxT = loss_BxT - low * logits_BxTxV.sum(-1)
+    return (loss_BxT, nll_BxT), (logits_BxTxV, targets_BxT, lse_BxT)
+
+
+def _smoothed_cross_entropy_backward(
+    smoothing: float, residuals: tuple[jax.Array, jax.Array, jax.Array], cotangents: tuple[jax.Array, jax.Array]
+) -> tuple[jax.Array, None]:
+    logits_BxTxV, targets_BxT, lse_BxT = residuals
+    g_loss_BxT, g_nll_BxT = cotangents
+    extra, low = _smoothing_weights(logits_BxTxV.shape[-1], smoothing)
+    # d loss / d logits = softmax - q; d nll / d logits = softmax - onehot (both sum over the cotangents).
+    probs_BxTxV = jnp.exp(logits_BxTxV - lse_BxT[..., None])
+    is_ref_BxTxV = jnp.arange(logits_BxTxV.shape[-1], dtype=targets_BxT.dtype) == targets_BxT[..., None]
+    g_ref_BxT = extra * g_loss_BxT + g_nll_BxT
+    grad_BxTxV = (
+        (g_loss_BxT + g_nll_BxT)[..., None] * probs_BxTxV
+        - low * g_loss_BxT[..., None]
+        - jnp.where(is_ref_BxTxV, g_ref_BxT[..., None], 0.0)
+    )
+    return grad_BxTxV, None
+
+
+_smoothed_cross_entropy.defvjp(_smoothed_cross_entropy_forward, _smoothed_cross_entropy_backward)
 
 
 def paper_learning_rate(
@@ -152,20 +195,23 @@ def apply_gradients(state: TrainState, grad_sums: Any, sums: Metrics) -> tuple[T
     """Normalize summed gradients by the batch's non-pad target tokens and take one Adam step.
 
     A non-finite loss or gradient skips the update (parameters and optimizer state unchanged) and
-    counts it in `skipped_updates`.
+    counts it in `skipped_updates`. The decision is taken before the update, under `lax.cond`, so a
+    normal step updates the (donated) parameters and Adam moments in place: no second copy of the
+    state, no extra pass over it. (Adam's step is bounded by about the learning rate per element, so
+    finite gradients and a finite learning rate give finite parameters.)
     """
     tokens = jnp.maximum(sums["tokens"], 1.0)
-    grads = jax.tree.map(lambda g: g / tokens, grad_sums)
-    grad_norm = optax.tree.norm(grads)
-    updated = state.apply_gradients(grads=grads)
-    # The update itself can overflow (e.g. a huge learning rate) even when the gradient is finite.
-    finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss"]) & jnp.isfinite(optax.tree.norm(updated.params))
-    # Keep the old parameters and optimizer state where the update is not finite, but count the step.
-    new_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated, state)
+    grad_norm = optax.tree.norm(grad_sums) / tokens
+    finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss"])
+
+    def update(state: TrainState) -> TrainState:
+        return state.apply_gradients(grads=jax.tree.map(lambda g: g / tokens, grad_sums))
+
+    # Optax's count (and so the schedule) advances only on applied updates.
+    new_state = jax.lax.cond(finite, update, lambda s: s.replace(step=s.step + 1), state)
     skipped = 1 - finite.astype(jnp.int32)
     consecutive = (state.consecutive_skipped + skipped) * skipped
     new_state = new_state.replace(
-        step=state.step + 1,
         skipped_updates=state.skipped_updates + skipped,
         consecutive_skipped=consecutive,
         longest_skip_streak=jnp.maximum(state.longest_skip_streak, consecutive),
