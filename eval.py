@@ -4,6 +4,8 @@
                  [--beam_size=4 --alpha=0.6 --max_extra_length=50] [--mode=beam|greedy|sample]
   python eval.py --workdir=DIR --translate=FILE|-        # translate text line by line
   python eval.py --workdir=DIR --checkpoint=average:5 --write_averaged=PATH
+  python eval.py --workdir=DIR --plot_attention="the dog jumped over the wall" [--plot_attention_target=TEXT]
+  python eval.py --workdir=DIR --plot_positional_encoding --plot_curves   # PNGs under DIR/plots/
 """
 
 import os
@@ -13,7 +15,9 @@ from absl import app, flags
 
 from transformer_jax.cli import parse_flags, user_errors
 from transformer_jax.data import DataError
-from transformer_jax.eval_run import evaluate_checkpoint, format_results, translate_lines
+from transformer_jax.eval_run import (evaluate_checkpoint, format_results, plot_attention,
+                                      plot_positional_encoding, translate_lines)
+from transformer_jax.plots import plot_learning_curves
 from transformer_jax.restore import checkpoint_params, open_run, select_steps, write_params
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The --workdir of a training run.")
@@ -31,6 +35,11 @@ _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass; 1 = all (--mod
 _BATCH = flags.DEFINE_integer("batch_size", 64, "Sentences decoded together.")
 _TRANSLATE = flags.DEFINE_string("translate", None, "Translate this file ('-' = standard input) to stdout.")
 _AVERAGED = flags.DEFINE_string("write_averaged", None, "Write the --checkpoint parameters here (Orbax).")
+_ATTENTION = flags.DEFINE_string("plot_attention", None, "Plot the attention maps of this source sentence.")
+_ATTENTION_TARGET = flags.DEFINE_string(
+    "plot_attention_target", None, "Target for --plot_attention (default: the model's translation).")
+_POSITIONS = flags.DEFINE_bool("plot_positional_encoding", False, "Plot the positional-encoding matrix.")
+_CURVES = flags.DEFINE_bool("plot_curves", False, "Plot loss, learning rate and BLEU from metrics.jsonl.")
 flags.mark_flag_as_required("workdir")
 
 
@@ -58,9 +67,33 @@ def translate_text(run, options: dict) -> None:
         print(translation, flush=True)
 
 
+def make_plots() -> None:
+    """Write the figures the --plot_* flags ask for under <workdir>/plots/ and print their paths."""
+    if _ATTENTION_TARGET.value is not None and _ATTENTION.value is None:
+        raise ValueError("--plot_attention_target needs --plot_attention=SOURCE_SENTENCE")
+    paths = [plot_learning_curves(_WORKDIR.value)] if _CURVES.value else []
+    if _ATTENTION.value is not None or _POSITIONS.value:
+        run = open_run(_WORKDIR.value)
+        try:
+            steps = select_steps(run.checkpointer, _CHECKPOINT.value, run.config.eval.average_last)
+            params = checkpoint_params(run, steps)
+            if _ATTENTION.value is not None:
+                paths += plot_attention(run, params, steps, _ATTENTION.value, _ATTENTION_TARGET.value,
+                                        decoding_options(run.config))
+            if _POSITIONS.value:
+                paths.append(plot_positional_encoding(run, params, steps[-1]))
+        finally:
+            run.checkpointer.close()
+    for path in paths:
+        print(f"wrote {path}")
+
+
 def main(argv: list[str]) -> None:
     del argv
     with user_errors((ValueError,)):
+        if _CURVES.value or _POSITIONS.value or {_ATTENTION.value, _ATTENTION_TARGET.value} != {None}:
+            make_plots()
+            return
         run = open_run(_WORKDIR.value)
         try:
             options = decoding_options(run.config)

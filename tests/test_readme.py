@@ -19,3 +19,81 @@ def test_reuse_example_trains_a_classifier_on_the_encoder():
     losses = namespace["losses"]
     assert len(losses) == 20
     assert losses[-1] < 0.5 * losses[0]
+
+
+ROOT = README.parent
+
+
+def bash_blocks() -> list[str]:
+    """The README's ```bash blocks, with backslash-continued lines joined."""
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), re.S)
+    return [block.replace("\\\n", " ") for block in blocks]
+
+
+def script_flags(script: str) -> set[str]:
+    """The absl flags a script defines (DEFINE_*("name", ...) and DEFINE_config_file("name", ...))."""
+    source = (ROOT / script).read_text()
+    names = set(re.findall(r"DEFINE_\w+\(\s*\"(\w+)\"", source))
+    assert names, f"{script} defines no flags?"
+    return names | {"help", "helpfull"}
+
+
+def test_every_train_and_eval_flag_in_the_readme_exists():
+    commands = [line for block in bash_blocks() for line in block.splitlines()]
+    commands += re.findall(r"`((?:python )?(?:train|eval)\.py [^`]*)`", README.read_text())
+    checked = 0
+    for script in ("train.py", "eval.py"):
+        defined = script_flags(script)
+        for command in commands:
+            if f"{script} " not in command:
+                continue
+            used = set(re.findall(r"(?<![\w-])--(\w+)", command.split(script, 1)[1]))
+            assert used <= defined, f"README uses {sorted(used - defined)} with {script}: {command.strip()}"
+            checked += 1
+    assert checked >= 10
+    # Flags named in prose belong to train.py or eval.py, or to the other tools the README runs.
+    others = {"file_format", "data_dir", "zone", "worker", "command", "update", "logdir"}
+    known = script_flags("train.py") | script_flags("eval.py") | others
+    named = set(re.findall(r"(?<![\w-])--(\w+)", README.read_text()))
+    assert named - known == set(), f"README names flags that no script defines: {sorted(named - known)}"
+
+
+def test_every_config_key_in_the_readme_exists():
+    from transformer_jax.run_config import default_config
+
+    config = default_config()
+    keys = set(re.findall(r"--config\.([\w.]+?)(?==|\s|`|$)", README.read_text(), re.M))
+    # Keys named in prose, e.g. `training.keep_checkpoints` or `data.pack=False` (not `eval.py`).
+    keys |= set(re.findall(r"`((?:model|data|training|mesh|eval)\.(?!py`)\w+)(?:=[^`]*)?`", README.read_text()))
+    assert len(keys) >= 15
+    for key in sorted(keys):
+        if key == "KEY":
+            continue
+        section, _, name = key.partition(".")
+        assert section in config and name in config[section], f"README names --config.{key}, which does not exist"
+
+
+def test_every_repository_file_the_readme_names_exists():
+    text = README.read_text()
+    paths = set(re.findall(r"(?<![\w/<.])((?:transformer_jax|configs|tests|benchmarks)/[\w/]+\.\w+)", text))
+    top_level = ("train.py", "eval.py", "Makefile", "BENCHMARKS.md", "pyproject.toml")
+    paths |= {name for name in top_level if name in text}
+    assert len(paths) >= 30
+    missing = sorted(path for path in paths if not (ROOT / path).exists())
+    assert not missing, f"README names files that do not exist: {missing}"
+
+
+def test_the_package_map_names_every_module():
+    section = README.read_text().split("## 7. The package map", 1)[1].split("\n## ", 1)[0]
+    modules = sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "transformer_jax").glob("*.py"))
+    missing = [module for module in modules
+               if module != "transformer_jax/__init__.py" and f"`{module}`" not in section]
+    assert not missing, f"the README's package map does not list {missing}"
+
+
+def test_make_targets_in_the_readme_exist():
+    targets = set(re.findall(r"^make (\w+)", "\n".join(bash_blocks()), re.M))
+    assert targets == {"demo", "test"}
+    makefile = (ROOT / "Makefile").read_text()
+    for target in targets:
+        assert re.search(rf"^{target}:", makefile, re.M), f"Makefile has no target {target}"

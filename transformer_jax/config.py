@@ -43,15 +43,18 @@ class TransformerConfig:
       positional_encoding: "sinusoidal" (the paper) or "learned".
       share_embeddings: one embedding table for source and target tokens (paper section 3.4).
       tie_output_embedding: the pre-softmax projection is the target embedding table, transposed.
-      attention_backend: see AttentionBackend.
+      attention_backend: "einsum" (softmax(QK^T/sqrt(d_k))V written out; runs everywhere, allows
+        attention dropout, exposes the weights), "fused" (jax.nn.dot_product_attention: cuDNN flash
+        attention on GPUs where it applies, XLA elsewhere) or "cudnn" (forced cuDNN; GPU only).
       dtype: compute dtype ("float32" or "bfloat16"); softmax and logits stay float32.
       param_dtype: dtype parameters are stored in.
       layer_norm_epsilon: epsilon of every LayerNorm.
       scan_layers: run each stack as one `nn.scan` over its N layers: compile time no longer grows
         with N; parameters are stacked with a leading layer axis (checkpoints of scanned and
         unscanned models are not interchangeable).
-      remat: rematerialization of each layer in the backward pass, trading compute for activation
-        memory; see RematPolicy.
+      remat: what each layer keeps for the backward pass, trading compute for activation memory:
+        "none" (everything), "full" (only its input; the layer is recomputed), "dots" (projection
+        outputs; attention weights, activations and norms are recomputed).
     """
 
     vocab_size: int = 37000

@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Any, Iterable, Iterator
 
 import jax
+import numpy as np
 
 from transformer_jax.atomic import write_atomically
+from transformer_jax.decode import translate_batch
 from transformer_jax.evaluation import evaluate_loss
 from transformer_jax.input_pipeline import eval_set, load_run_splits
+from transformer_jax.introspection import ATTENTION_KINDS, attention_maps, positional_encoding_matrix
 from transformer_jax.model import Transformer
+from transformer_jax.plots import (PLOTS_DIRNAME, add_to_tensorboard, attention_figure, attention_title,
+                                   positional_encoding_figure, save_png)
 from transformer_jax.restore import Run, checkpoint_params, select_steps
 from transformer_jax.tokenized import encode_pairs
+from transformer_jax.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_jax.training import eval_step
-from transformer_jax.translation import score_split, translate_encoded
+from transformer_jax.translation import fit_to_model, score_split, translate_encoded
 
 
 def checkpoint_tag(spec: str, steps: list[int]) -> str:
@@ -85,3 +92,87 @@ def format_results(results: dict[str, Any]) -> str:
     ])
 
 
+
+
+def decode_one(run: Run, params: Any, source_ids: np.ndarray, options: dict[str, Any]) -> np.ndarray:
+    """The output ids for one source [S] by the mode of `options` (beam, greedy or sample), before EOS."""
+    mode = options.get("mode", "beam")
+    settings: dict[str, Any] = {"max_extra_length": options.get("max_extra_length", 50)}
+    if mode == "beam":
+        settings.update(beam_size=options.get("beam_size", 4), alpha=options.get("alpha", 0.6))
+    if mode == "sample":
+        settings.update(rng=jax.random.key(options.get("seed", 0)), temperature=options.get("temperature", 1.0),
+                        top_k=options.get("top_k", 0), top_p=options.get("top_p", 1.0))
+    output_ids = np.asarray(translate_batch(params, run.model_config, source_ids[None], mode=mode, **settings))[0]
+    # The output ends at EOS, or at the length limit followed by padding.
+    ends = np.flatnonzero((output_ids == EOS_ID) | (output_ids == PAD_ID))
+    return output_ids[: ends[0]] if len(ends) else output_ids
+
+
+def decoding_description(options: dict[str, Any]) -> str:
+    """How a translation was produced, in words, e.g. 'beam search (beam 4, alpha 0.6)'."""
+    mode = options.get("mode", "beam")
+    if mode == "beam":
+        return f"beam search (beam {options.get('beam_size', 4)}, alpha {options.get('alpha', 0.6)})"
+    return "greedy decoding" if mode == "greedy" else f"sampling (seed {options.get('seed', 0)})"
+
+
+def attention_pair(run: Run, params: Any, source: str, target: str | None,
+                   options: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, str]:
+    """Source ids [S] (with EOS), decoder input ids [T] (BOS + target) and where the target came from.
+
+    Without a given `target`, the model translates `source` with the decoding `options`.
+    """
+    max_len = run.model_config.max_len
+    source_ids = fit_to_model(np.array([run.tokenizer.encode(source) + [EOS_ID]], np.int32), max_len)[0]
+    if target is None:
+        target_ids = decode_one(run, params, source_ids, options)
+        origin = f"the model's translation by {decoding_description(options)}"
+    else:
+        target_ids = np.array(run.tokenizer.encode(target), np.int32)
+        origin = "given by --plot_attention_target"
+    decoder_input_ids = np.concatenate([[BOS_ID], target_ids]).astype(np.int32)[:max_len]
+    return source_ids, decoder_input_ids, origin
+
+
+def plot_slug(text: str, words: int = 6) -> str:
+    """A file-name-safe short name for a sentence: its first words, lower-cased, joined by '_'."""
+    kept = re.findall(r"\w+", text.lower())[:words]
+    return "_".join(kept)[:60] or "empty"
+
+
+def plot_attention(run: Run, params: Any, steps: list[int], source: str, target: str | None,
+                   options: dict[str, Any]) -> list[str]:
+    """Write one PNG per attention kind (layers x heads panels) for a sentence pair; returns their paths.
+
+    `params` are those of the checkpoint `steps` (several when averaged). Files:
+    `<workdir>/plots/attention.<sentence>.<checkpoint tag>.<kind>.png`; the same images go to
+    TensorBoard as `attention/<kind>` at the last of `steps`.
+    """
+    source_ids, decoder_input_ids, origin = attention_pair(run, params, source, target, options)
+    maps = attention_maps(run.model_config, params, source_ids, decoder_input_ids)
+    source_pieces = [run.tokenizer.piece(int(i)) for i in source_ids]
+    target_pieces = [run.tokenizer.piece(int(i)) for i in decoder_input_ids]
+    target_text = run.tokenizer.decode(decoder_input_ids)
+    axes = {"encoder_self_attention": (source_pieces, source_pieces),
+            "decoder_self_attention": (target_pieces, target_pieces),
+            "encoder_decoder_attention": (target_pieces, source_pieces)}
+    figures, paths, tag = {}, [], checkpoint_tag("", steps)
+    for kind in ATTENTION_KINDS:
+        detail = (f"checkpoint {tag.replace('_', ' ')}; rows attend to columns\nsource: {source!r}\n"
+                  f"target: {target_text!r} ({origin})")
+        figure = attention_figure(maps[kind], *axes[kind], attention_title(kind, detail))
+        figures[f"attention/{kind}"] = figure
+        name = f"attention.{plot_slug(source)}.{tag}.{kind}.png"
+        paths.append(save_png(figure, os.path.join(run.workdir, PLOTS_DIRNAME, name)))
+    add_to_tensorboard(run.workdir, figures, steps[-1])
+    return paths
+
+
+def plot_positional_encoding(run: Run, params: Any, step: int) -> str:
+    """Write the positional-encoding matrix to `<workdir>/plots/positional_encoding.png` (and TensorBoard)."""
+    matrix = positional_encoding_matrix(run.model_config, params)
+    figure = positional_encoding_figure(matrix, run.model_config.positional_encoding)
+    path = save_png(figure, os.path.join(run.workdir, PLOTS_DIRNAME, "positional_encoding.png"))
+    add_to_tensorboard(run.workdir, {"positional_encoding": figure}, step)
+    return path
