@@ -10,7 +10,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-.PHONY: install test demo
+.PHONY: install test demo bench
 install: $(VENV)/.installed
 
 test: $(VENV)/.installed
@@ -19,3 +19,8 @@ test: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(PY) train.py --config=configs/demo.py --workdir=runs/demo
+
+# Not one of the two set-up commands: the benchmark harness, with the PyTorch peer (see BENCHMARKS.md).
+bench: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) benchmarks/run.py --json benchmarks/results.json

@@ -1,6 +1,6 @@
 """Input-pipeline throughput: tokens/s produced by BatchIterator, and its padding efficiency.
 
-Run: python benchmarks/input_pipeline.py [--seconds 5]   (under a minute on 2 CPU cores)
+A section of benchmarks/run.py.
 
 Two corpora: the built-in synthetic corpus (tokenized with a small SentencePiece model) and a
 WMT-like length distribution (lognormal, mean about 27 tokens, at most 256). For each, packed and
@@ -10,18 +10,13 @@ tokens of inputs + targets, the figure to compare with what a train step consume
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
-import tempfile
 import time
 
 import numpy as np
 
 from transformer_jax.batching import BatchIterator
-from transformer_jax.corpus import builtin_corpus
-from transformer_jax.tokenized import EncodedPairs, Ragged, encode_pairs, filter_by_length
-from transformer_jax.tokenizer import EOS_ID, load_or_train_tokenizer
+from transformer_jax.tokenized import EncodedPairs, Ragged
+from transformer_jax.tokenizer import EOS_ID
 
 
 def wmt_like_corpus(num_pairs: int, seed: int = 0) -> EncodedPairs:
@@ -68,37 +63,7 @@ def report(name: str, corpus: EncodedPairs, tokens_per_batch: int, max_length: i
     return results
 
 
-def main() -> None:
-    """Benchmark both corpora."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seconds", type=float, default=5.0, help="timing per corpus and mode")
-    args = parser.parse_args()
-
-    start = time.perf_counter()
-    splits = builtin_corpus()
-    generated = time.perf_counter()
-    with tempfile.TemporaryDirectory() as workdir:
-        tokenizer = load_or_train_tokenizer(workdir, splits["train"], vocab_size=4_000, sample_size=20_000)
-    trained = time.perf_counter()
-    corpus, _ = filter_by_length(encode_pairs(splits["train"], tokenizer), 64)
-    encoded = time.perf_counter()
-    print(f"built-in corpus: generated in {generated - start:.1f}s, tokenizer trained in {trained - generated:.1f}s, "
-          f"{len(corpus):,} pairs encoded in {encoded - trained:.1f}s "
-          f"({(corpus.source.values.size + corpus.target.values.size) / (encoded - trained) / 1e6:.2f} M tok/s)")
-    builtin = report("built-in (max_len 64)", corpus, 4_096, 64, args.seconds)
-    report("WMT-like (max_len 256)", wmt_like_corpus(500_000), 25_000, 256, args.seconds)
-
-    # The consumer, same machine, same run: the demo model's train step on its packed 64 x 64 batches.
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from train_step import CASES, measure as measure_train_step
-
-    config, rows, length = CASES["demo (d_model 128, 2 layers, vocab 4000)"]
-    step = measure_train_step(config, rows, length, steps=10)
-    consumed = 2 * step["target_tokens_per_second"]  # source + target token slots per second
-    produced = builtin["packed"]["slot tok/s"]
-    print(f"demo train step consumes {consumed / 1e6:.3f} M tok/s (source + target slots); the packed "
-          f"pipeline produces {produced / 1e6:.2f} M/s: {produced / consumed:,.0f}x what the step needs")
-
-
-if __name__ == "__main__":
-    main()
+def run(seconds: float, builtin: EncodedPairs) -> dict[str, dict[str, dict[str, float]]]:
+    """Both corpora, packed and bucketed."""
+    return {"built-in (max_len 64)": report("built-in (max_len 64)", builtin, 4_096, 64, seconds),
+            "WMT-like (max_len 256)": report("WMT-like (max_len 256)", wmt_like_corpus(500_000), 25_000, 256, seconds)}

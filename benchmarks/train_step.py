@@ -1,33 +1,40 @@
-"""Train-step throughput: target tokens per second of the jitted, donated train step.
+"""Train-step throughput of ours and the PyTorch peer on the same shapes, timed alternately, and MFU.
 
-  python benchmarks/train_step.py [--steps 20] [--json PATH]
-
-Measures the demo model on its real batch shape (packed 64 x 64 rows from the built-in corpus) and the
-paper's base model on a small batch, after compilation, with the batch already on the device, so the
-figure is the step alone (the input pipeline is measured by benchmarks/input_pipeline.py).
+MFU = analytic FLOPs of the step (`transformer_jax.flops`) / seconds per step / the device's peak
+matmul rate measured in the same run (`peak_matmul_flops`).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import platform
+import dataclasses
+import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import Transformer, TransformerConfig
-from transformer_jax.training import create_train_state, paper_learning_rate, paper_optimizer, train_step
+from transformer_jax.flops import model_flops_utilization, train_step_flops
+from transformer_jax.training import (
+    create_train_state,
+    paper_learning_rate,
+    paper_optimizer,
+    train_step,
+)
 
-CASES = {
-    # name: (model config, rows, length)
-    "demo (d_model 128, 2 layers, vocab 4000)": (
-        TransformerConfig(vocab_size=4000, num_layers=2, d_model=128, d_ff=512, num_heads=4, max_len=128),
-        64, 64,
-    ),
-    "base (d_model 512, 6 layers, vocab 37000)": (TransformerConfig(vocab_size=37000), 8, 64),
-}
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A model and a batch shape to time."""
+
+    name: str
+    config: TransformerConfig
+    rows: int
+    length: int
+    peer: bool = True  # also time the PyTorch peer (CPU only: the registry's wheel is CPU-only)
 
 
 def synthetic_batch(rows: int, length: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -38,45 +45,92 @@ def synthetic_batch(rows: int, length: int, vocab: int, seed: int = 0) -> dict[s
     return {"inputs": tokens, "targets": tokens, "target_inputs": shifted}
 
 
-def measure(config: TransformerConfig, rows: int, length: int, steps: int) -> dict[str, float]:
-    """Compile once, then time `steps` updates; returns tokens/s and seconds per step."""
+def peak_matmul_flops(dtype: Any = jnp.float32, size: int | None = None, repeats: int = 10) -> float:
+    """The best rate of a square matmul on the default device (FLOP/s): the MFU denominator."""
+    on_gpu = jax.devices()[0].platform != "cpu"
+    size = size or (8192 if on_gpu else 2048)
+    a = jnp.ones((size, size), dtype)
+    matmul = jax.jit(lambda x, y: x @ y)
+    jax.block_until_ready(matmul(a, a))
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(matmul(a, a))
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def our_train_step(config: TransformerConfig, batch: dict[str, np.ndarray]) -> tuple[Callable[[], None], float]:
+    """A closure running one (synchronized) train step, and the compile + first step time."""
     model = Transformer(config)
     optimizer = paper_optimizer(paper_learning_rate(config.d_model))
     state = jax.jit(lambda: create_train_state(model, optimizer, seed=0))()
-    step = jax.jit(train_step, static_argnums=2, donate_argnums=0)
-    batch = jax.device_put(synthetic_batch(rows, length, config.vocab_size))
+    step_fn = jax.jit(train_step, static_argnums=2, donate_argnums=0)
+    device_batch = jax.device_put(batch)
+    holder = {"state": state}
+
+    def step() -> None:
+        holder["state"], metrics = step_fn(holder["state"], device_batch, 0.1)
+        jax.block_until_ready(metrics)
+
     start = time.perf_counter()
-    state, metrics = step(state, batch, 0.1)
+    step()
+    return step, time.perf_counter() - start
+
+
+def _time_steps(step: Callable[[], Any], count: int) -> float:
+    start = time.perf_counter()
+    for _ in range(count):
+        step()
+    return (time.perf_counter() - start) / count
+
+
+def compare(case: Case, peak: float, rounds: int, steps_per_round: int) -> dict[str, Any]:
+    """Seconds per step of ours and the peer (medians of alternating rounds), tokens/s, MFU, ratio."""
+    batch = synthetic_batch(case.rows, case.length, case.config.vocab_size)
+    flops = train_step_flops(case.config, case.rows, case.length, case.length)
+    tokens = case.rows * case.length
+    contenders: dict[str, Callable[[], Any]] = {}
+    ours, compile_s = our_train_step(case.config, batch)
+    contenders["ours"] = ours
+    if case.peer:
+        from peer_torch import (
+            peer_train_step,  # imported here: torch is a benchmark-only dependency
+        )
+
+        contenders["peer"] = peer_train_step(case.config, batch)
+        contenders["peer"]()  # warm-up
+    ours()
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(rounds):  # alternate, so both see the same machine conditions
+        for name, step in contenders.items():
+            samples[name].append(_time_steps(step, steps_per_round))
+    result: dict[str, Any] = {"case": case.name, "target_tokens_per_step": tokens, "flops_per_step": flops,
+                              "ours_compile_s": compile_s}
+    for name, times in samples.items():
+        seconds = statistics.median(times)
+        result[f"{name}_s_per_step"] = seconds
+        result[f"{name}_tokens_per_s"] = tokens / seconds
+        result[f"{name}_mfu"] = model_flops_utilization(flops, seconds, peak)
+    if case.peer:
+        result["ratio_ours_over_peer"] = result["ours_tokens_per_s"] / result["peer_tokens_per_s"]
+    return result
+
+
+def compile_and_time(config: TransformerConfig, batch: dict[str, jax.Array], steps: int) -> dict[str, float]:
+    """Compile time, XLA's temporary (activation) memory and seconds per step of one configuration."""
+    model = Transformer(config)
+    optimizer = paper_optimizer(paper_learning_rate(config.d_model))
+    state = jax.jit(lambda: create_train_state(model, optimizer, seed=0))()
+    start = time.perf_counter()
+    compiled = jax.jit(train_step, static_argnums=2, donate_argnums=0).lower(state, batch, 0.1).compile()
+    compile_s = time.perf_counter() - start
+    memory = compiled.memory_analysis()
+    state, metrics = compiled(state, batch)
     jax.block_until_ready(metrics)
-    compile_seconds = time.perf_counter() - start
     start = time.perf_counter()
     for _ in range(steps):
-        state, metrics = step(state, batch, 0.1)
+        state, metrics = compiled(state, batch)
     jax.block_until_ready(metrics)
-    seconds = (time.perf_counter() - start) / steps
-    return {"target_tokens_per_step": rows * length, "seconds_per_step": seconds,
-            "target_tokens_per_second": rows * length / seconds, "compile_seconds": compile_seconds}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--json", default=None, help="also write the results here")
-    args = parser.parse_args()
-    device = jax.devices()[0]
-    print(f"device: {device.device_kind} x{jax.device_count()} ({platform.processor() or platform.machine()}), "
-          f"jax {jax.__version__}")
-    results = {}
-    print(f"{'case':45s} {'tokens/step':>11s} {'s/step':>8s} {'tokens/s':>10s} {'compile s':>9s}")
-    for name, (config, rows, length) in CASES.items():
-        result = measure(config, rows, length, args.steps)
-        results[name] = result
-        print(f"{name:45s} {result['target_tokens_per_step']:11d} {result['seconds_per_step']:8.3f} "
-              f"{result['target_tokens_per_second']:10.0f} {result['compile_seconds']:9.1f}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": str(device.device_kind), "jax": jax.__version__, "results": results}, f, indent=2)
-
-
-if __name__ == "__main__":
-    main()
+    return {"compile_s": compile_s, "temp_bytes": float(memory.temp_size_in_bytes),
+            "s_per_step": (time.perf_counter() - start) / steps}

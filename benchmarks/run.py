@@ -1,0 +1,216 @@
+"""The benchmark harness: one command, a printed table per section, and a JSON file.
+
+    python benchmarks/run.py [--quick] [--sections train,e2e,decode,memory,options,pipeline] [--json PATH]
+
+Sections:
+  train    train step of ours and PyTorch's nn.Transformer (same dimensions, shared embeddings,
+           label-smoothed loss, Adam), timed alternately on the same batch: target tokens/s, MFU
+           against the matmul peak measured in this run, and the ratio ours/peer;
+  e2e      end-to-end training throughput with the input pipeline and padding (built-in corpus and a
+           WMT-like length profile);
+  decode   beam-4 and greedy sentences/s (and the key/value cache's speed-up);
+  memory   peak RSS (CPU) or peak device memory (GPU) of a few training steps, each in a fresh process;
+  options  scan_layers / remat: compile time, XLA's temporary memory and step time;
+  pipeline the input pipeline alone (batches/s, padding efficiency).
+Needs the benchmark extra for the peer: pip install -e '.[bench]' (PyTorch CPU wheel).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import decode_speed
+import end_to_end
+import input_pipeline
+import train_step
+from train_step import Case
+
+from transformer_jax import TransformerConfig
+
+ON_GPU = jax.devices()[0].platform == "gpu"
+SMALL = TransformerConfig(vocab_size=4000, num_layers=2, d_model=128, d_ff=512, num_heads=4, max_len=256)
+BASE = TransformerConfig(vocab_size=37000)  # the paper's base model: N=6, d_model=512, d_ff=2048, h=8
+
+
+def train_cases(quick: bool) -> list[Case]:
+    """CPU: small config and base shapes against the peer. GPU: base in bfloat16 at ~25k tokens/step."""
+    if ON_GPU:
+        fast = {"dtype": "bfloat16", "attention_backend": "fused"}
+        return [Case("base, bfloat16, 25,600 target tokens", BASE.replace(**fast), 200, 128, peer=False),
+                Case("big, bfloat16, 25,600 target tokens", TransformerConfig.preset("big", vocab_size=37000, **fast),
+                     200, 128, peer=False)]
+    cases = [Case("small (N=2, d_model 128, vocab 4,000), 64 x 64", SMALL, 64, 64)]
+    if not quick:
+        cases.append(Case("base (N=6, d_model 512, vocab 37,000), 16 x 64", BASE, 16, 64))
+    return cases
+
+
+def section_train(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    dtype = jnp.bfloat16 if ON_GPU else jnp.float32
+    peak = train_step.peak_matmul_flops(dtype)
+    report["peak_matmul_flops"] = {"dtype": jnp.dtype(dtype).name, "flops_per_s": peak}
+    print(f"measured peak matmul rate ({jnp.dtype(dtype).name}): {peak / 1e12:.3f} TFLOP/s")
+    rows = []
+    for case in train_cases(args.quick):
+        result = train_step.compare(case, peak, rounds=args.rounds, steps_per_round=args.steps)
+        rows.append(result)
+        line = (f"{case.name:<48} ours {result['ours_tokens_per_s']:>9,.0f} tok/s  MFU {result['ours_mfu']:6.1%}")
+        if case.peer:
+            line += (f" | peer {result['peer_tokens_per_s']:>9,.0f} tok/s  MFU {result['peer_mfu']:6.1%}"
+                     f" | ours/peer {result['ratio_ours_over_peer']:.2f}")
+        print(line, flush=True)
+        if ON_GPU:
+            days = 100_000 * 25_000 / result["ours_tokens_per_s"] / 86_400
+            result["paper_base_schedule_days"] = days
+            print(f"  the paper's schedule (100k steps x 25k tokens) at this rate: {days:.2f} days")
+    report["train"] = rows
+
+
+def section_e2e(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    steps = 3 if args.quick else 10
+    builtin = end_to_end.builtin_encoded()
+    report["_builtin_corpus"] = builtin
+    wmt = input_pipeline.wmt_like_corpus(100_000 if not ON_GPU else 1_000_000)
+    if ON_GPU:
+        cases = [("built-in corpus, base bf16", BASE.replace(vocab_size=4000, dtype="bfloat16"), builtin, 25_000, 64),
+                 ("WMT-like lengths, base bf16", BASE.replace(vocab_size=32000, dtype="bfloat16"), wmt, 25_000, 256)]
+    else:
+        cases = [("built-in corpus, small model", SMALL, builtin, 4_096, 64),
+                 ("WMT-like lengths, small model, vocab 32,000", SMALL.replace(vocab_size=32000), wmt, 8_192, 256)]
+    rows = {}
+    for name, config, corpus, tokens, max_length in cases:
+        result = end_to_end.measure(config, corpus, tokens, max_length, steps)
+        rows[name] = result
+        print(f"{name:<48} {result['real_target_tokens_per_s']:>9,.0f} real target tok/s  padding efficiency "
+              f"{result['padding_efficiency']:.1%}  step {result['s_per_step']:.3f}s (bare {result['bare_s_per_step']:.3f}s, "
+              f"pipeline + padding {result['pipeline_overhead']:+.1%})", flush=True)
+    report["e2e"] = rows
+
+
+def section_decode(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    result = decode_speed.run(repeats=2 if args.quick else 3, with_reference=not args.quick)
+    for name, r in result["decoders"].items():
+        print(f"{name:<48} {r['sentences_per_s']:>8.1f} sentences/s  ({r['seconds']:.2f} s, compile {r['compile_s']:.1f} s)")
+    if "cache_speedup" in result:
+        print(f"key/value cache speed-up for beam search: {result['cache_speedup']:.1f}x; same beams: "
+              f"{result['same_beams_as_reference']}")
+    report["decode"] = result
+
+
+def _peak_rss_bytes() -> int:
+    """This process's resident-set high-water mark (VmHWM; ru_maxrss would include the parent's)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
+
+
+def memory_child(impl: str, case_index: int, quick: bool) -> dict[str, Any]:
+    """Run a few steps of one case in this (fresh) process; report its peak memory."""
+    case = train_cases(quick)[case_index]
+    batch = train_step.synthetic_batch(case.rows, case.length, case.config.vocab_size)
+    baseline = _peak_rss_bytes()
+    if impl == "peer":
+        from peer_torch import peer_train_step
+
+        step = peer_train_step(case.config, batch)
+    else:
+        step, _ = train_step.our_train_step(case.config, batch)
+    for _ in range(3):
+        step()
+    result = {"peak_rss_bytes": _peak_rss_bytes(), "rss_after_imports_bytes": baseline}
+    if ON_GPU and impl == "ours":
+        result["peak_device_bytes"] = jax.devices()[0].memory_stats()["peak_bytes_in_use"]
+    return result
+
+
+def section_memory(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    rows = []
+    for index, case in enumerate(train_cases(args.quick)):
+        for impl in ("ours", "peer") if case.peer else ("ours",):
+            command = [sys.executable, __file__, f"--child={impl}:{index}"] + (["--quick"] if args.quick else [])
+            output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            result = {"case": case.name, "impl": impl, **json.loads(output.strip().splitlines()[-1])}
+            rows.append(result)
+            figure = (f"peak device memory {result['peak_device_bytes'] / 2**30:.2f} GiB" if "peak_device_bytes" in result
+                      else f"peak RSS {result['peak_rss_bytes'] / 2**20:,.0f} MiB "
+                           f"({(result['peak_rss_bytes'] - result['rss_after_imports_bytes']) / 2**20:,.0f} MiB above the imports)")
+            print(f"{case.name:<48} {impl:<5} {figure}", flush=True)
+    report["memory"] = rows
+
+
+def section_options(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    case = train_cases(args.quick)[-1]
+    batch = jax.device_put(train_step.synthetic_batch(case.rows, case.length, case.config.vocab_size))
+    rows = []
+    for scan in (False, True):
+        for remat in ("none", "dots", "full"):
+            config = case.config.replace(scan_layers=scan, remat=remat)
+            result = train_step.compile_and_time(config, batch, steps=2 if args.quick else 3)
+            result.update(scan_layers=scan, remat=remat)
+            rows.append(result)
+            print(f"{case.name:<48} scan_layers={scan!s:<5} remat={remat:<4}  compile {result['compile_s']:5.1f} s  "
+                  f"XLA temp memory {result['temp_bytes'] / 2**20:8,.0f} MiB  step {result['s_per_step']:.3f} s", flush=True)
+    report["options"] = rows
+
+
+def section_pipeline(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    builtin = report.get("_builtin_corpus") or end_to_end.builtin_encoded()
+    report["pipeline"] = input_pipeline.run(1.0 if args.quick else 5.0, builtin)
+
+
+SECTIONS = {"train": section_train, "e2e": section_e2e, "decode": section_decode, "memory": section_memory,
+            "options": section_options, "pipeline": section_pipeline}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated, from: " + ", ".join(SECTIONS))
+    parser.add_argument("--quick", action="store_true", help="small shapes and few steps (a smoke run)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per train case")
+    parser.add_argument("--steps", type=int, default=2, help="steps per framework per round")
+    parser.add_argument("--json", default=None, help="write all results here")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        impl, index = args.child.split(":")
+        print(json.dumps(memory_child(impl, int(index), args.quick)))
+        return
+    unknown = set(args.sections.split(",")) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown section(s) {sorted(unknown)}; choose from {list(SECTIONS)}")
+    device = jax.devices()[0]
+    report: dict[str, Any] = {
+        "date": datetime.date.today().isoformat(), "device": f"{device.device_kind} ({device.platform})",
+        "device_count": jax.device_count(), "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(), "jax": jax.__version__, "python": platform.python_version(),
+    }
+    print(" | ".join(f"{k} {v}" for k, v in report.items()))
+    for name in args.sections.split(","):
+        start = time.perf_counter()
+        print(f"\n== {name} ==", flush=True)
+        SECTIONS[name](args, report)
+        report.setdefault("section_seconds", {})[name] = time.perf_counter() - start
+    report.pop("_builtin_corpus", None)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2, default=float)
+        print(f"\nwrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
