@@ -13,8 +13,9 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from transformer_jax.atomic import write_atomically
-from transformer_jax.cli import ensure_writable_workdir, parse_flags, user_errors
-from transformer_jax.trainer import Trainer, TrainingError
+from transformer_jax.cli import ensure_writable_workdir, initialize_distributed, parse_flags, user_errors
+from transformer_jax.plots import plot_learning_curves
+from transformer_jax.trainer import Trainer, TrainingError, check_run_config
 from transformer_jax.translation import score_split
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (see configs/).", lock_config=True)
@@ -32,9 +33,10 @@ def main(argv: list[str]) -> None:
     del argv
     logging.getLogger().setLevel(logging.WARNING)
     with user_errors((TrainingError,)):
-        if _MULTIHOST.value:
-            jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
         config, workdir = _CONFIG.value, _WORKDIR.value
+        check_run_config(config)  # before any work, so a bad value leaves no trace in the workdir
+        if _MULTIHOST.value:
+            initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
         ensure_writable_workdir(workdir)
         trainer = Trainer(config, workdir)
         evaluation = config.eval
@@ -63,6 +65,7 @@ def main(argv: list[str]) -> None:
             print(f"test SacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})")
             print(f"test chrF {scores['chrf']:.2f}; tokenized compound-split BLEU (paper-style, "
                   f"not comparable with SacreBLEU) {scores['tokenized_compound_split_bleu']:.2f}")
+            print(f"learning curves: {plot_learning_curves(workdir)}")
 
 
 if __name__ == "__main__":

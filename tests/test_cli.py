@@ -12,34 +12,16 @@ import jax
 import numpy as np
 import pytest
 
+from runs import assert_one_line_error, write_config
+
 from transformer_jax.checkpointing import Checkpointer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-TESTS = pathlib.Path(__file__).resolve().parent
-
-
-def write_config(directory: pathlib.Path) -> str:
-    """A config file for the tiny run of conftest.tiny_run_config."""
-    path = directory / "tiny_config.py"
-    path.write_text(
-        f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom conftest import tiny_run_config\n\n"
-        "def get_config():\n    return tiny_run_config()\n"
-    )
-    return str(path)
 
 
 def run(script: str, *args: str, stdin: str | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=ROOT, input=stdin,
                           capture_output=True, text=True, timeout=timeout)
-
-
-def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert result.returncode == 1, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, result.stderr[-2000:]
-    for fragment in fragments:
-        assert fragment in errors[0], errors[0]
 
 
 @pytest.fixture(scope="module")

@@ -52,7 +52,9 @@ def test_every_train_and_eval_flag_in_the_readme_exists():
             checked += 1
     assert checked >= 10
     # Flags named in prose belong to train.py or eval.py, or to the other tools the README runs.
-    others = {"file_format", "data_dir", "zone", "worker", "command", "update", "logdir"}
+    others = {"file_format", "data_dir", "zone", "worker", "command", "update", "logdir",
+              "nodes", "ntasks", "gpus",  # srun
+              "xla_force_host_platform_device_count", "xla_gpu_deterministic_ops"}  # XLA_FLAGS
     known = script_flags("train.py") | script_flags("eval.py") | others
     named = set(re.findall(r"(?<![\w-])--(\w+)", README.read_text()))
     assert named - known == set(), f"README names flags that no script defines: {sorted(named - known)}"

@@ -7,8 +7,9 @@ corpus, then either
 - packing: pairs placed first-fit into rows of max_length tokens, several pairs to a row, with
   segment ids and positions; one static shape for the whole run.
 Shapes come from a small fixed set, so `jit` compiles once per bucket. Rows of each global batch are
-dealt out to the processes (row r goes to process r % process_count), so every process gets the same
-number of steps with the same shapes, and the shards are disjoint and cover the epoch.
+dealt out to the processes in contiguous blocks (process p gets the p-th block), so every process gets
+the same number of steps with the same shapes, the shards are disjoint and cover the epoch, and the
+global batch (the blocks in process order) is the batch a single process would read.
 """
 
 from __future__ import annotations
@@ -147,13 +148,14 @@ def _rows_per_batch(tokens_per_batch: int, length: int, row_multiple: int) -> in
 
 def materialize(corpus: EncodedPairs, plan: EpochPlan, batch: int, packed: bool,
                 process_index: int = 0, process_count: int = 1) -> Batch:
-    """This process's rows (process_index, process_index + process_count, ...) of one planned batch."""
+    """This process's block of rows [p * n, (p + 1) * n) of one planned batch (n = rows / process_count)."""
     begin, end = plan.batch_starts[batch], plan.batch_starts[batch + 1]
     rows = plan.rows[begin:end]
-    mine = rows % process_count == process_index
+    per_process = int(plan.batch_rows[batch]) // process_count
+    mine = rows // per_process == process_index
     items = plan.items[begin:end][mine]
-    shape = (int(plan.batch_rows[batch]) // process_count, int(plan.batch_lengths[batch]))
-    local_rows = rows[mine] // process_count
+    shape = (per_process, int(plan.batch_lengths[batch]))
+    local_rows = rows[mine] - process_index * per_process
     result = {}
     for name, side, offsets in (("inputs", corpus.source, plan.source_offsets),
                                 ("targets", corpus.target, plan.target_offsets)):
@@ -291,7 +293,8 @@ def eval_batches(corpus: EncodedPairs, batch_size: int, buckets: Sequence[int] =
         batch = materialize(corpus, plan, b, False, process_index, process_count)
         index = np.full(batch_size, -1, dtype=np.int32)
         index[rows[batch_ids == b]] = order[batch_ids == b]
-        batch["index"] = index[process_index::process_count]
+        per_process = batch_size // process_count
+        batch["index"] = index[process_index * per_process:(process_index + 1) * per_process]
         batches.append(batch)
     return batches
 

@@ -43,6 +43,24 @@ def parse_flags(argv: list[str]) -> list[str]:
         sys.exit(1)
 
 
+def initialize_distributed(coordinator_address: str | None, num_processes: int | None,
+                           process_id: int | None) -> None:
+    """Join a multi-process run (jax.distributed.initialize); a wrong setting is one ConfigError line.
+
+    On CPU the processes exchange data with JAX's default CPU collectives (gloo over TCP).
+    """
+    import jax
+
+    try:
+        jax.distributed.initialize(coordinator_address, num_processes, process_id)
+    except (ValueError, RuntimeError) as error:
+        detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ConfigError(
+            f"cannot join the multi-process run ({detail}); on a cluster without auto-detection pass "
+            "--coordinator_address=HOST:PORT --num_processes=N --process_id=I"
+        ) from None
+
+
 def ensure_writable_workdir(workdir: str) -> None:
     """Create `workdir` if needed; fail clearly when it cannot be written."""
     try:

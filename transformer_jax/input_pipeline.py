@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 
@@ -49,6 +50,32 @@ def load_run_splits(data: ml_collections.ConfigDict, seed: int, splits: tuple[st
     )
 
 
+# Data settings the workdir's tokenizer.model was trained with: changing one on resume needs a new workdir.
+TOKENIZER_SETTINGS = ("vocab_size", "tokenizer_type", "byte_fallback")
+
+
+def check_tokenizer_settings(config: ml_collections.ConfigDict, workdir: str) -> None:
+    """Fail when the workdir's tokenizer was trained with other settings than `config` asks for.
+
+    The settings of the run that trained it are read from `<workdir>/config.json`; without a
+    tokenizer or a config.json there is nothing to compare.
+    """
+    saved_config = os.path.join(workdir, "config.json")
+    if not (os.path.isfile(os.path.join(workdir, MODEL_FILENAME)) and os.path.isfile(saved_config)):
+        return
+    try:
+        with open(saved_config) as f:
+            saved = json.load(f)["data"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # not a config this project wrote: the model's own shape checks still apply
+    for key in TOKENIZER_SETTINGS:
+        if key in saved and saved[key] != config.data[key]:
+            raise DataError(
+                f"data.{key}={config.data[key]!r} differs from the {saved[key]!r} that {workdir}/{MODEL_FILENAME} "
+                f"was trained with; resume with --config.data.{key}={saved[key]!r}, or use a new workdir"
+            )
+
+
 def shared_tokenizer(
     config: ml_collections.ConfigDict, workdir: str, train_pairs: list[Pair],
     process_index: int, process_count: int,
@@ -58,6 +85,7 @@ def shared_tokenizer(
     One file for all processes guarantees identical token ids, which the shared batch plan needs.
     """
     data = config.data
+    check_tokenizer_settings(config, workdir)
     tokenizer = None
     if process_index == 0:
         tokenizer = load_or_train_tokenizer(

@@ -46,6 +46,36 @@ class TrainingError(RuntimeError):
     """Training cannot go on (e.g. the loss stays non-finite); the message says why and what to do."""
 
 
+# Run settings that must be positive (model sizes are checked by TransformerConfig itself).
+POSITIVE_SETTINGS = {
+    "data": ("vocab_size", "tokenizer_sample_size", "tokens_per_batch", "max_length", "eval_batch_size",
+             "builtin_train_size", "builtin_dev_size", "builtin_test_size"),
+    "training": ("num_train_steps", "warmup_steps", "learning_rate_scale", "accumulation_steps", "log_every",
+                 "checkpoint_every", "keep_checkpoints", "max_skipped_updates"),
+    "eval": ("beam_size", "average_last"),
+}
+NON_NEGATIVE_SETTINGS = {
+    "training": ("eval_every", "bleu_every", "dev_bleu_sentences", "grad_clip_norm", "label_smoothing"),
+    "eval": ("max_extra_length",),
+}
+
+
+def check_run_config(config: ml_collections.ConfigDict) -> None:
+    """Fail with one ConfigError line on a setting no run can use, before any data or device work."""
+    for limits, allowed, wording in ((POSITIVE_SETTINGS, lambda v: v > 0, "positive"),
+                                     (NON_NEGATIVE_SETTINGS, lambda v: v >= 0, "zero or positive")):
+        for section, keys in limits.items():
+            for key in keys:
+                value = config[section][key]
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not allowed(value):
+                    raise ConfigError(f"{section}.{key}={value!r} must be {wording}; "
+                                      f"set --config.{section}.{key} to a {wording} number")
+    if not 0.0 <= config.training.label_smoothing < 1.0:
+        raise ConfigError(f"training.label_smoothing={config.training.label_smoothing!r} must be in [0, 1)")
+    # The model's own checks (d_model divisible by num_heads, ...), with the vocabulary still unknown.
+    model_config(config, config.model.vocab_size or config.data.vocab_size)
+
+
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
     """The TransformerConfig of a run, with the vocabulary size taken from (and checked against) the tokenizer."""
     fields = dict(config.model)
@@ -103,6 +133,7 @@ class Trainer:
     """Holds what one run needs; `run()` trains to `num_train_steps` (resuming if checkpoints exist)."""
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str, data: RunData | None = None) -> None:
+        check_run_config(config)
         self.config, self.workdir = config, workdir
         self.mesh = make_mesh(config.mesh.data, config.mesh.fsdp)
         self.data = data or prepare_data(
@@ -144,46 +175,75 @@ class Trainer:
             out_shardings=(self.shardings, None), donate_argnums=0,
         )
         self.add_trees = jax.jit(add_trees, donate_argnums=0)
+        # Micro-step indices live on the devices once, so update() passes no Python scalars to jit.
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        self.micro_steps = [jax.device_put(np.int32(i), replicated)
+                            for i in range(self.config.training.accumulation_steps)]
         self.eval_step = jax.jit(
             lambda params, b: eval_step(params, self.model.apply, b, smoothing),
         )
 
     def restore_latest(self) -> tuple[int, list[dict[str, Any]]]:
-        """Resume from the newest complete checkpoint, if any.
+        """Resume from the newest checkpoint that restores intact (damaged newer ones are reported and set aside).
 
         Returns the step to continue from and the per-step metrics of the log window that was open
         when the checkpoint was saved, so the next log line covers the same steps as without a stop.
         """
-        step = self.checkpointer.latest_step()
-        if step is None:
-            return 0, []
         abstract = abstract_with_shardings(self.state, self.shardings)
-        self.state, data_state, meta = self.checkpointer.restore(step, abstract)
+        restored = self.checkpointer.restore_latest(abstract)
+        if restored is None:
+            return 0, []
+        step, self.state, data_state, meta = restored
         self.data.train.set_state(data_state)
         logging.info("resumed from %s/%d", self.checkpointer.directory, step)
         return step, meta.get("open_window", [])
 
     def update(self) -> dict[str, jax.Array]:
-        """One optimizer update from `accumulation_steps` micro-batches; returns its metrics."""
+        """One optimizer update from `accumulation_steps` micro-batches; returns its metrics (on device).
+
+        Runs under a transfer guard: the batches' copy to the devices is the one transfer of a step;
+        anything else crossing between host and device (a Python scalar or NumPy array passed to a
+        jitted step, a value read back) raises an error.
+        """
         accumulation = self.config.training.accumulation_steps
-        batches = [global_batch(next(self.data.train), self.mesh) for _ in range(accumulation)]
-        if accumulation == 1:
-            self.state, metrics = self.train_step(self.state, batches[0])
+        with jax.transfer_guard("disallow"):
+            batches = [self._next_global_batch() for _ in range(accumulation)]
+            if accumulation == 1:
+                self.state, metrics = self.train_step(self.state, batches[0])
+                return metrics
+            grads, sums = self.micro_gradients(self.state, batches[0], self.micro_steps[0])
+            for index, batch in enumerate(batches[1:], start=1):
+                more_grads, more_sums = self.micro_gradients(self.state, batch, self.micro_steps[index])
+                grads, sums = self.add_trees(grads, more_grads), self.add_trees(sums, more_sums)
+            self.state, metrics = self.apply_gradients(self.state, grads, sums)
             return metrics
-        grads, sums = self.micro_gradients(self.state, batches[0], 0)
-        for index, batch in enumerate(batches[1:], start=1):
-            more_grads, more_sums = self.micro_gradients(self.state, batch, index)
-            grads, sums = self.add_trees(grads, more_grads), self.add_trees(sums, more_sums)
-        self.state, metrics = self.apply_gradients(self.state, grads, sums)
-        return metrics
+
+    def _next_global_batch(self) -> dict[str, jax.Array]:
+        """The next batch, placed on the mesh: the intended host-to-device copy, allowed by name.
+
+        (With several processes the placement uses make_array_from_process_local_data, which the
+        transfer guard counts as implicit.)
+        """
+        local = next(self.data.train)
+        with jax.transfer_guard_host_to_device("allow"):
+            return global_batch(local, self.mesh)
 
     def dev_loss(self) -> dict[str, float]:
         """Loss, NLL, perplexity and token accuracy on the whole dev set."""
         return evaluate_loss(self.eval_step, self.state.params, self.data.dev.encoded, self.config.data.eval_batch_size)
 
     def save(self, step: int, window: list, metrics: dict[str, float] | None = None) -> None:
-        """Checkpoint the state, the data position, the open log window and what rebuilds the run."""
+        """Checkpoint the state, the data position, the open log window and what rebuilds the run.
+
+        Nothing is written while updates are being skipped for a non-finite loss: finite parameters
+        that give a non-finite loss (e.g. after a too-large learning rate) must not push the last good
+        checkpoint out of the kept ones.
+        """
         if step == self.last_saved_step:
+            return
+        if int(jax.device_get(self.state.consecutive_skipped)):
+            logging.error("step %d: the last update was skipped (non-finite loss or gradient); "
+                          "checkpoint not written", step)
             return
         self.last_saved_step = step
         open_window = [{k: float(v) for k, v in m.items()} for m in jax.device_get(window)]
@@ -239,12 +299,15 @@ class Trainer:
 
     def _log_train(self, step: int, window: list, window_start: float, log: MetricsLog, progress: tqdm) -> None:
         fetched = jax.device_get(window)  # waits for the window's steps to finish
-        summary = summarize_window(fetched, time.perf_counter() - window_start)
+        timing = window_timing(fetched, time.perf_counter() - window_start)
+        summary = summarize_window(fetched)
         # Optax counts only applied updates: skipped ones did not advance the schedule.
-        summary["learning_rate"] = float(self.schedule(step - 1 - int(self.state.skipped_updates)))
+        skipped = int(jax.device_get(self.state.skipped_updates))
+        summary["learning_rate"] = float(jax.device_get(self.schedule(step - 1 - skipped)))
         log.write(step, "train", summary)
+        log.write_timing(step, timing)
         progress.set_postfix(loss=f"{summary['loss']:.3f}", lr=f"{summary['learning_rate']:.2e}",
-                             tok_s=f"{summary['tokens_per_second']:.0f}")
+                             tok_s=f"{timing['tokens_per_second']:.0f}")
         self._check_skipped()
 
     def _evaluate(self, step: int, log: MetricsLog, dev_bleu: Callable | None) -> dict[str, float] | None:
@@ -260,7 +323,7 @@ class Trainer:
         return metrics
 
     def _check_skipped(self) -> None:
-        streak = int(self.state.longest_skip_streak)
+        streak = int(jax.device_get(self.state.longest_skip_streak))
         if streak >= self.config.training.max_skipped_updates:
             raise TrainingError(
                 f"{streak} updates in a row had a non-finite loss or gradient and were skipped; "
@@ -269,8 +332,8 @@ class Trainer:
             )
 
 
-def summarize_window(fetched: list[dict[str, Any]], seconds: float) -> dict[str, float]:
-    """Token-weighted means of the (fetched) per-step metrics since the last log, plus throughput."""
+def summarize_window(fetched: list[dict[str, Any]]) -> dict[str, float]:
+    """Token-weighted means of the (fetched) per-step metrics since the last log (no wall-clock figures)."""
     # Python floats throughout, so a window restored from a checkpoint sums exactly like a live one.
     fetched = [{key: float(value) for key, value in m.items()} for m in fetched]
     tokens = np.array([m["tokens"] for m in fetched])
@@ -284,5 +347,10 @@ def summarize_window(fetched: list[dict[str, Any]], seconds: float) -> dict[str,
         "accuracy": mean("accuracy"),
         "grad_norm": float(np.mean([m["grad_norm"] for m in fetched])),
         "skipped_updates": float(np.sum([m["update_skipped"] for m in fetched])),
-        "tokens_per_second": float(tokens.sum() / max(seconds, 1e-9)),
     }
+
+
+def window_timing(fetched: list[dict[str, Any]], seconds: float) -> dict[str, float]:
+    """Throughput of the log window: target tokens per second and seconds per step (wall clock)."""
+    tokens = float(np.sum([float(m["tokens"]) for m in fetched]))
+    return {"tokens_per_second": tokens / max(seconds, 1e-9), "seconds_per_step": seconds / max(len(fetched), 1)}

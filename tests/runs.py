@@ -1,0 +1,80 @@
+"""Helpers for tests that run train.py and eval.py as a user does: config files, subprocesses, workdir snapshots.
+
+Subprocesses share a persistent JAX compilation cache (in the system temp directory), so each launch
+after the first skips most compiling; it changes how fast a run starts, never what it computes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TESTS = pathlib.Path(__file__).resolve().parent
+COMPILE_CACHE = pathlib.Path(tempfile.gettempdir()) / f"transformer_jax_test_compile_cache_{os.getuid()}"
+
+
+def write_config(directory: pathlib.Path) -> str:
+    """A config file for the tiny run of conftest.tiny_run_config; returns its path."""
+    path = directory / "tiny_config.py"
+    path.write_text(
+        f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom conftest import tiny_run_config\n\n"
+        "def get_config():\n    return tiny_run_config()\n"
+    )
+    return str(path)
+
+
+def script_env(devices: int = 1, **extra: str) -> dict[str, str]:
+    """The environment of a train.py/eval.py subprocess: CPU with `devices` devices, the shared compile cache."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+               JAX_COMPILATION_CACHE_DIR=str(COMPILE_CACHE), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+    env.update(extra)
+    return env
+
+
+def command(script: str, *args: str) -> list[str]:
+    """The command line running `script` (relative to the repository root) with this interpreter."""
+    return [sys.executable, str(ROOT / script), *map(str, args)]
+
+
+def run_script(script: str, *args: str, env: dict[str, str] | None = None, stdin: str | None = None,
+               timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run train.py / eval.py to completion; returns its exit status and captured output."""
+    return subprocess.run(command(script, *args), cwd=ROOT, input=stdin, capture_output=True, text=True,
+                          timeout=timeout, env=env or script_env())
+
+
+def start_script(script: str, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start train.py / eval.py in the background (output captured)."""
+    return subprocess.Popen(command(script, *args), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env or script_env())
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> str:
+    """A user error: exit status 1, no traceback, exactly one `error: ...` line holding every fragment."""
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr[-3000:]
+    for fragment in fragments:
+        assert fragment in errors[0], errors[0]
+    return errors[0]
+
+
+def snapshot(directory: pathlib.Path) -> dict[str, str]:
+    """{relative path: sha256 of its bytes} of every file under `directory`."""
+    return {str(path.relative_to(directory)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(directory.rglob("*")) if path.is_file()}
+
+
+def free_port() -> int:
+    """A TCP port on localhost that is free right now (for a coordinator)."""
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return probe.getsockname()[1]
