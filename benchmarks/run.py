@@ -1,15 +1,15 @@
 """The benchmark harness: one command, a printed table per section, and a JSON file.
 
-    python benchmarks/run.py [--quick] [--sections train,e2e,decode,memory,options,pipeline] [--json PATH]
+    python benchmarks/run.py [--quick] [--sections train,e2e,decode,options,pipeline] [--json PATH]
 
 Sections:
   train    train step of ours and PyTorch's nn.Transformer (same dimensions, shared embeddings,
-           label-smoothed loss, Adam), timed alternately on the same batch: target tokens/s, MFU
-           against the matmul peak measured in this run, and the ratio ours/peer;
+           label-smoothed loss, Adam), each in its own worker process, timed in alternating rounds on
+           the same batch: target tokens/s, MFU against the matmul peak measured in this run, the
+           ratio ours/peer, and peak memory (RSS on CPU, device memory on GPU);
   e2e      end-to-end training throughput with the input pipeline and padding (built-in corpus and a
            WMT-like length profile);
   decode   beam-4 and greedy sentences/s (and the key/value cache's speed-up);
-  memory   peak RSS (CPU) or peak device memory (GPU) of a few training steps, each in a fresh process;
   options  scan_layers / remat: compile time, XLA's temporary memory and step time;
   pipeline the input pipeline alone (batches/s, padding efficiency).
 Needs the benchmark extra for the peer: pip install -e '.[bench]' (PyTorch CPU wheel).
@@ -22,7 +22,6 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from typing import Any
@@ -36,6 +35,7 @@ import decode_speed
 import end_to_end
 import input_pipeline
 import train_step
+import workers
 from train_step import Case
 
 from transformer_jax import TransformerConfig
@@ -63,11 +63,18 @@ def section_train(args: argparse.Namespace, report: dict[str, Any]) -> None:
     peak = train_step.peak_matmul_flops(dtype)
     report["peak_matmul_flops"] = {"dtype": jnp.dtype(dtype).name, "flops_per_s": peak}
     print(f"measured peak matmul rate ({jnp.dtype(dtype).name}): {peak / 1e12:.3f} TFLOP/s")
-    rows = []
-    for case in train_cases(args.quick):
-        result = train_step.compare(case, peak, rounds=args.rounds, steps_per_round=args.steps)
+    rows, memory_lines = [], []
+    for index, case in enumerate(train_cases(args.quick)):
+        started = {impl: workers.Worker([sys.executable, __file__, f"--worker={impl}:{index}"]
+                                        + (["--quick"] if args.quick else []))
+                   for impl in (("ours", "peer") if case.peer else ("ours",))}
+        try:
+            result = train_step.compare(case, started, peak, rounds=args.rounds, steps_per_round=args.steps)
+        finally:
+            for worker in started.values():
+                worker.close()
         rows.append(result)
-        line = (f"{case.name:<48} ours {result['ours_tokens_per_s']:>9,.0f} tok/s  MFU {result['ours_mfu']:6.1%}")
+        line = f"{case.name:<48} ours {result['ours_tokens_per_s']:>9,.0f} tok/s  MFU {result['ours_mfu']:6.1%}"
         if case.peer:
             line += (f" | peer {result['peer_tokens_per_s']:>9,.0f} tok/s  MFU {result['peer_mfu']:6.1%}"
                      f" | ours/peer {result['ratio_ours_over_peer']:.2f}")
@@ -76,6 +83,9 @@ def section_train(args: argparse.Namespace, report: dict[str, Any]) -> None:
             days = 100_000 * 25_000 / result["ours_tokens_per_s"] / 86_400
             result["paper_base_schedule_days"] = days
             print(f"  the paper's schedule (100k steps x 25k tokens) at this rate: {days:.2f} days")
+        memory_lines += [_memory_line(case, impl, result[f"{impl}_memory"]) for impl in started]
+    print("memory (each contender in its own process):")
+    print("\n".join(memory_lines))
     report["train"] = rows
 
 
@@ -110,47 +120,34 @@ def section_decode(args: argparse.Namespace, report: dict[str, Any]) -> None:
     report["decode"] = result
 
 
-def _peak_rss_bytes() -> int:
-    """This process's resident-set high-water mark (VmHWM; ru_maxrss would include the parent's)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
-
-
-def memory_child(impl: str, case_index: int, quick: bool) -> dict[str, Any]:
-    """Run a few steps of one case in this (fresh) process; report its peak memory."""
+def worker_main(impl: str, case_index: int, quick: bool) -> None:
+    """A train-step worker process (see workers.py) for one contender and case."""
     case = train_cases(quick)[case_index]
-    batch = train_step.synthetic_batch(case.rows, case.length, case.config.vocab_size)
-    baseline = _peak_rss_bytes()
-    if impl == "peer":
-        from peer_torch import peer_train_step
+    baseline = workers.peak_rss_bytes()
 
-        step = peer_train_step(case.config, batch)
+    def build():
+        if impl == "peer":
+            from peer_torch import peer_train_step
+
+            return peer_train_step(case.config, case.batch())
+        return train_step.our_train_step(case.config, case.batch())
+
+    def memory() -> dict[str, Any]:
+        result = {"peak_rss_bytes": workers.peak_rss_bytes(), "rss_after_imports_bytes": baseline}
+        if ON_GPU and impl == "ours":
+            result["peak_device_bytes"] = jax.devices()[0].memory_stats()["peak_bytes_in_use"]
+        return result
+
+    workers.serve(build, memory)
+
+
+def _memory_line(case: Case, impl: str, memory: dict[str, Any]) -> str:
+    if "peak_device_bytes" in memory:
+        figure = f"peak device memory {memory['peak_device_bytes'] / 2**30:.2f} GiB"
     else:
-        step, _ = train_step.our_train_step(case.config, batch)
-    for _ in range(3):
-        step()
-    result = {"peak_rss_bytes": _peak_rss_bytes(), "rss_after_imports_bytes": baseline}
-    if ON_GPU and impl == "ours":
-        result["peak_device_bytes"] = jax.devices()[0].memory_stats()["peak_bytes_in_use"]
-    return result
-
-
-def section_memory(args: argparse.Namespace, report: dict[str, Any]) -> None:
-    rows = []
-    for index, case in enumerate(train_cases(args.quick)):
-        for impl in ("ours", "peer") if case.peer else ("ours",):
-            command = [sys.executable, __file__, f"--child={impl}:{index}"] + (["--quick"] if args.quick else [])
-            output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-            result = {"case": case.name, "impl": impl, **json.loads(output.strip().splitlines()[-1])}
-            rows.append(result)
-            figure = (f"peak device memory {result['peak_device_bytes'] / 2**30:.2f} GiB" if "peak_device_bytes" in result
-                      else f"peak RSS {result['peak_rss_bytes'] / 2**20:,.0f} MiB "
-                           f"({(result['peak_rss_bytes'] - result['rss_after_imports_bytes']) / 2**20:,.0f} MiB above the imports)")
-            print(f"{case.name:<48} {impl:<5} {figure}", flush=True)
-    report["memory"] = rows
+        above = (memory["peak_rss_bytes"] - memory["rss_after_imports_bytes"]) / 2**20
+        figure = f"peak RSS {memory['peak_rss_bytes'] / 2**20:,.0f} MiB ({above:,.0f} MiB above the imports)"
+    return f"{case.name:<48} {impl:<5} {figure}"
 
 
 def section_options(args: argparse.Namespace, report: dict[str, Any]) -> None:
@@ -173,8 +170,8 @@ def section_pipeline(args: argparse.Namespace, report: dict[str, Any]) -> None:
     report["pipeline"] = input_pipeline.run(1.0 if args.quick else 5.0, builtin)
 
 
-SECTIONS = {"train": section_train, "e2e": section_e2e, "decode": section_decode, "memory": section_memory,
-            "options": section_options, "pipeline": section_pipeline}
+SECTIONS = {"train": section_train, "e2e": section_e2e, "decode": section_decode, "options": section_options,
+            "pipeline": section_pipeline}
 
 
 def main() -> None:
@@ -184,11 +181,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per train case")
     parser.add_argument("--steps", type=int, default=2, help="steps per framework per round")
     parser.add_argument("--json", default=None, help="write all results here")
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        impl, index = args.child.split(":")
-        print(json.dumps(memory_child(impl, int(index), args.quick)))
+    if args.worker:
+        impl, index = args.worker.split(":")
+        worker_main(impl, int(index), args.quick)
         return
     unknown = set(args.sections.split(",")) - set(SECTIONS)
     if unknown:

@@ -36,6 +36,9 @@ class Case:
     length: int
     peer: bool = True  # also time the PyTorch peer (CPU only: the registry's wheel is CPU-only)
 
+    def batch(self) -> dict[str, np.ndarray]:
+        return synthetic_batch(self.rows, self.length, self.config.vocab_size)
+
 
 def synthetic_batch(rows: int, length: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
     """A full (unpadded) batch of random ids, targets shifted right after BOS."""
@@ -60,8 +63,8 @@ def peak_matmul_flops(dtype: Any = jnp.float32, size: int | None = None, repeats
     return 2 * size**3 / best
 
 
-def our_train_step(config: TransformerConfig, batch: dict[str, np.ndarray]) -> tuple[Callable[[], None], float]:
-    """A closure running one (synchronized) train step, and the compile + first step time."""
+def our_train_step(config: TransformerConfig, batch: dict[str, np.ndarray]) -> Callable[[], None]:
+    """A closure running one (synchronized) train step (compiled on its first call)."""
     model = Transformer(config)
     optimizer = paper_optimizer(paper_learning_rate(config.d_model))
     state = jax.jit(lambda: create_train_state(model, optimizer, seed=0))()
@@ -73,9 +76,7 @@ def our_train_step(config: TransformerConfig, batch: dict[str, np.ndarray]) -> t
         holder["state"], metrics = step_fn(holder["state"], device_batch, 0.1)
         jax.block_until_ready(metrics)
 
-    start = time.perf_counter()
-    step()
-    return step, time.perf_counter() - start
+    return step
 
 
 def _time_steps(step: Callable[[], Any], count: int) -> float:
@@ -85,34 +86,26 @@ def _time_steps(step: Callable[[], Any], count: int) -> float:
     return (time.perf_counter() - start) / count
 
 
-def compare(case: Case, peak: float, rounds: int, steps_per_round: int) -> dict[str, Any]:
-    """Seconds per step of ours and the peer (medians of alternating rounds), tokens/s, MFU, ratio."""
-    batch = synthetic_batch(case.rows, case.length, case.config.vocab_size)
+def compare(case: Case, workers: dict[str, Any], peak: float, rounds: int, steps_per_round: int) -> dict[str, Any]:
+    """Seconds per step of each worker (medians of alternating rounds), tokens/s, MFU, ratio ours/peer.
+
+    `workers` maps "ours" (and "peer") to started `workers.Worker`s running `case`.
+    """
     flops = train_step_flops(case.config, case.rows, case.length, case.length)
     tokens = case.rows * case.length
-    contenders: dict[str, Callable[[], Any]] = {}
-    ours, compile_s = our_train_step(case.config, batch)
-    contenders["ours"] = ours
-    if case.peer:
-        from peer_torch import (
-            peer_train_step,  # imported here: torch is a benchmark-only dependency
-        )
-
-        contenders["peer"] = peer_train_step(case.config, batch)
-        contenders["peer"]()  # warm-up
-    ours()
-    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    samples: dict[str, list[float]] = {name: [] for name in workers}
     for _ in range(rounds):  # alternate, so both see the same machine conditions
-        for name, step in contenders.items():
-            samples[name].append(_time_steps(step, steps_per_round))
-    result: dict[str, Any] = {"case": case.name, "target_tokens_per_step": tokens, "flops_per_step": flops,
-                              "ours_compile_s": compile_s}
+        for name, worker in workers.items():
+            samples[name].append(worker.seconds_per_step(steps_per_round))
+    result: dict[str, Any] = {"case": case.name, "target_tokens_per_step": tokens, "flops_per_step": flops}
     for name, times in samples.items():
         seconds = statistics.median(times)
+        result[f"{name}_compile_s"] = workers[name].ready["compile_s"]
         result[f"{name}_s_per_step"] = seconds
         result[f"{name}_tokens_per_s"] = tokens / seconds
         result[f"{name}_mfu"] = model_flops_utilization(flops, seconds, peak)
-    if case.peer:
+        result[f"{name}_memory"] = workers[name].memory()
+    if "peer" in workers:
         result["ratio_ours_over_peer"] = result["ours_tokens_per_s"] / result["peer_tokens_per_s"]
     return result
 
