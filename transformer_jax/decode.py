@@ -130,9 +130,23 @@ class _BeamState(NamedTuple):
     model_state: Any
 
 
+def _hypothesis_axis(path: tuple[Any, ...]) -> int:
+    """Leaves of a scanned layer stack (module `layers`) carry the layer axis first, hypotheses second."""
+    return 1 if any(getattr(key, "key", None) == "layers" for key in path) else 0
+
+
 def _reorder_hypotheses(state: Any, rows_BN: jax.Array) -> Any:
-    """Gathers row `rows_BN[i]` of every leaf with a leading hypothesis axis into row i."""
-    return jax.tree.map(lambda x: jnp.take(x, rows_BN, axis=0) if x.ndim else x, state)
+    """Gathers row `rows_BN[i]` of every leaf's hypothesis axis into row i.
+
+    The hypothesis axis is the leading one, or the second in a scanned stack; leaves without it (step
+    counters, per-layer counters) are kept as they are.
+    """
+
+    def reorder(path: tuple[Any, ...], x: jax.Array) -> jax.Array:
+        axis = _hypothesis_axis(path)
+        return jnp.take(x, rows_BN, axis=axis) if x.ndim > axis else x
+
+    return jax.tree_util.tree_map_with_path(reorder, state)
 
 
 def _beam_step(
@@ -232,20 +246,6 @@ def _is_shared(path: tuple[str, ...]) -> bool:
     return path[-1] in ("cross_key", "cross_value")
 
 
-def _batch_first(path: tuple[str, ...], leaf: jax.Array) -> jax.Array:
-    """A scanned stack's cache leaf ([layers, B*N, ...], or [layers] counters) as [B*N, layers, ...] / 0-d."""
-    if "layers" not in path:
-        return leaf
-    return jnp.moveaxis(leaf, 0, 1) if leaf.ndim > 1 else leaf[0]  # counters are equal across layers
-
-
-def _layer_first(path: tuple[str, ...], leaf: jax.Array, num_layers: int) -> jax.Array:
-    """Inverse of `_batch_first`."""
-    if "layers" not in path:
-        return leaf
-    return jnp.moveaxis(leaf, 1, 0) if leaf.ndim > 1 else jnp.broadcast_to(leaf, (num_layers,))
-
-
 def cached_step(
     params: Any, config: TransformerConfig, src_tokens_BxS: jax.Array, beam_size: int, output_length: int
 ) -> tuple[StepFn, Any]:
@@ -266,17 +266,13 @@ def cached_step(
                                method=Transformer.decode, mutable=["cache"])
     flat = traverse_util.flatten_dict(variables["cache"])
     shared = {path: leaf for path, leaf in flat.items() if _is_shared(path)}
-    num_layers = config.num_layers
 
     def split(cache: Any) -> Any:
-        """The per-hypothesis part of the cache, every leaf batch-first (scanned layer axes moved)."""
         flat_cache = traverse_util.flatten_dict(cache)
-        return traverse_util.unflatten_dict(
-            {p: _batch_first(p, x) for p, x in flat_cache.items() if not _is_shared(p)})
+        return traverse_util.unflatten_dict({p: x for p, x in flat_cache.items() if not _is_shared(p)})
 
     def step(tokens_BNx1: jax.Array, state: Any) -> tuple[jax.Array, Any]:
-        flat_state = {p: _layer_first(p, x, num_layers) for p, x in traverse_util.flatten_dict(state).items()}
-        cache = traverse_util.unflatten_dict({**shared, **flat_state})
+        cache = traverse_util.unflatten_dict({**shared, **traverse_util.flatten_dict(state)})
         logits_BNx1xV, variables = model.apply(
             {"params": params, "cache": cache}, encoded_BxSxD, src_BNxS, tokens_BNx1,
             method=Transformer.decode, mutable=["cache"])

@@ -51,6 +51,9 @@ class _ScannedDecoderLayer(DecoderLayer):
         return super().__call__(y_BxTxD, encoded_BxSxD, self_mask, cross_mask, deterministic), None
 
 
+_SCAN_ADAPTERS: dict[type[nn.Module], type[nn.Module]] = {
+    EncoderLayer: _ScannedEncoderLayer, DecoderLayer: _ScannedDecoderLayer,
+}
 _REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
@@ -62,7 +65,7 @@ def layer_stack(config: TransformerConfig, layer: type[nn.Module], num_args: int
     `config.scan_layers` (then called once; its leading parameter axis is the layer, named `layers`).
     """
     if config.scan_layers:
-        layer = _ScannedEncoderLayer if layer is EncoderLayer else _ScannedDecoderLayer
+        layer = _SCAN_ADAPTERS[layer]
     if config.remat != "none":
         # Argument numbers count the module itself as 0 and the carried activations as 1.
         layer = nn.remat(layer, policy=_REMAT_POLICIES[config.remat], prevent_cse=not config.scan_layers,
