@@ -48,7 +48,8 @@ def test_rematerialized_gradients_equal_the_stored_ones(tiny_config, token_batch
 
     plain, recomputed = grads(tiny_config), grads(tiny_config.replace(remat=remat))
     for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(recomputed)):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+        # Recomputation may reorder float32 sums: compare against each leaf's own scale.
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, float(np.max(np.abs(b)))))
 
 
 def test_scanned_remat_trains_with_dropout(tiny_config, token_batch):

@@ -49,14 +49,14 @@ def test_label_smoothed_loss_gradient_equals_autodiff_of_the_definition(smoothin
 
 
 def test_loss_keeps_no_second_float32_vocab_sized_array_for_the_backward_pass():
-    """Residuals saved for the backward pass of the loss: the logits and per-token values only."""
+    """Residuals saved for the backward pass of the loss: one [B, T, V] array and per-token values only."""
     logits = jnp.zeros((4, 16, 1000), jnp.float32)
     targets = jnp.ones((4, 16), jnp.int32)
     fn = lambda x: label_smoothed_cross_entropy(x, targets, 0.1)[0].sum()
     _, backward = jax.vjp(fn, logits)
     residuals = [np.shape(leaf) for leaf in jax.tree.leaves(backward)]
     big = [shape for shape in residuals if np.prod(shape) >= 4 * 16 * 1000]
-    assert big == [(4, 16, 1000)], residuals  # the logits themselves
+    assert big == [(4, 16, 1000)], residuals  # exp(logits - max), in place of the logits
 
 
 @pytest.mark.parametrize("step", [1, 10, 1000, 3999, 4000, 4001, 10000, 100000])
@@ -148,9 +148,16 @@ def test_accumulated_micro_batches_equal_one_big_batch():
     for a, b in zip(jax.tree.leaves(summed), jax.tree.leaves(whole_grads)):
         # float32 sums over thousands of tokens in another order: compare against the leaf's scale.
         assert np.max(np.abs(np.asarray(a) - np.asarray(b))) <= 1e-5 * np.max(np.abs(np.asarray(b))) + 1e-6
-    # Adam turns float round-off in near-zero gradients into ~lr-sized differences in a few elements.
-    for a, b in zip(jax.tree.leaves(accumulated.params), jax.tree.leaves(whole.params)):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+    # Adam's first step moves each parameter by about lr * sign(gradient): where a gradient is at
+    # round-off level its sign is arbitrary, so compare only where the gradient is clearly non-zero,
+    # and bound the rest by the largest step Adam can take.
+    lr = float(paper_learning_rate(model.config.d_model, warmup_steps=10)(0))
+    leaves = zip(jax.tree.leaves(accumulated.params), jax.tree.leaves(whole.params),
+                 jax.tree.leaves(state.params), jax.tree.leaves(whole_grads))
+    for a, b, before, g in leaves:
+        clear = np.abs(np.asarray(g)) > 1e-4 * np.max(np.abs(np.asarray(g))) + 1e-7
+        np.testing.assert_allclose(np.asarray(a)[clear], np.asarray(b)[clear], atol=1e-6)
+        assert np.max(np.abs(np.asarray(a) - np.asarray(before)), initial=0) <= 1.01 * lr
 
 
 def test_donated_train_step_updates_every_parameter_and_adam_moment_in_place(small_state):

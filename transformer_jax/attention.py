@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.config import AttentionBackend
+from transformer_jax.dropout import Dropout
 from transformer_jax.masks import combine_masks
 
 # Masked logits are set to this large finite negative (not -inf) so no row can produce NaN.
@@ -150,7 +151,7 @@ class MultiHeadAttention(nn.Module):
             weights_BxHxTxS = attention_weights(q_BxTxHxK, k_BxSxHxK, mask)
             self.sow("intermediates", "attention_weights", weights_BxHxTxS)
             if dropout_active:
-                weights_BxHxTxS = nn.Dropout(self.attention_dropout_rate)(
+                weights_BxHxTxS = Dropout(self.attention_dropout_rate)(
                     weights_BxHxTxS, deterministic=False
                 )
             out_BxTxHxK = jnp.einsum(

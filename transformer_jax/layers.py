@@ -9,6 +9,7 @@ import jax
 
 from transformer_jax.attention import MultiHeadAttention
 from transformer_jax.config import TransformerConfig
+from transformer_jax.dropout import Dropout
 from transformer_jax.feed_forward import FeedForward
 
 
@@ -32,7 +33,7 @@ def residual(
     deterministic: bool,
 ) -> jax.Array:
     """Post-LN: LayerNorm(x + Dropout(Sublayer(x))) (the paper); pre-LN: x + Dropout(Sublayer(LayerNorm(x)))."""
-    dropout = nn.Dropout(config.dropout_rate)
+    dropout = Dropout(config.dropout_rate)
     if config.norm_position == "pre":
         return x + dropout(sublayer(layer_norm(config, norm_name)(x)), deterministic=deterministic)
     return layer_norm(config, norm_name)(x + dropout(sublayer(x), deterministic=deterministic))

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.config import TransformerConfig
+from transformer_jax.dropout import Dropout
 from transformer_jax.embeddings import OutputProjection, PositionalEncoding, TokenEmbedding
 from transformer_jax.layers import DecoderLayer, EncoderLayer, layer_norm
 from transformer_jax.masks import causal_mask, combine_masks, padding_mask, segment_mask
@@ -147,7 +148,7 @@ class Encoder(nn.Module):
             cfg.d_model, cfg.max_len, cfg.positional_encoding, cfg.compute_dtype,
             cfg.params_dtype, name="positional_encoding",
         )(positions)
-        x_BxSxD = nn.Dropout(cfg.dropout_rate)(x_BxSxD, deterministic=deterministic)
+        x_BxSxD = Dropout(cfg.dropout_rate)(x_BxSxD, deterministic=deterministic)
         mask = combine_masks(
             padding_mask(src_tokens, src_tokens), _segment_mask_or_none(src_segments, src_segments)
         )
@@ -195,7 +196,7 @@ class Decoder(nn.Module):
             cfg.d_model, cfg.max_len, cfg.positional_encoding, cfg.compute_dtype,
             cfg.params_dtype, name="positional_encoding",
         )(positions)
-        y_BxTxD = nn.Dropout(cfg.dropout_rate)(y_BxTxD, deterministic=deterministic)
+        y_BxTxD = Dropout(cfg.dropout_rate)(y_BxTxD, deterministic=deterministic)
 
         # While stepping, the self-attention cache itself hides positions not yet written.
         self_mask = None if stepping else combine_masks(
