@@ -77,7 +77,8 @@ def section_train(args: argparse.Namespace, report: dict[str, Any]) -> None:
         line = f"{case.name:<48} ours {result['ours_tokens_per_s']:>9,.0f} tok/s  MFU {result['ours_mfu']:6.1%}"
         if case.peer:
             line += (f" | peer {result['peer_tokens_per_s']:>9,.0f} tok/s  MFU {result['peer_mfu']:6.1%}"
-                     f" | ours/peer {result['ratio_ours_over_peer']:.2f}")
+                     f" | ours/peer {result['ratio_ours_over_peer']:.2f}"
+                     f" (rounds {min(result['round_ratios']):.2f}-{max(result['round_ratios']):.2f})")
         print(line, flush=True)
         if ON_GPU:
             days = 100_000 * 25_000 / result["ours_tokens_per_s"] / 86_400
@@ -178,7 +179,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", default=",".join(SECTIONS), help="comma-separated, from: " + ", ".join(SECTIONS))
     parser.add_argument("--quick", action="store_true", help="small shapes and few steps (a smoke run)")
-    parser.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per train case")
+    parser.add_argument("--rounds", type=int, default=7, help="alternating timing rounds per train case")
     parser.add_argument("--steps", type=int, default=2, help="steps per framework per round")
     parser.add_argument("--json", default=None, help="write all results here")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)

@@ -86,27 +86,34 @@ def _time_steps(step: Callable[[], Any], count: int) -> float:
     return (time.perf_counter() - start) / count
 
 
-def compare(case: Case, workers: dict[str, Any], peak: float, rounds: int, steps_per_round: int) -> dict[str, Any]:
+def compare(case: Case, workers: dict[str, Any], peak: float, rounds: int, steps_per_round: int,
+            settle_s: float = 1.0) -> dict[str, Any]:
     """Seconds per step of each worker (medians of alternating rounds), tokens/s, MFU, ratio ours/peer.
 
-    `workers` maps "ours" (and "peer") to started `workers.Worker`s running `case`.
+    `workers` maps "ours" (and "peer") to started `workers.Worker`s running `case`. Each timing waits
+    `settle_s` first, so that threads the previous contender left spinning (OpenMP, Eigen) have gone
+    to sleep and do not compete with the one being timed.
     """
     flops = train_step_flops(case.config, case.rows, case.length, case.length)
     tokens = case.rows * case.length
     samples: dict[str, list[float]] = {name: [] for name in workers}
     for _ in range(rounds):  # alternate, so both see the same machine conditions
         for name, worker in workers.items():
+            time.sleep(settle_s)
             samples[name].append(worker.seconds_per_step(steps_per_round))
     result: dict[str, Any] = {"case": case.name, "target_tokens_per_step": tokens, "flops_per_step": flops}
     for name, times in samples.items():
         seconds = statistics.median(times)
         result[f"{name}_compile_s"] = workers[name].ready["compile_s"]
         result[f"{name}_s_per_step"] = seconds
+        result[f"{name}_round_s_per_step"] = times
         result[f"{name}_tokens_per_s"] = tokens / seconds
         result[f"{name}_mfu"] = model_flops_utilization(flops, seconds, peak)
         result[f"{name}_memory"] = workers[name].memory()
     if "peer" in workers:
         result["ratio_ours_over_peer"] = result["ours_tokens_per_s"] / result["peer_tokens_per_s"]
+        # The same ratio round by round (each round times both back to back): its spread shows the noise.
+        result["round_ratios"] = [p / o for o, p in zip(samples["ours"], samples["peer"])]
     return result
 
 
