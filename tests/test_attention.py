@@ -105,3 +105,19 @@ def test_multi_head_attention_matches_reference(backend):
     assert relative_error(out, expected) < 1e-5
     assert p["query"]["kernel"].shape == (d_model, heads, d_model // heads)
     assert "bias" not in p["key"]  # the softmax cancels a key bias
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="cuDNN attention needs an NVIDIA GPU (hardware check)")
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_cudnn_attention_matches_the_float64_reference_on_gpu(dtype):
+    """On a GPU: the cuDNN flash-attention path, forward and gradient, against float64 (and einsum)."""
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.standard_normal((4, 128, 8, 64)), dtype) for _ in range(3))
+    tokens = jnp.asarray(np.where(np.arange(128) < np.array([[128], [100], [64], [7]]), 5, 0))
+    mask = combine_masks(padding_mask(tokens, tokens), causal_mask(128))
+    out = scaled_dot_product_attention(q, k, v, mask, backend="cudnn")
+    assert relative_error(out, reference_attention(q, k, v, mask)) < 2e-2
+    loss = lambda backend: lambda q: jnp.sum(scaled_dot_product_attention(q, k, v, mask, backend=backend)
+                                             .astype(jnp.float32) ** 2)
+    cudnn_grad, einsum_grad = jax.grad(loss("cudnn"))(q), jax.grad(loss("einsum"))(q)
+    assert relative_error(cudnn_grad, np.asarray(einsum_grad, np.float64)) < 5e-2
