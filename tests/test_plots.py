@@ -5,6 +5,7 @@ import pathlib
 import struct
 import subprocess
 import sys
+import time
 
 import flax.linen as nn
 import jax
@@ -17,8 +18,8 @@ from transformer_jax import Transformer, sinusoidal_encoding
 from transformer_jax.data import DataError
 from transformer_jax.eval_run import attention_pair, translate_lines
 from transformer_jax.introspection import attention_maps, collect_attention, positional_encoding_matrix
-from transformer_jax.plots import (LEARNING_CURVE_PANELS, attention_figure, learning_curves_figure,
-                                   plot_learning_curves, positional_encoding_figure)
+from transformer_jax.plots import (LEARNING_CURVE_PANELS, add_to_tensorboard, attention_figure,
+                                   learning_curves_figure, plot_learning_curves, positional_encoding_figure)
 from transformer_jax.restore import checkpoint_params, open_run
 from transformer_jax.tokenizer import BOS_ID
 
@@ -183,6 +184,16 @@ def image_tags(tensorboard_dir: pathlib.Path) -> set[str]:
             offset += 12 + length + 4
             tags |= {value.tag for value in event.summary.value if value.HasField("image")}
     return tags
+
+
+def test_figures_added_within_one_second_keep_each_others_event_files(tmp_path, monkeypatch):
+    """tensorboardX names event files by the second: a second writer must not truncate the first's file."""
+    figure = positional_encoding_figure(np.asarray(sinusoidal_encoding(jnp.arange(16), 8)), "sinusoidal")
+    monkeypatch.setattr(time, "time", lambda: 1_800_000_000.0)  # both writers open in the same second
+    add_to_tensorboard(str(tmp_path), {"first": figure}, 1)
+    add_to_tensorboard(str(tmp_path), {"second": figure}, 1)
+    monkeypatch.undo()
+    assert image_tags(tmp_path / "tensorboard") == {"first", "second"}
 
 
 @pytest.fixture(scope="module")

@@ -9,9 +9,23 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from typing import Any, Mapping
 
 from transformer_jax.atomic import write_atomically
+
+
+def tensorboard_writer(workdir: str, **kwargs: Any) -> Any:
+    """A tensorboardX SummaryWriter on `<workdir>/tensorboard` whose event file no other writer has.
+
+    tensorboardX names event files by the second and the host and opens them with "wb": a second
+    writer opened in the same second (eval.py adding two kinds of plots, a quick restart) would
+    truncate the first one's file. A per-writer suffix keeps every file.
+    """
+    from tensorboardX import SummaryWriter  # imported here: only the writing process needs it
+
+    suffix = f".{os.getpid()}.{uuid.uuid4().hex[:8]}"
+    return SummaryWriter(os.path.join(workdir, "tensorboard"), filename_suffix=suffix, **kwargs)
 
 
 class MetricsLog:
@@ -31,10 +45,8 @@ class MetricsLog:
             return
         for path in (self.path, self.timing_path):
             _truncate_after(path, resume_step)
-        from tensorboardX import SummaryWriter  # imported here: only the writing process needs it
-
         # purge_step drops events an earlier attempt logged after the restored step (or after step 0).
-        self._writer = SummaryWriter(os.path.join(workdir, "tensorboard"), purge_step=resume_step + 1)
+        self._writer = tensorboard_writer(workdir, purge_step=resume_step + 1)
 
     def write(self, step: int, split: str, metrics: Mapping[str, Any]) -> None:
         """Record `metrics` of `split` ("train", "dev", "test") at `step`."""

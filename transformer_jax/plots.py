@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from transformer_jax.atomic import write_atomically
 from transformer_jax.data import DataError
 from transformer_jax.introspection import ATTENTION_TITLES
-from transformer_jax.metrics_log import read_records
+from transformer_jax.metrics_log import read_records, tensorboard_writer
 
 PLOTS_DIRNAME = "plots"
 LEARNING_CURVES_FILENAME = "learning_curves.png"
@@ -138,9 +138,7 @@ def save_png(figure: Figure, path: str) -> str:
 
 def add_to_tensorboard(workdir: str, images: dict[str, Figure], step: int) -> None:
     """Add each figure as an image `tag` at `step` to `<workdir>/tensorboard`."""
-    from tensorboardX import SummaryWriter  # imported here: plotting to files alone does not need it
-
-    writer = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    writer = tensorboard_writer(workdir)
     try:
         for tag, figure in images.items():
             canvas = FigureCanvasAgg(figure)
