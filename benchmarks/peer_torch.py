@@ -74,7 +74,7 @@ def peer_train_step(config: TransformerConfig, batch: dict[str, np.ndarray], smo
         loss.backward()
         optimizer.step()
         lr_schedule.step()
-        return float(loss)
+        return loss.item()  # synchronizes, as our step blocks on its metrics
 
     return step
 

@@ -26,6 +26,11 @@ import sys
 import time
 from typing import Any
 
+# On a GPU this process (matmul peak, e2e, decode) and the train-step worker it starts share the
+# device: each allocates what it uses instead of reserving 75% of the device memory at start-up,
+# which would leave the second process too little. Set before JAX starts; the workers inherit it.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
 import jax
 import jax.numpy as jnp
 
