@@ -79,13 +79,6 @@ def our_train_step(config: TransformerConfig, batch: dict[str, np.ndarray]) -> C
     return step
 
 
-def _time_steps(step: Callable[[], Any], count: int) -> float:
-    start = time.perf_counter()
-    for _ in range(count):
-        step()
-    return (time.perf_counter() - start) / count
-
-
 def compare(case: Case, workers: dict[str, Any], peak: float, rounds: int, steps_per_round: int,
             settle_s: float = 1.0) -> dict[str, Any]:
     """Seconds per step of each worker (medians of alternating rounds), tokens/s, MFU, ratio ours/peer.
