@@ -13,26 +13,40 @@ import sys
 
 from absl import app, flags
 
-from transformer_jax.cli import parse_flags, user_errors
-from transformer_jax.data import DataError
-from transformer_jax.eval_run import (evaluate_checkpoint, format_results, plot_attention,
-                                      plot_positional_encoding, translate_lines)
-from transformer_jax.plots import plot_learning_curves
-from transformer_jax.restore import checkpoint_params, open_run, select_steps, write_params
+from transformer_jax.decoding.options import DecodeOptions
+from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.evaluation.attention_plots import (
+    plot_attention,
+    plot_positional_encoding,
+)
+from transformer_jax.evaluation.checkpoint_selection import (
+    checkpoint_params,
+    open_run,
+    select_steps,
+    write_params,
+)
+from transformer_jax.evaluation.plots import plot_learning_curves
+from transformer_jax.evaluation.translate_split import (
+    evaluate_checkpoint,
+    format_results,
+    translate_lines,
+)
+from transformer_jax.run.cli import parse_flags, user_errors
+from transformer_jax.run.config_schema import decode_options
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The --workdir of a training run.")
 _CHECKPOINT = flags.DEFINE_string(
     "checkpoint", "latest", "latest, best, a step, average:N (mean of the last N), or average (the run's eval.average_last).")
 _SPLIT = flags.DEFINE_enum("split", "test", ["dev", "test"], "Split to translate and score.")
-_MODE = flags.DEFINE_enum("mode", "beam", ["beam", "greedy", "sample"], "Decoding mode.")
+_MODE = flags.DEFINE_enum("mode", None, ["beam", "greedy", "sample"], "Decoding mode (default: beam).")
 _BEAM = flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's eval.beam_size).")
 _ALPHA = flags.DEFINE_float("alpha", None, "Length penalty alpha (default: the run's eval.alpha).")
 _EXTRA = flags.DEFINE_integer("max_extra_length", None, "Output length limit: input length + this.")
-_SEED = flags.DEFINE_integer("seed", 0, "Sampling seed (--mode=sample).")
-_TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "Sampling temperature (--mode=sample).")
-_TOP_K = flags.DEFINE_integer("top_k", 0, "Sample among the k most likely tokens; 0 = all (--mode=sample).")
-_TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass; 1 = all (--mode=sample).")
-_BATCH = flags.DEFINE_integer("batch_size", 64, "Sentences decoded together.")
+_SEED = flags.DEFINE_integer("seed", None, "Sampling seed (--mode=sample; default 0).")
+_TEMPERATURE = flags.DEFINE_float("temperature", None, "Sampling temperature, > 0 (--mode=sample; default 1).")
+_TOP_K = flags.DEFINE_integer("top_k", None, "Sample among the k most likely tokens; 0 = all (--mode=sample; default 0).")
+_TOP_P = flags.DEFINE_float("top_p", None, "Nucleus sampling mass in (0, 1]; 1 = all (--mode=sample; default 1).")
+_BATCH = flags.DEFINE_integer("batch_size", None, "Sentences decoded together (default: the run's data.eval_batch_size).")
 _TRANSLATE = flags.DEFINE_string("translate", None, "Translate this file ('-' = standard input) to stdout.")
 _AVERAGED = flags.DEFINE_string("write_averaged", None, "Write the --checkpoint parameters here (Orbax).")
 _ATTENTION = flags.DEFINE_string("plot_attention", None, "Plot the attention maps of this source sentence.")
@@ -43,34 +57,29 @@ _CURVES = flags.DEFINE_bool("plot_curves", False, "Plot loss, learning rate and 
 flags.mark_flag_as_required("workdir")
 
 
-def decoding_options(run_config) -> dict:
-    """Decoding settings: the flags where given, else the run's eval section."""
-    evaluation = run_config.eval
-    options = {"mode": _MODE.value, "batch_size": _BATCH.value,
-               "max_extra_length": evaluation.max_extra_length if _EXTRA.value is None else _EXTRA.value}
-    if _MODE.value == "beam":
-        options.update(beam_size=_BEAM.value or evaluation.beam_size,
-                       alpha=evaluation.alpha if _ALPHA.value is None else _ALPHA.value)
-    if _MODE.value == "sample":
-        options.update(seed=_SEED.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
-    return options
+def decoding_options(run_config) -> DecodeOptions:
+    """The run's decoding settings (its eval section), overridden by the flags given."""
+    return decode_options(run_config).replace(
+        mode=_MODE.value, beam_size=_BEAM.value, alpha=_ALPHA.value, max_extra_length=_EXTRA.value,
+        seed=_SEED.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
+        batch_size=_BATCH.value)
 
 
-def translate_text(run, options: dict) -> None:
+def translate_text(run, options: DecodeOptions) -> None:
     """Print the translation of each line of --translate (a file, or standard input with '-')."""
     if _TRANSLATE.value != "-" and not os.path.isfile(_TRANSLATE.value):
         raise DataError(f"--translate file {_TRANSLATE.value} does not exist; pass a text file or -")
     params = checkpoint_params(run, select_steps(run.checkpointer, _CHECKPOINT.value, run.config.eval.average_last))
     interactive = _TRANSLATE.value == "-"
     source = sys.stdin if interactive else open(_TRANSLATE.value, encoding="utf-8")
-    for translation in translate_lines(run, params, source, options, 1 if interactive else _BATCH.value):
+    for translation in translate_lines(run, params, source, options.replace(batch_size=1) if interactive else options):
         print(translation, flush=True)
 
 
 def make_plots() -> None:
     """Write the figures the --plot_* flags ask for under <workdir>/plots/ and print their paths."""
     if _ATTENTION_TARGET.value is not None and _ATTENTION.value is None:
-        raise ValueError("--plot_attention_target needs --plot_attention=SOURCE_SENTENCE")
+        raise ConfigError("--plot_attention_target needs --plot_attention=SOURCE_SENTENCE")
     paths = [plot_learning_curves(_WORKDIR.value)] if _CURVES.value else []
     if _ATTENTION.value is not None or _POSITIONS.value:
         run = open_run(_WORKDIR.value)
@@ -90,7 +99,7 @@ def make_plots() -> None:
 
 def main(argv: list[str]) -> None:
     del argv
-    with user_errors((ValueError,)):
+    with user_errors():
         if _CURVES.value or _POSITIONS.value or {_ATTENTION.value, _ATTENTION_TARGET.value} != {None}:
             make_plots()
             return

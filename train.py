@@ -4,7 +4,6 @@ Resumes from the newest checkpoint in --workdir. At the end, translates the test
 search and prints SacreBLEU (the signature included).
 """
 
-import json
 import logging
 import os
 
@@ -12,11 +11,16 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer_jax.atomic import write_atomically
-from transformer_jax.cli import ensure_writable_workdir, initialize_distributed, parse_flags, user_errors
-from transformer_jax.plots import plot_learning_curves
-from transformer_jax.trainer import Trainer, TrainingError, check_run_config
-from transformer_jax.translation import score_split
+from transformer_jax.evaluation.plots import plot_learning_curves
+from transformer_jax.evaluation.translate_split import evaluate_split, write_results
+from transformer_jax.run.cli import (
+    ensure_writable_workdir,
+    initialize_distributed,
+    parse_flags,
+    user_errors,
+)
+from transformer_jax.run.config_schema import check_run_config, decode_options
+from transformer_jax.training.loop import Trainer
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (see configs/).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, tokenizer, logs and outputs.")
@@ -32,22 +36,19 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv: list[str]) -> None:
     del argv
     logging.getLogger().setLevel(logging.WARNING)
-    with user_errors((TrainingError,)):
+    with user_errors():
         config, workdir = _CONFIG.value, _WORKDIR.value
         check_run_config(config)  # before any work, so a bad value leaves no trace in the workdir
         if _MULTIHOST.value:
             initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
         ensure_writable_workdir(workdir)
         trainer = Trainer(config, workdir)
-        evaluation = config.eval
-        options = dict(beam_size=evaluation.beam_size, alpha=evaluation.alpha,
-                       max_extra_length=evaluation.max_extra_length,
-                       batch_size=config.data.eval_batch_size, show_progress=False)
-        data, model_config = trainer.data, trainer.model_config
+        data, model_config, options = trainer.data, trainer.model_config, decode_options(config)
 
         def dev_bleu(params):
-            scores, _ = score_split(params, model_config, data.dev, data.tokenizer, config.data.target_lang,
-                                    limit=config.training.dev_bleu_sentences, **options)
+            scores, _ = evaluate_split(params, model_config, data.dev, data.tokenizer, options,
+                                       target_lang=config.data.target_lang,
+                                       limit=config.training.dev_bleu_sentences)
             return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
 
         try:
@@ -56,12 +57,10 @@ def main(argv: list[str]) -> None:
             trainer.close()
         if state.step < config.training.num_train_steps:
             return  # stopped early by a signal; the checkpoint is saved
-        scores, hypotheses = score_split(state.params, model_config, data.test, data.tokenizer,
-                                         config.data.target_lang, **{**options, "show_progress": True})
+        scores, hypotheses = evaluate_split(state.params, model_config, data.test, data.tokenizer, options,
+                                            target_lang=config.data.target_lang, show_progress=True)
         if jax.process_index() == 0:
-            write_atomically(os.path.join(workdir, "test_final.hyp"), "".join(h + "\n" for h in hypotheses))
-            write_atomically(os.path.join(workdir, "test_final.json"),
-                             json.dumps({"step": int(state.step), **scores}, indent=2))
+            write_results(os.path.join(workdir, "test_final"), {"step": int(state.step), **scores}, hypotheses)
             print(f"test SacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})")
             print(f"test chrF {scores['chrf']:.2f}; tokenized compound-split BLEU (paper-style, "
                   f"not comparable with SacreBLEU) {scores['tokenized_compound_split_bleu']:.2f}")

@@ -21,14 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import Transformer, TransformerConfig
-from transformer_jax.decode import (
-    beam_search_loop,
-    cached_step,
-    greedy_choice,
-    max_output_lengths,
-    prefix_step,
-    token_loop,
-)
+from transformer_jax.decoding.beam_search import beam_search_loop
+from transformer_jax.decoding.cache import cached_step, prefix_step
+from transformer_jax.decoding.lengths import max_output_lengths
+from transformer_jax.decoding.sampling import greedy_choice, token_loop
 
 CONFIG = TransformerConfig(vocab_size=8000, num_layers=3, d_model=256, d_ff=1024, num_heads=4, max_len=128)
 NUM_SENTENCES, SOURCE_LENGTH, EXTRA_LENGTH = 32, 25, 25

@@ -16,16 +16,13 @@ import jax
 import numpy as np
 
 from transformer_jax import Transformer, TransformerConfig
-from transformer_jax.batching import BatchIterator
-from transformer_jax.corpus import builtin_corpus
-from transformer_jax.tokenized import EncodedPairs, encode_pairs, filter_by_length
-from transformer_jax.tokenizer import load_or_train_tokenizer
-from transformer_jax.training import (
-    create_train_state,
-    paper_learning_rate,
-    paper_optimizer,
-    train_step,
-)
+from transformer_jax.data.batching import BatchIterator
+from transformer_jax.data.builtin.corpus import builtin_corpus
+from transformer_jax.data.encoded import EncodedPairs, encode_pairs, filter_by_length
+from transformer_jax.data.tokenizer import load_or_train_tokenizer
+from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer
+from transformer_jax.training.state import create_train_state
+from transformer_jax.training.step import train_step
 
 
 def builtin_encoded(vocab_size: int = 4_000, max_length: int = 64) -> EncodedPairs:

@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 
-from transformer_jax.batching import BatchIterator
-from transformer_jax.tokenized import EncodedPairs, Ragged
-from transformer_jax.tokenizer import EOS_ID
+from transformer_jax.data.batching import BatchIterator
+from transformer_jax.data.encoded import EncodedPairs, Ragged
+from transformer_jax.data.tokenizer import EOS_ID
 
 
 def wmt_like_corpus(num_pairs: int, seed: int = 0) -> EncodedPairs:

@@ -1,6 +1,6 @@
 """Train-step throughput of ours and the PyTorch peer on the same shapes, timed alternately, and MFU.
 
-MFU = analytic FLOPs of the step (`transformer_jax.flops`) / seconds per step / the device's peak
+MFU = analytic FLOPs of the step (`transformer_jax.model.flops`) / seconds per step / the device's peak
 matmul rate measured in the same run (`peak_matmul_flops`).
 """
 
@@ -17,13 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax import Transformer, TransformerConfig
-from transformer_jax.flops import model_flops_utilization, train_step_flops
-from transformer_jax.training import (
-    create_train_state,
-    paper_learning_rate,
-    paper_optimizer,
-    train_step,
-)
+from transformer_jax.model.flops import model_flops_utilization, train_step_flops
+from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer
+from transformer_jax.training.state import create_train_state
+from transformer_jax.training.step import train_step
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,29 +30,15 @@ def random_tokens(rng: np.random.Generator, shape: tuple[int, ...], vocab: int) 
 
 
 def tiny_run_config():
-    """The demo run shrunk to seconds: a small built-in corpus, a tiny model, a few steps."""
+    """configs/smoke.py: the demo run shrunk to seconds (a small built-in corpus, a tiny model, 6 steps)."""
     import importlib.util
     import pathlib
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "configs" / "demo.py"
-    spec = importlib.util.spec_from_file_location("demo_config", path)
+    path = pathlib.Path(__file__).resolve().parents[1] / "configs" / "smoke.py"
+    spec = importlib.util.spec_from_file_location("smoke_config", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = module.get_config()
-    config.data.builtin_train_size = 600
-    config.data.builtin_dev_size = 16
-    config.data.builtin_test_size = 16
-    config.data.vocab_size = 500
-    config.data.pack = True
-    config.data.tokenizer_sample_size = 1200
-    config.data.tokens_per_batch = 512
-    config.data.max_length = 64
-    config.data.eval_batch_size = 16
-    config.model.update(num_layers=1, d_model=32, d_ff=64, num_heads=2, max_len=128)
-    config.training.update(num_train_steps=6, warmup_steps=3, log_every=1, eval_every=3,
-                           checkpoint_every=2, keep_checkpoints=2, bleu_every=0)
-    config.eval.update(beam_size=2, max_extra_length=4)
-    return config
+    return module.get_config()
 
 
 @pytest.fixture

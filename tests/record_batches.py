@@ -17,8 +17,8 @@ import sys
 import jax
 import numpy as np
 
-from transformer_jax.batching import BatchIterator
-from transformer_jax.metrics_log import MetricsLog
+from transformer_jax.data.batching import BatchIterator
+from transformer_jax.training.metrics_log import MetricsLog
 
 OUTPUT = pathlib.Path(os.environ["RECORD_TO"])
 TRAIN_PY = pathlib.Path(__file__).resolve().parents[1] / "train.py"

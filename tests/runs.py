@@ -57,8 +57,8 @@ def start_script(script: str, *args: str, env: dict[str, str] | None = None) -> 
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> str:
-    """A user error: exit status 1, no traceback, exactly one `error: ...` line holding every fragment."""
-    assert result.returncode == 1, result.stderr[-3000:]
+    """A user error: exit status 2, no traceback, exactly one `error: ...` line holding every fragment."""
+    assert result.returncode == 2, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, result.stderr[-3000:]

@@ -1,29 +1,50 @@
-"""transformer_jax: the Transformer of "Attention Is All You Need" as reusable Flax modules."""
+"""transformer_jax: the Transformer of "Attention Is All You Need" as reusable Flax modules.
 
-from transformer_jax.attention import (
+The package, by what a reader comes for:
+  model/       the paper's modules (attention, masks, embeddings, positions, layers, stacks, Transformer)
+  decoding/    greedy, sampling and beam search over the key/value cache
+  data/        corpora, SentencePiece, batching; the built-in synthetic corpus in data/builtin/
+  training/    loss, schedule and Adam, train step, the loop, checkpoints
+  evaluation/  SacreBLEU/chrF, translating splits, checkpoint selection and averaging, plots
+  run/         run config schema and reference, CLI helpers, device mesh
+  errors.py    UserError, the root of every error a user can cause
+
+Importing this package loads only JAX and Flax: the training and evaluation stacks load when used.
+"""
+
+from transformer_jax.decoding.beam_search import beam_search
+from transformer_jax.decoding.options import DecodeOptions
+from transformer_jax.decoding.sampling import greedy_decode, sample_decode
+from transformer_jax.decoding.translate import translate_batch
+from transformer_jax.errors import ConfigError, UserError
+from transformer_jax.model.attention import (
     MultiHeadAttention,
     attention_weights,
     scaled_dot_product_attention,
 )
-from transformer_jax.config import PRESETS, ConfigError, TransformerConfig
-from transformer_jax.decode import beam_search, greedy_decode, sample_decode, translate_batch
-from transformer_jax.embeddings import PositionalEncoding, TokenEmbedding, sinusoidal_encoding
-from transformer_jax.feed_forward import FeedForward
-from transformer_jax.layers import DecoderLayer, EncoderLayer
-from transformer_jax.masks import (
+from transformer_jax.model.config import PRESETS, TransformerConfig
+from transformer_jax.model.embeddings import TokenEmbedding
+from transformer_jax.model.feed_forward import FeedForward
+from transformer_jax.model.layers import DecoderLayer, EncoderLayer
+from transformer_jax.model.masks import (
     PAD_ID,
     causal_mask,
     combine_masks,
-    key_padding_mask,
     padding_mask,
     segment_mask,
 )
-from transformer_jax.model import Decoder, Encoder, Transformer
+from transformer_jax.model.positional_encoding import (
+    PositionalEncoding,
+    sinusoidal_encoding,
+)
+from transformer_jax.model.stacks import Decoder, Encoder
+from transformer_jax.model.transformer import Transformer
 
 __all__ = [
     "PAD_ID",
     "PRESETS",
     "ConfigError",
+    "DecodeOptions",
     "Decoder",
     "DecoderLayer",
     "Encoder",
@@ -34,17 +55,17 @@ __all__ = [
     "TokenEmbedding",
     "Transformer",
     "TransformerConfig",
+    "UserError",
     "attention_weights",
     "beam_search",
-    "greedy_decode",
-    "sample_decode",
-    "translate_batch",
     "causal_mask",
     "combine_masks",
-    "key_padding_mask",
+    "greedy_decode",
     "padding_mask",
+    "sample_decode",
     "scaled_dot_product_attention",
     "segment_mask",
     "sinusoidal_encoding",
+    "translate_batch",
 ]
 __version__ = "0.1.0"

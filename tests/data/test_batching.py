@@ -1,0 +1,182 @@
+"""Batching: token budget, bucket shapes, packing with segment-aware shift, sharding, resume."""
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax.data import batching
+from transformer_jax.data.encoded import EncodedPairs, Ragged
+from transformer_jax.data.tokenizer import BOS_ID, EOS_ID
+from transformer_jax.errors import DataError
+from transformer_jax.model import masks
+from transformer_jax.model.masks import PAD_ID
+
+FIRST_ID = 1_000  # every synthetic pair starts with FIRST_ID + its index, so batches can be traced back
+
+
+def synthetic_corpus(num_pairs: int, mean_length: float, max_length: int, seed: int = 0) -> EncodedPairs:
+    """WMT-like lengths: lognormal source lengths, targets about 10% longer; ids trace the pair index."""
+    rng = np.random.default_rng(seed)
+    source_lengths = np.clip(rng.lognormal(np.log(mean_length * 0.85), 0.55, num_pairs), 2, max_length)
+    target_lengths = np.clip(source_lengths * rng.lognormal(0.1, 0.15, num_pairs), 2, max_length)
+    sides = []
+    for lengths in (source_lengths.astype(int), target_lengths.astype(int)):
+        sides.append(Ragged.from_lists([[FIRST_ID + i] + rng.integers(4, FIRST_ID, n - 2).tolist() + [EOS_ID]
+                                        for i, n in enumerate(lengths)]))
+    return EncodedPairs(*sides)
+
+
+def pair_ids(batch, name="inputs"):
+    """Indices of the pairs in a batch (the first token of every segment)."""
+    tokens = batch[name]
+    if f"{name}_position" in batch:
+        starts = (batch[f"{name}_position"] == 0) & (tokens != PAD_ID)
+    else:
+        starts = np.zeros_like(tokens, dtype=bool)
+        starts[:, 0] = tokens[:, 0] != PAD_ID
+    return (tokens[starts] - FIRST_ID).tolist()
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return synthetic_corpus(3_000, mean_length=27, max_length=128)
+
+
+def one_epoch(iterator):
+    return [next(iterator) for _ in range(len(iterator.plan(iterator.epoch)))]
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_an_epoch_holds_every_pair_once_within_the_token_budget(corpus, pack):
+    iterator = batching.BatchIterator(corpus, tokens_per_batch=2_048, max_length=128, pack=pack, row_multiple=4)
+    batches = one_epoch(iterator)
+    assert sorted(i for b in batches for i in pair_ids(b)) == list(range(len(corpus)))
+    assert sorted(i for b in batches for i in pair_ids(b, "targets")) == list(range(len(corpus)))
+    shapes = set(iterator.shapes())
+    for batch in batches:
+        rows, length = batch["inputs"].shape
+        assert rows * length <= 2_048 and rows % 4 == 0 and (rows, length) in shapes
+        assert batch["targets"].shape == batch["target_inputs"].shape == (rows, length)
+        assert all(v.dtype == np.int32 for v in batch.values())
+    assert len({b["inputs"].shape for b in batches}) <= len(batching.length_buckets(128))
+
+
+def test_rows_hold_the_right_pair_with_eos_and_shifted_targets(corpus):
+    iterator = batching.BatchIterator(corpus, tokens_per_batch=1_024, max_length=128, pack=False)
+    batch = next(iterator)
+    for row, index in enumerate(pair_ids(batch)):
+        source, target = corpus.source[index], corpus.target[index]
+        assert batch["inputs"][row, :len(source)].tolist() == source.tolist()
+        assert source[-1] == EOS_ID and source[0] != BOS_ID  # the source has EOS and no BOS
+        assert batch["targets"][row, :len(target)].tolist() == target.tolist()
+        assert batch["target_inputs"][row, :len(target)].tolist() == [BOS_ID] + target[:-1].tolist()
+        assert not batch["inputs"][row, len(source):].any() and not batch["targets"][row, len(target):].any()
+
+
+def test_packed_segments_start_with_bos_and_never_attend_to_each_other(corpus):
+    iterator = batching.BatchIterator(corpus, tokens_per_batch=4_096, max_length=128, pack=True)
+    batch = next(iterator)
+    segments, positions = batch["targets_segmentation"], batch["targets_position"]
+    assert segments.max() > 1  # rows really hold several pairs
+    starts = (positions == 0) & (segments > 0)
+    assert (batch["target_inputs"][starts] == BOS_ID).all()
+    assert ((batch["target_inputs"] == BOS_ID) == starts).all()
+    inside = (positions > 0)
+    assert (batch["target_inputs"][:, 1:][inside[:, 1:]] == batch["targets"][:, :-1][inside[:, 1:]]).all()
+    assert ((segments == 0) == (batch["targets"] == PAD_ID)).all()
+    # The decoder self-attention mask built from these ids: a query sees only earlier tokens of its pair.
+    mask = np.asarray(masks.combine_masks(masks.segment_mask(jnp.asarray(segments), jnp.asarray(segments)),
+                                          masks.causal_mask(segments.shape[1])))[:, 0]
+    same_pair = segments[:, :, None] == segments[:, None, :]
+    assert not mask[~same_pair].any()
+    for row in range(3):
+        query = np.flatnonzero(segments[row] == 2)[-1]  # the last token of the second pair
+        assert mask[row, query].nonzero()[0].tolist() == np.flatnonzero(segments[row] == 2).tolist()
+    cross = np.asarray(masks.segment_mask(jnp.asarray(segments), jnp.asarray(batch["inputs_segmentation"])))[:, 0]
+    assert not cross[segments[:, :, None] != batch["inputs_segmentation"][:, None, :]].any()
+
+
+def padding_efficiency(batches) -> float:
+    """Real tokens / token slots over `inputs` and `targets` of materialized batches (padding is id 0)."""
+    real = sum(int(np.count_nonzero(b["inputs"])) + int(np.count_nonzero(b["targets"])) for b in batches)
+    slots = sum(b["inputs"].size + b["targets"].size for b in batches)
+    return real / slots
+
+
+def test_padding_efficiency_on_wmt_like_lengths(capsys):
+    corpus = synthetic_corpus(20_000, mean_length=27, max_length=256, seed=1)
+    efficiencies = {}
+    for pack in (True, False):
+        iterator = batching.BatchIterator(corpus, tokens_per_batch=4_096, max_length=256, pack=pack)
+        efficiencies[pack] = padding_efficiency(one_epoch(iterator))
+        assert efficiencies[pack] == pytest.approx(iterator.plan(0).efficiency(corpus))
+    with capsys.disabled():
+        print(f"\npadding efficiency (real tokens / slots), WMT-like lengths: packed {efficiencies[True]:.1%}, "
+              f"bucketed {efficiencies[False]:.1%}")
+    assert efficiencies[True] >= 0.9
+    assert efficiencies[False] >= 0.7
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_host_shards_are_disjoint_cover_the_epoch_and_agree_on_shapes(corpus, pack):
+    shards = [batching.BatchIterator(corpus, 2_048, 128, pack=pack, seed=3, process_index=p, process_count=3)
+              for p in range(3)]
+    epochs = [one_epoch(shard) for shard in shards]
+    assert len({len(epoch) for epoch in epochs}) == 1  # same number of steps everywhere
+    for step in zip(*epochs):
+        assert len({batch["inputs"].shape for batch in step}) == 1  # same shape at every step
+    ids = [sorted(i for batch in epoch for i in pair_ids(batch)) for epoch in epochs]
+    assert all(ids) and not set(ids[0]) & set(ids[1]) and not set(ids[1]) & set(ids[2])
+    assert sorted(ids[0] + ids[1] + ids[2]) == list(range(len(corpus)))
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_restoring_the_state_at_step_k_gives_the_same_next_batches(corpus, pack):
+    def make():
+        return batching.BatchIterator(corpus, 2_048, 128, pack=pack, seed=5)
+
+    reference = make()
+    epoch_length = len(reference.plan(0))
+    expected = [next(reference) for _ in range(epoch_length + 5)]
+    for k in (0, 7, epoch_length - 2):  # the last one crosses into the next epoch
+        first = make()
+        for _ in range(k):
+            next(first)
+        state = json.loads(json.dumps(first.get_state()))
+        resumed = make()
+        resumed.set_state(state)
+        for offset in range(5):
+            batch = next(resumed)
+            assert all(np.array_equal(batch[key], expected[k + offset][key]) for key in batch)
+    assert pair_ids(expected[epoch_length]) != pair_ids(expected[0])  # a new order every epoch
+
+
+def test_bad_configuration_and_state_are_data_errors(corpus):
+    with pytest.raises(DataError, match="tokens_per_batch=100 is too small"):
+        next(batching.BatchIterator(corpus, 100, 128))
+    iterator = batching.BatchIterator(corpus, 2_048, 128, seed=1)
+    with pytest.raises(DataError, match="another corpus or seed"):
+        iterator.set_state({"seed": 2, "epoch": 0, "position": 0, "num_examples": len(corpus)})
+    with pytest.raises(DataError, match="longer than the packed row"):
+        next(batching.BatchIterator(corpus, 2_048, 32))
+    with pytest.raises(DataError, match="process_index"):
+        batching.BatchIterator(corpus, 2_048, 128, process_index=2, process_count=2)
+    two_epochs = batching.BatchIterator(corpus, 8_192, 128, num_epochs=2)
+    assert len(list(two_epochs)) == 2 * len(two_epochs.plan(0)) and two_epochs.epoch == 2
+
+
+def test_eval_batches_keep_every_pair_in_a_recoverable_order():
+    corpus = EncodedPairs(Ragged.from_lists([[5, EOS_ID], [EOS_ID], [6] * 299 + [EOS_ID], [7, 8, EOS_ID]]),
+                          Ragged.from_lists([[9, EOS_ID], [10, EOS_ID], [11, EOS_ID], [EOS_ID]]))
+    batches = batching.eval_batches(corpus, batch_size=3)
+    assert [b["inputs"].shape for b in batches] == [(3, 512), (3, 16)]  # the 300-token pair is kept
+    indices = [i for b in batches for i in b["index"].tolist()]
+    assert sorted(indices) == [-1, -1, 0, 1, 2, 3]
+    outputs = [f"out{i}" for i in indices]
+    assert batching.restore_order(outputs, indices, 4) == ["out0", "out1", "out2", "out3"]
+    rows = {i: b["inputs"][r] for b in batches for r, i in enumerate(b["index"].tolist())}
+    assert rows[1][:2].tolist() == [EOS_ID, PAD_ID]  # an empty source line stays, as EOS alone
+    sharded = [batching.eval_batches(corpus, 4, process_index=p, process_count=2) for p in range(2)]
+    assert sorted(i for shard in sharded for b in shard for i in b["index"].tolist() if i >= 0) == [0, 1, 2, 3]

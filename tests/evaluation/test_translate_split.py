@@ -1,0 +1,54 @@
+"""Translating whole splits: order, empty lines, over-long sources, and a too-small tokenizer."""
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax import Transformer, TransformerConfig
+from transformer_jax.data.encoded import encode_pairs
+from transformer_jax.data.tokenizer import EOS_ID, train_tokenizer
+from transformer_jax.decoding.options import DecodeOptions
+from transformer_jax.errors import DataError
+from transformer_jax.evaluation.translate_split import fit_to_model, translate_encoded
+
+SENTENCES = ["the dog sleeps", "a cat sees the dog", "the bird sings a song", "dogs and cats"] * 20
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return train_tokenizer(SENTENCES, str(tmp_path_factory.mktemp("tok") / "tokenizer.model"), vocab_size=300)
+
+
+def test_over_long_sources_are_truncated_keeping_eos(caplog):
+    src = np.array([[5, 6, 7, 8, 9, EOS_ID], [5, 6, EOS_ID, 0, 0, 0]], np.int32)
+    with caplog.at_level(logging.WARNING):
+        cut = fit_to_model(src, max_len=4)
+    assert cut.shape == (2, 4)
+    np.testing.assert_array_equal(cut[0], [5, 6, 7, EOS_ID])
+    np.testing.assert_array_equal(cut[1], [5, 6, EOS_ID, 0])
+    assert "1 source sentence(s) longer than model.max_len=4" in caplog.text
+    assert fit_to_model(src, max_len=6) is src
+
+
+def test_every_sentence_is_translated_in_order_and_empty_lines_stay_empty(tokenizer):
+    config = TransformerConfig.preset("tiny", vocab_size=tokenizer.vocab_size, max_len=16)
+    dummy = jnp.ones((1, 4), jnp.int32)
+    params = Transformer(config).init(jax.random.key(0), dummy, dummy)["params"]
+    lines = ["the dog sleeps", "", "a cat sees the dog " * 6, "dogs"]  # the third exceeds max_len
+    encoded = encode_pairs([(line, "") for line in lines], tokenizer)
+    options = DecodeOptions(mode="greedy", max_extra_length=3, batch_size=2)
+    outputs = translate_encoded(params, config, encoded, tokenizer, options, show_progress=False)
+    assert len(outputs) == 4 and outputs[1] == ""
+    # Each row decodes the same alone as in the batch: outputs are re-aligned with their inputs.
+    alone = translate_encoded(params, config, encoded.select(np.array([3])), tokenizer, options,
+                              show_progress=False)
+    assert alone == [outputs[3]]
+
+
+def test_too_small_vocabulary_is_a_data_error(tmp_path):
+    with pytest.raises(DataError, match="raise data.vocab_size"):
+        train_tokenizer(["äöü ÄÖÜ ß é è ê ñ"] * 5 + SENTENCES, str(tmp_path / "t.model"), vocab_size=200)
+    assert not (tmp_path / "t.model").exists()

@@ -1,0 +1,133 @@
+"""train.py and eval.py as a user runs them: outputs, preemption, checkpoint choice, translation, errors."""
+
+import json
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+from runs import assert_one_line_error, write_config
+
+from transformer_jax.training.checkpoints import Checkpointer
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def run(script: str, *args: str, stdin: str | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=ROOT, input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny run trained by train.py: 6 steps, checkpoints at 2, 4 (dropped), 6 (+ best)."""
+    directory = tmp_path_factory.mktemp("run")
+    config = write_config(directory)
+    workdir = directory / "workdir"
+    result = run("train.py", f"--config={config}", f"--workdir={workdir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return config, workdir, result
+
+
+def test_train_prints_sacrebleu_with_signature_and_writes_outputs(trained):
+    _, workdir, result = trained
+    assert "test SacreBLEU" in result.stdout and "nrefs:1|case:mixed|eff:no|tok:13a" in result.stdout
+    final = json.loads((workdir / "test_final.json").read_text())
+    assert final["step"] == 6 and 0.0 <= final["bleu"] <= 100.0
+    hypotheses = (workdir / "test_final.hyp").read_text().splitlines()
+    assert len(hypotheses) == 16  # every test sentence, in order
+    assert (workdir / "tokenizer.model").exists() and (workdir / "config.json").exists()
+
+
+def test_eval_latest_and_average_write_results_next_to_the_run(trained):
+    _, workdir, _ = trained
+    latest = run("eval.py", f"--workdir={workdir}", "--checkpoint=latest", "--beam_size=2")
+    assert latest.returncode == 0, latest.stderr[-3000:]
+    assert "SacreBLEU" in latest.stdout and "paper-style; not comparable" in latest.stdout
+    results = json.loads((workdir / "eval" / "test.step_6.json").read_text())
+    assert results["steps"] == [6] and results["sentences"] == 16 and np.isfinite(results["perplexity"])
+    assert len((workdir / "eval" / "test.step_6.hyp").read_text().splitlines()) == 16
+
+    steps = Checkpointer(str(workdir / "checkpoints"), asynchronous=False).steps()
+    averaged = workdir / "averaged"
+    result = run("eval.py", f"--workdir={workdir}", "--checkpoint=average:2", f"--write_averaged={averaged}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    import orbax.checkpoint as ocp
+
+    written = ocp.StandardCheckpointer().restore(str(averaged))
+    checkpointer = Checkpointer(str(workdir / "checkpoints"), asynchronous=False)
+    last_two = [checkpointer.restore_params(step) for step in steps[-2:]]
+    expected = jax.tree.map(lambda a, b: (np.asarray(a) + np.asarray(b)) / 2, *last_two)
+    for got, want in zip(jax.tree.leaves(written), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_eval_translates_standard_input_line_by_line(trained):
+    _, workdir, _ = trained
+    result = run("eval.py", f"--workdir={workdir}", "--translate=-", "--mode=greedy",
+                 stdin="The dog sleeps.\n\nI see the cat.\n")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""  # empty input line -> empty output
+
+
+def test_eval_errors_name_the_problem_and_what_exists(trained, tmp_path):
+    _, workdir, _ = trained
+    assert_one_line_error(run("eval.py", f"--workdir={tmp_path / 'missing'}"), "does not exist")
+    assert_one_line_error(run("eval.py", f"--workdir={tmp_path}"), "no config.json")
+    assert_one_line_error(run("eval.py", f"--workdir={workdir}", "--checkpoint=average:9"),
+                          "available steps:")
+    empty = tmp_path / "empty_run"
+    empty.mkdir()
+    for name in ("config.json", "tokenizer.model"):
+        shutil.copy(workdir / name, empty / name)
+    assert_one_line_error(run("eval.py", f"--workdir={empty}"), "no checkpoint in")
+    mismatched = tmp_path / "mismatched"
+    shutil.copytree(workdir, mismatched)
+    config = json.loads((mismatched / "config.json").read_text())
+    config["model"]["d_ff"] = 128
+    (mismatched / "config.json").write_text(json.dumps(config))
+    before = (mismatched / "test_final.hyp").read_text()
+    assert_one_line_error(run("eval.py", f"--workdir={mismatched}"), "does not match the config", "(128,) in the model")
+    assert (mismatched / "test_final.hyp").read_text() == before
+
+
+def test_bad_config_fails_at_start_with_one_line(tmp_path):
+    config = write_config(tmp_path)
+    workdir = tmp_path / "workdir"
+    assert_one_line_error(run("train.py", f"--config={config}", f"--workdir={workdir}",
+                              "--config.model.num_hedas=2"), 'Did you mean "num_heads"')
+    assert_one_line_error(run("train.py", f"--config={config}", f"--workdir={workdir}",
+                              "--config.model.num_heads=3"), "not divisible by num_heads=3")
+    assert_one_line_error(run("train.py", f"--config={tmp_path / 'none.py'}", f"--workdir={workdir}"),
+                          "No such file")
+
+
+def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
+    config = write_config(tmp_path)
+    workdir = tmp_path / "workdir"
+    args = [f"--config={config}", f"--workdir={workdir}", "--config.training.checkpoint_every=1000"]
+    process = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args,
+                                "--config.training.num_train_steps=100000"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = workdir / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=240)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "stopped by signal" in stderr
+    saved = Checkpointer(str(workdir / "checkpoints"), asynchronous=False).latest_step()
+    logged = max(json.loads(line)["step"] for line in metrics.read_text().splitlines())
+    assert saved is not None and saved >= logged >= 3
+    resumed = run("train.py", *args, f"--config.training.num_train_steps={saved + 2}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()
+             if json.loads(line)["split"] == "train"]
+    assert steps == list(range(1, saved + 3))

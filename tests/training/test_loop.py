@@ -1,0 +1,140 @@
+"""The training loop: metrics, checkpoints, resume equal to an uninterrupted run, the non-finite guard."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from transformer_jax.errors import ConfigError, TrainingError
+from transformer_jax.run.config_schema import model_config
+from transformer_jax.training.checkpoints import Checkpointer
+from transformer_jax.training.loop import Trainer
+from transformer_jax.training.metrics_log import read_metrics
+
+
+def train_losses(workdir):
+    return {r["step"]: r["loss"] for r in read_metrics(workdir) if r["split"] == "train"}
+
+
+def params_of(trainer):
+    return [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
+
+
+def test_run_logs_checkpoints_and_keeps_the_last_k(run_config, tmp_path):
+    trainer = Trainer(run_config, str(tmp_path))
+    state = trainer.run()
+    assert int(state.step) == 6
+    records = read_metrics(str(tmp_path))
+    train = [r for r in records if r["split"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
+    assert all(np.isfinite(r["loss"]) for r in train)
+    assert {"loss", "nll", "perplexity", "accuracy", "learning_rate", "grad_norm"} <= set(train[0])
+    # Wall-clock throughput stays out of metrics.jsonl (not reproducible) and goes to timing.jsonl.
+    assert not any("tokens_per_second" in r for r in records)
+    timing = [json.loads(line) for line in (tmp_path / "timing.jsonl").read_text().splitlines()]
+    assert [t["step"] for t in timing] == [1, 2, 3, 4, 5, 6] and all(t["tokens_per_second"] > 0 for t in timing)
+    dev = [r for r in records if r["split"] == "dev"]
+    assert [r["step"] for r in dev] == [3, 6]
+    np.testing.assert_allclose(dev[0]["perplexity"], np.exp(dev[0]["nll"]), rtol=1e-5)
+    # Keep the last 2 (4, 6) plus the best by dev loss (3 or 6).
+    steps = Checkpointer(str(tmp_path / "checkpoints")).steps()
+    assert steps[-2:] == [4, 6] and len(steps) <= 3
+    assert os.listdir(tmp_path / "tensorboard")
+    assert json.load(open(tmp_path / "config.json"))["model"]["d_model"] == 32
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(run_config, tmp_path):
+    uninterrupted = Trainer(run_config, str(tmp_path / "a"))
+    uninterrupted.run()
+
+    first = run_config.copy_and_resolve_references()
+    first.training.num_train_steps = 3  # stops at step 3 (checkpointed), as a preempted run would
+    Trainer(first, str(tmp_path / "b")).run()
+    resumed = Trainer(run_config, str(tmp_path / "b"))
+    resumed.run()
+
+    assert train_losses(str(tmp_path / "b")) == train_losses(str(tmp_path / "a"))
+    for a, b in zip(params_of(uninterrupted), params_of(resumed)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_non_finite_updates_stop_training_and_keep_the_last_good_checkpoint(run_config, tmp_path):
+    Trainer(run_config, str(tmp_path)).run()  # a good checkpoint at step 6
+    config = run_config.copy_and_resolve_references()
+    config.training.num_train_steps = 12
+    config.training.learning_rate_scale = 1e30  # the first update overflows to inf
+    config.training.max_skipped_updates = 2
+    trainer = Trainer(config, str(tmp_path))
+    with pytest.raises(TrainingError, match="non-finite"):
+        trainer.run()
+    checkpointer = Checkpointer(str(tmp_path / "checkpoints"))
+    for step in checkpointer.steps():
+        params = checkpointer.restore_params(step)
+        assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params)), step
+
+
+def test_vocab_size_must_agree_with_the_tokenizer(run_config):
+    run_config.model.vocab_size = 123
+    with pytest.raises(ConfigError, match="disagrees with the tokenizer's 500"):
+        model_config(run_config, 500)
+
+
+def test_preempted_run_resumes_with_the_same_log_as_an_uninterrupted_one(run_config, tmp_path):
+    """SIGTERM mid log-window: the resumed run's metrics.jsonl and parameters equal an uninterrupted run's."""
+    import signal
+
+    run_config.training.update(num_train_steps=8, log_every=4, eval_every=0, checkpoint_every=100)
+    uninterrupted = Trainer(run_config, str(tmp_path / "a"))
+    uninterrupted.run()
+
+    preempted = Trainer(run_config, str(tmp_path / "b"))
+    update, calls = preempted.update, []
+
+    def update_then_signal():
+        calls.append(1)
+        if len(calls) == 3:  # a real SIGTERM arrives during step 3, inside the first log window
+            signal.raise_signal(signal.SIGTERM)
+        return update()
+
+    preempted.update = update_then_signal
+    assert int(preempted.run().step) == 3
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is given back
+    resumed = Trainer(run_config, str(tmp_path / "b"))
+    resumed.run()
+
+    assert (tmp_path / "b" / "metrics.jsonl").read_bytes() == (tmp_path / "a" / "metrics.jsonl").read_bytes()
+    assert [r["step"] for r in read_metrics(str(tmp_path / "b"))] == [4, 8]
+    for a, b in zip(params_of(uninterrupted), params_of(resumed)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_an_unfinished_save_is_never_taken_for_the_latest_checkpoint(run_config, tmp_path):
+    """Orbax writes into a temporary directory and renames it when complete: a crash mid-save leaves
+    only that temporary directory, which readers ignore and the next training run removes."""
+    Trainer(run_config, str(tmp_path)).run()
+    unfinished = tmp_path / "checkpoints" / "8.orbax-checkpoint-tmp-1795270000000000"
+    (unfinished / "state").mkdir(parents=True)
+    (unfinished / "state" / "partial").write_bytes(b"\0" * 100)
+    assert Checkpointer(str(tmp_path / "checkpoints"), read_only=True).latest_step() == 6
+    assert unfinished.exists()  # a reader (eval.py) leaves a save in progress alone
+    config = run_config.copy_and_resolve_references()
+    config.training.num_train_steps = 8
+    resumed = Trainer(config, str(tmp_path))
+    assert resumed.restore_latest()[0] == 6
+    resumed.close()
+    assert not unfinished.exists()  # the writer cleans it up
+
+
+def test_training_steps_make_no_implicit_host_device_transfers(run_config, tmp_path):
+    """update() runs under jax.transfer_guard("disallow"): only the batches' explicit copy crosses."""
+    run_config.training.accumulation_steps = 2  # the accumulation path; the other tests cover the plain one
+    trainer = Trainer(run_config, str(tmp_path))
+    for _ in range(2):
+        metrics = trainer.update()
+    assert int(jax.device_get(trainer.state.step)) == 2 and np.isfinite(jax.device_get(metrics["loss"]))
+    trainer.micro_steps = [0, 1]  # Python ints, as update() once passed them: an implicit transfer
+    with pytest.raises(Exception, match="Disallowed host-to-device transfer"):
+        trainer.update()
+    trainer.close()

@@ -1,0 +1,305 @@
+"""Token-budget batches from a pre-tokenized corpus: length buckets, packing, host sharding.
+
+Every epoch is planned up front by a pure function of (seed, epoch): a seeded permutation of the
+corpus, then either
+- bucketing: pairs grouped by length; a batch of bucket length L holds tokens_per_batch // L rows,
+  so every batch has about the same number of token slots (the paper's batching), or
+- packing: pairs placed first-fit into rows of max_length tokens, several pairs to a row, with
+  segment ids and positions; one static shape for the whole run.
+Shapes come from a small fixed set, so `jit` compiles once per bucket. Rows of each global batch are
+dealt out to the processes in contiguous blocks (process p gets the p-th block), so every process gets
+the same number of steps with the same shapes, the shards are disjoint and cover the epoch, and the
+global batch (the blocks in process order) is the batch a single process would read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from transformer_jax.data.encoded import EncodedPairs, Ragged
+from transformer_jax.data.tokenizer import BOS_ID
+from transformer_jax.errors import DataError
+from transformer_jax.model.masks import PAD_ID
+
+Batch = dict[str, np.ndarray]
+
+
+def length_buckets(max_length: int, smallest: int = 8) -> tuple[int, ...]:
+    """Bucket lengths: multiples of 8 up to 32, then steps of about 1.5x, ending at max_length."""
+    buckets, length = [], smallest
+    while length < max_length:
+        buckets.append(length)
+        length = length + 8 if length < 32 else int(math.ceil(length * 1.5 / 8) * 8)
+    return tuple(buckets) + (max_length,)
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochPlan:
+    """Where every pair of one epoch goes: items sorted by batch, then row.
+
+    Batch b holds items[batch_starts[b]:batch_starts[b + 1]] in a [batch_rows[b], batch_lengths[b]]
+    array; each item sits in `rows` at column `source_offsets` / `target_offsets` as segment `segments`.
+    """
+
+    items: np.ndarray
+    rows: np.ndarray
+    source_offsets: np.ndarray
+    target_offsets: np.ndarray
+    segments: np.ndarray
+    batch_starts: np.ndarray
+    batch_rows: np.ndarray
+    batch_lengths: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.batch_rows)
+
+    def efficiency(self, corpus: EncodedPairs) -> float:
+        """Real tokens / token slots over inputs and targets of the whole epoch."""
+        real = corpus.source.lengths[self.items].sum() + corpus.target.lengths[self.items].sum()
+        return float(real / (2 * np.sum(self.batch_rows * self.batch_lengths)))
+
+
+def _finish_plan(items: np.ndarray, batches: np.ndarray, rows: np.ndarray, source_offsets: np.ndarray,
+                 target_offsets: np.ndarray, segments: np.ndarray, batch_rows: np.ndarray,
+                 batch_lengths: np.ndarray) -> EpochPlan:
+    """Sort per-item placements by (batch, row) and index the batches."""
+    order = np.lexsort((rows, batches))
+    counts = np.bincount(batches, minlength=len(batch_rows))
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    return EpochPlan(items[order], rows[order], source_offsets[order], target_offsets[order],
+                     segments[order], starts, batch_rows, batch_lengths)
+
+
+def plan_buckets(corpus: EncodedPairs, rng: np.random.Generator, tokens_per_batch: int,
+                 buckets: Sequence[int], row_multiple: int) -> EpochPlan:
+    """One pair per row; pairs grouped by bucket (the smallest bucket >= both lengths), batches shuffled."""
+    permutation = rng.permutation(len(corpus))
+    longest = np.maximum(corpus.source.lengths, corpus.target.lengths)[permutation]
+    bucket_of = np.searchsorted(np.asarray(buckets), longest)
+    if bucket_of.max() >= len(buckets):
+        raise DataError(f"a training pair has {longest.max()} tokens, more than the largest bucket "
+                        f"{buckets[-1]}; filter the corpus with max_length first")
+    items, batch_ids, rows, batch_rows, batch_lengths = [], [], [], [], []
+    for bucket, length in enumerate(buckets):
+        members = permutation[bucket_of == bucket]
+        if len(members) == 0:
+            continue
+        per_batch = _rows_per_batch(tokens_per_batch, length, row_multiple)
+        first_batch = len(batch_rows)
+        num_batches = -(-len(members) // per_batch)
+        items.append(members)
+        batch_ids.append(first_batch + np.arange(len(members)) // per_batch)
+        rows.append(np.arange(len(members)) % per_batch)
+        batch_rows += [per_batch] * num_batches
+        batch_lengths += [length] * num_batches
+    # Batches were made bucket by bucket; shuffle their order so lengths are mixed through the epoch.
+    new_id = rng.permutation(len(batch_rows))
+    batch_rows = np.asarray(batch_rows)[np.argsort(new_id)]
+    batch_lengths = np.asarray(batch_lengths)[np.argsort(new_id)]
+    items, rows = np.concatenate(items), np.concatenate(rows)
+    zeros = np.zeros_like(items)
+    return _finish_plan(items, new_id[np.concatenate(batch_ids)], rows, zeros, zeros, zeros + 1,
+                        batch_rows, batch_lengths)
+
+
+def plan_packed(corpus: EncodedPairs, rng: np.random.Generator, tokens_per_batch: int, length: int,
+                row_multiple: int, open_rows: int = 16) -> EpochPlan:
+    """Pairs placed first-fit into rows of `length` tokens (both sides), keeping `open_rows` rows open."""
+    permutation = rng.permutation(len(corpus))
+    source_lengths = corpus.source.lengths[permutation].tolist()
+    target_lengths = corpus.target.lengths[permutation].tolist()
+    if max(max(source_lengths), max(target_lengths)) > length:
+        raise DataError(f"a training pair is longer than the packed row length {length}; "
+                        "filter the corpus with max_length first")
+    placement = np.zeros((len(permutation), 4), dtype=np.int64)  # row, source/target offset, segment
+    rows: list[list[int]] = []  # open rows: [row id, source used, target used, segments]
+    next_row = 0
+    for i, (source_length, target_length) in enumerate(zip(source_lengths, target_lengths)):
+        for row in rows:
+            if row[1] + source_length <= length and row[2] + target_length <= length:
+                break
+        else:
+            if len(rows) == open_rows:
+                rows.pop(0)  # the oldest open row is usually the fullest: close it
+            row = [next_row, 0, 0, 0]
+            rows.append(row)
+            next_row += 1
+        row[3] += 1
+        placement[i] = (row[0], row[1], row[2], row[3])
+        row[1] += source_length
+        row[2] += target_length
+    per_batch = _rows_per_batch(tokens_per_batch, length, row_multiple)
+    num_batches = -(-next_row // per_batch)
+    return _finish_plan(permutation, placement[:, 0] // per_batch, placement[:, 0] % per_batch,
+                        placement[:, 1], placement[:, 2], placement[:, 3],
+                        np.full(num_batches, per_batch), np.full(num_batches, length))
+
+
+def _rows_per_batch(tokens_per_batch: int, length: int, row_multiple: int) -> int:
+    rows = tokens_per_batch // length // row_multiple * row_multiple
+    if rows == 0:
+        raise DataError(f"tokens_per_batch={tokens_per_batch} is too small for {row_multiple} rows of "
+                        f"{length} tokens; raise it to at least {row_multiple * length}")
+    return rows
+
+
+def materialize(corpus: EncodedPairs, plan: EpochPlan, batch: int, packed: bool,
+                process_index: int = 0, process_count: int = 1) -> Batch:
+    """This process's block of rows [p * n, (p + 1) * n) of one planned batch (n = rows / process_count)."""
+    begin, end = plan.batch_starts[batch], plan.batch_starts[batch + 1]
+    rows = plan.rows[begin:end]
+    per_process = int(plan.batch_rows[batch]) // process_count
+    mine = rows // per_process == process_index
+    items = plan.items[begin:end][mine]
+    shape = (per_process, int(plan.batch_lengths[batch]))
+    local_rows = rows[mine] - process_index * per_process
+    result = {}
+    for name, side, offsets in (("inputs", corpus.source, plan.source_offsets),
+                                ("targets", corpus.target, plan.target_offsets)):
+        placed = _place(side, items, local_rows, offsets[begin:end][mine], plan.segments[begin:end][mine], shape)
+        result[name] = placed["tokens"]
+        if name == "targets":
+            result["target_inputs"] = placed["shifted"]
+        if packed:
+            result[f"{name}_segmentation"] = placed["segments"]
+            result[f"{name}_position"] = placed["positions"]
+    return result
+
+
+def _place(side: Ragged, items: np.ndarray, rows: np.ndarray, offsets: np.ndarray, segments: np.ndarray,
+           shape: tuple[int, int]) -> dict[str, np.ndarray]:
+    """Scatter the items' tokens into a padded [rows, length] array, all at once (no Python loop)."""
+    lengths = side.lengths[items].astype(np.int64)
+    total = int(lengths.sum())
+    owner = np.repeat(np.arange(len(items)), lengths)  # item of each token
+    position = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    source = side.starts[items][owner] + position
+    destination = rows[owner] * shape[1] + offsets[owner] + position
+    tokens = side.values[source]
+    # Shift right inside each segment: every segment starts with its own BOS.
+    shifted = np.where(position == 0, BOS_ID, side.values[np.maximum(source - 1, 0)])
+    out = {}
+    for key, values in (("tokens", tokens), ("shifted", shifted), ("segments", segments[owner]),
+                        ("positions", position)):
+        array = np.full(shape[0] * shape[1], PAD_ID, dtype=np.int32)
+        array[destination] = values
+        out[key] = array.reshape(shape)
+    return out
+
+
+class BatchIterator:
+    """Endless training batches (or `num_epochs` epochs), with a resumable position.
+
+    The state is three integers, {"seed", "epoch", "position"} (plus the corpus size as a check), so it
+    saves as JSON; restoring it gives exactly the batches an uninterrupted run would have seen next.
+    """
+
+    def __init__(self, corpus: EncodedPairs, tokens_per_batch: int, max_length: int, pack: bool = True,
+                 buckets: Sequence[int] | None = None, row_multiple: int = 1, seed: int = 0,
+                 process_index: int = 0, process_count: int = 1, num_epochs: int | None = None):
+        if not 0 <= process_index < process_count:
+            raise DataError(f"process_index={process_index} is outside [0, process_count={process_count})")
+        if len(corpus) == 0:
+            raise DataError("the training corpus is empty; check the training data")
+        self.corpus, self.tokens_per_batch, self.max_length, self.pack = corpus, tokens_per_batch, max_length, pack
+        self.buckets = tuple(buckets) if buckets else length_buckets(max_length)
+        # Each global batch's rows are dealt out to the processes, so rows must divide evenly.
+        self.row_multiple = math.lcm(row_multiple, process_count)
+        self.seed, self.process_index, self.process_count = seed, process_index, process_count
+        self.num_epochs = num_epochs
+        self.epoch, self.position = 0, 0
+        self._plan: tuple[int, EpochPlan] | None = None
+
+    def plan(self, epoch: int) -> EpochPlan:
+        """The global plan of one epoch, a pure function of (seed, epoch); the last one is cached."""
+        if self._plan is None or self._plan[0] != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            if self.pack:
+                plan = plan_packed(self.corpus, rng, self.tokens_per_batch, self.max_length, self.row_multiple)
+            else:
+                plan = plan_buckets(self.corpus, rng, self.tokens_per_batch, self.buckets, self.row_multiple)
+            self._plan = (epoch, plan)
+        return self._plan[1]
+
+    def shapes(self) -> list[tuple[int, int]]:
+        """The (rows, length) shapes this process's batches can take: one per bucket used."""
+        if self.pack:
+            lengths = [self.max_length]
+        else:
+            lengths = [b for b in self.buckets if b <= self.max_length]
+        return [(_rows_per_batch(self.tokens_per_batch, b, self.row_multiple) // self.process_count, b)
+                for b in lengths]
+
+    def __iter__(self) -> BatchIterator:
+        return self
+
+    def __next__(self) -> Batch:
+        if self.position >= len(self.plan(self.epoch)):
+            self.epoch, self.position = self.epoch + 1, 0
+        if self.num_epochs is not None and self.epoch >= self.num_epochs:
+            raise StopIteration
+        batch = materialize(self.corpus, self.plan(self.epoch), self.position, self.pack,
+                            self.process_index, self.process_count)
+        self.position += 1
+        return batch
+
+    def get_state(self) -> dict[str, int]:
+        """Position of the next batch, JSON-serializable."""
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position,
+                "num_examples": len(self.corpus)}
+
+    def set_state(self, state: dict[str, int]) -> None:
+        """Continue from a state saved by `get_state` (same corpus and seed)."""
+        if state["seed"] != self.seed or state["num_examples"] != len(self.corpus):
+            raise DataError(f"iterator state {state} was saved for another corpus or seed "
+                            f"(now seed={self.seed}, {len(self.corpus)} examples); resume with the same data")
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+
+def eval_batches(corpus: EncodedPairs, batch_size: int, buckets: Sequence[int] = (16, 32, 64, 128, 256),
+                 process_index: int = 0, process_count: int = 1) -> list[Batch]:
+    """Every pair of a dev/test set exactly once, never filtered: fixed rows, a few lengths.
+
+    Pairs are sorted by length so little padding is decoded; `index` [B] gives each row's position in
+    the original corpus (-1 for padding rows) so outputs can be put back in order.
+    """
+    if batch_size % process_count:
+        raise DataError(f"eval batch_size={batch_size} must be a multiple of process_count={process_count}")
+    if len(corpus) == 0:
+        return []
+    longest = np.maximum(corpus.source.lengths, corpus.target.lengths)
+    order = np.argsort(-longest, kind="stable")
+    num_batches = -(-len(order) // batch_size)
+    batch_ids = np.arange(len(order)) // batch_size
+    # Batch length: the smallest bucket that fits; longer than all buckets: the next multiple of the last.
+    batch_longest = np.maximum.reduceat(longest[order], np.arange(0, len(order), batch_size))
+    lengths = [next((b for b in buckets if b >= n), -(-int(n) // buckets[-1]) * buckets[-1]) for n in batch_longest]
+    rows = np.arange(len(order)) % batch_size
+    zeros = np.zeros_like(order)
+    plan = _finish_plan(order, batch_ids, rows, zeros, zeros, zeros + 1,
+                        np.full(num_batches, batch_size), np.asarray(lengths))
+    batches = []
+    for b in range(num_batches):
+        batch = materialize(corpus, plan, b, False, process_index, process_count)
+        index = np.full(batch_size, -1, dtype=np.int32)
+        index[rows[batch_ids == b]] = order[batch_ids == b]
+        per_process = batch_size // process_count
+        batch["index"] = index[process_index * per_process:(process_index + 1) * per_process]
+        batches.append(batch)
+    return batches
+
+
+def restore_order(outputs: Sequence[str], indices: Sequence[int], num_examples: int) -> list[str]:
+    """Put per-row outputs back in corpus order using the eval batches' `index` (rows with -1 dropped)."""
+    ordered: list[str | None] = [None] * num_examples
+    for output, index in zip(outputs, indices):
+        if index >= 0:
+            ordered[index] = output
+    missing = [i for i, text in enumerate(ordered) if text is None]
+    if missing:
+        raise ValueError(f"{len(missing)} examples have no output (first: {missing[0]})")
+    return ordered  # type: ignore[return-value]

@@ -1,0 +1,131 @@
+"""SentencePiece tokenizer: one joint source/target vocabulary, trained once per run and reused.
+
+Special ids are fixed for the whole project: pad=0, unk=1, bos=2, eos=3. Padding is never a real
+token, so it cannot collide with unknown words. With byte fallback (the default) any UTF-8 text is
+representable: characters outside the vocabulary become byte pieces instead of <unk>.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+from collections.abc import Iterable, Iterator, Sequence
+
+import numpy as np
+import sentencepiece as spm
+
+from transformer_jax.errors import DataError
+from transformer_jax.model.masks import PAD_ID
+from transformer_jax.run.files import write_atomically
+
+UNK_ID, BOS_ID, EOS_ID = 1, 2, 3
+MODEL_FILENAME = "tokenizer.model"
+
+
+class Tokenizer:
+    """A loaded SentencePiece model with the project's special ids."""
+
+    def __init__(self, model_proto: bytes):
+        self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
+        ids = (self._processor.pad_id(), self._processor.unk_id(), self._processor.bos_id(),
+               self._processor.eos_id())
+        if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+            raise DataError(f"tokenizer has special ids pad/unk/bos/eos={ids}, expected "
+                            f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; delete it so it is retrained")
+
+    @classmethod
+    def load(cls, path: str) -> Tokenizer:
+        """Load a model file written by `train_tokenizer`."""
+        if not os.path.isfile(path):
+            raise DataError(f"tokenizer model {path} does not exist; train one or point to the run's workdir")
+        with open(path, "rb") as f:
+            return cls(f.read())
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids, special ones included."""
+        return self._processor.get_piece_size()
+
+    pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of one sentence, without BOS or EOS."""
+        return self._processor.encode(text)
+
+    def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
+        """Ids of many sentences (threaded in C++)."""
+        return self._processor.encode(list(texts), num_threads=num_threads)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Text of one id sequence; stops at the first EOS and skips PAD and BOS."""
+        kept = []
+        for token in np.asarray(ids, dtype=np.int64).reshape(-1).tolist():
+            if token == EOS_ID:
+                break
+            if token not in (PAD_ID, BOS_ID):
+                kept.append(token)
+        return self._processor.decode(kept)
+
+    def decode_batch(self, ids: np.ndarray | Sequence[Sequence[int]]) -> list[str]:
+        """Text of each row of a [B, T] id array (or list of id lists)."""
+        return [self.decode(row) for row in ids]
+
+    def piece(self, token: int) -> str:
+        """The vocabulary piece of one id (for inspection)."""
+        return self._processor.id_to_piece(token)
+
+
+def sample_sentences(pairs: Sequence[tuple[str, str]], sample_size: int, seed: int = 0) -> list[str]:
+    """Both sides of up to `sample_size` pairs drawn uniformly across the whole corpus, empties skipped."""
+    order = np.random.default_rng(seed).permutation(len(pairs))[:sample_size]
+    order.sort()  # keep corpus order inside the sample: the result does not depend on the sort method
+    return [text for i in order.tolist() for text in pairs[i] if text]
+
+
+@contextlib.contextmanager
+def _sentencepiece_errors(vocab_size: int) -> Iterator[None]:
+    """SentencePiece reports a too-small vocabulary as a multi-line RuntimeError: make it a DataError."""
+    try:
+        yield
+    except RuntimeError as error:
+        if "Vocabulary size is smaller than required_chars" in str(error):
+            raise DataError(
+                f"tokenizer vocab_size={vocab_size} cannot hold the corpus's characters (plus 256 byte "
+                "pieces with byte_fallback); raise data.vocab_size"
+            ) from None
+        raise
+
+
+def train_tokenizer(sentences: Sequence[str], model_path: str, vocab_size: int = 32_000,
+                    model_type: str = "unigram", byte_fallback: bool = True,
+                    character_coverage: float = 0.9995) -> Tokenizer:
+    """Train SentencePiece on in-memory sentences and write the model to `model_path` atomically."""
+    if model_type not in ("unigram", "bpe"):
+        raise DataError(f"tokenizer model_type={model_type!r} is not supported; use 'unigram' or 'bpe'")
+    if not sentences:
+        raise DataError("cannot train a tokenizer on an empty corpus; check the training data")
+    model = io.BytesIO()
+    with open(os.devnull, "w") as quiet, _sentencepiece_errors(vocab_size):
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size,
+            model_type=model_type, byte_fallback=byte_fallback, character_coverage=character_coverage,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+            pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
+            # A requested size larger than the corpus supports shrinks instead of failing (small corpora).
+            hard_vocab_limit=False, input_sentence_size=0, num_threads=os.cpu_count() or 1,
+            logstream=quiet,
+        )
+    write_atomically(model_path, model.getvalue())
+    return Tokenizer(model.getvalue())
+
+
+def load_or_train_tokenizer(workdir: str, train_pairs: Sequence[tuple[str, str]], vocab_size: int = 32_000,
+                            model_type: str = "unigram", byte_fallback: bool = True,
+                            sample_size: int = 1_000_000, seed: int = 0) -> Tokenizer:
+    """Reuse `<workdir>/tokenizer.model` if it exists (resume, eval); otherwise train and save it."""
+    path = os.path.join(workdir, MODEL_FILENAME)
+    if os.path.exists(path):
+        return Tokenizer.load(path)
+    sentences = sample_sentences(train_pairs, sample_size, seed)
+    return train_tokenizer(sentences, path, vocab_size, model_type, byte_fallback)

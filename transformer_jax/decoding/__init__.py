@@ -1,0 +1,29 @@
+"""Decoding: turning source ids into output ids with a trained Transformer.
+
+`options` (DecodeOptions: mode, beam, length penalty, limits, sampling) -> `lengths` (output length
+limits, length penalty) -> `cache` (the cached one-position step and the full-prefix reference) ->
+`sampling` (greedy and sampled decoding) and `beam_search` -> `translate` (one entry point for every
+mode).
+"""
+
+from transformer_jax.decoding.beam_search import (
+    BeamSearchOutput,
+    beam_search,
+    beam_search_loop,
+)
+from transformer_jax.decoding.cache import cached_step, prefix_step
+from transformer_jax.decoding.lengths import length_penalty, max_output_lengths
+from transformer_jax.decoding.options import DecodeOptions
+from transformer_jax.decoding.sampling import (
+    filter_logits,
+    greedy_decode,
+    sample_decode,
+    token_loop,
+)
+from transformer_jax.decoding.translate import translate_batch
+
+__all__ = [
+    "BeamSearchOutput", "DecodeOptions", "beam_search", "beam_search_loop", "cached_step", "filter_logits",
+    "greedy_decode", "length_penalty", "max_output_lengths", "prefix_step", "sample_decode", "token_loop",
+    "translate_batch",
+]

@@ -1,0 +1,84 @@
+"""How to decode, as one typed object: mode, beam size, length penalty, length limit, sampling, batch size.
+
+The defaults are the paper's (section 6.1): beam search with beam 4, length penalty alpha 0.6, outputs
+at most 50 tokens longer than their source. A run's `eval` section (and `data.eval_batch_size`)
+builds one (`transformer_jax.run.config_schema.decode_options`); `eval.py`'s flags override it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from transformer_jax.errors import ConfigError
+
+DecodeMode = Literal["beam", "greedy", "sample"]
+MODES = ("beam", "greedy", "sample")
+
+
+def require(condition: bool, message: str) -> None:
+    """Raise ConfigError(message) unless `condition` holds."""
+    if not condition:
+        raise ConfigError(message)
+
+
+def is_python_number(value: Any) -> bool:
+    """True for a Python number; traced values (decoding inside a caller's jit) are not checked."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeOptions:
+    """Decoding settings, validated on construction (a bad value raises ConfigError naming it).
+
+    Attributes:
+      mode: "beam" (beam search, the best hypothesis), "greedy" or "sample".
+      beam_size: hypotheses kept per sentence (mode "beam").
+      alpha: length penalty exponent, lp(Y) = ((5 + |Y|) / 6)^alpha; 0 turns it off (mode "beam").
+      max_extra_length: each output has at most (its source length + max_extra_length) tokens.
+      temperature: sampling temperature, > 0 (mode "sample").
+      top_k: sample among the k most likely tokens; 0 keeps all (mode "sample").
+      top_p: nucleus mass, in (0, 1]; 1 keeps all (mode "sample").
+      seed: random seed of sampling (mode "sample").
+      batch_size: sentences decoded together when translating a split or a file.
+    """
+
+    mode: DecodeMode = "beam"
+    beam_size: int = 4
+    alpha: float = 0.6
+    max_extra_length: int = 50
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+    batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        require(self.mode in MODES, f"decoding mode={self.mode!r} is not one of {list(MODES)}")
+        for name in ("beam_size", "max_extra_length", "batch_size"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+                    f"{name}={value!r} must be a positive integer")
+        require(isinstance(self.top_k, int) and self.top_k >= 0,
+                f"top_k={self.top_k!r} must be 0 (keep every token) or a positive integer")
+        require(is_python_number(self.alpha) and self.alpha >= 0,
+                f"alpha={self.alpha!r} must be >= 0 (0 turns the length penalty off)")
+        require(is_python_number(self.temperature) and self.temperature > 0,
+                f"temperature={self.temperature!r} must be positive (mode=greedy takes the most likely token)")
+        require(is_python_number(self.top_p) and 0 < self.top_p <= 1,
+                f"top_p={self.top_p!r} must be in (0, 1] (1 keeps every token)")
+
+    def replace(self, **changes: Any) -> DecodeOptions:
+        """A copy with some fields changed (None values are ignored; validated again)."""
+        unknown = set(changes) - {field.name for field in dataclasses.fields(self)}
+        require(not unknown, f"unknown decoding option(s) {sorted(unknown)}")
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def describe(self) -> str:
+        """How a translation is produced, in words, e.g. 'beam search (beam 4, alpha 0.6)'."""
+        if self.mode == "beam":
+            return f"beam search (beam {self.beam_size}, alpha {self.alpha})"
+        if self.mode == "greedy":
+            return "greedy decoding"
+        return (f"sampling (seed {self.seed}, temperature {self.temperature}, top-k {self.top_k}, "
+                f"top-p {self.top_p})")

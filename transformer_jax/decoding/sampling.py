@@ -1,0 +1,134 @@
+"""Greedy decoding and sampling (temperature, top-k, top-p): one token per sentence and step."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.decoding.cache import (
+    BOS_ID,
+    EOS_ID,
+    NEG_INF,
+    StepFn,
+    cached_step,
+    prefix_step,
+)
+from transformer_jax.decoding.lengths import output_lengths
+from transformer_jax.decoding.options import is_python_number, require
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.masks import PAD_ID
+
+ChooseFn = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def filter_logits(
+    logits_BxV: jax.Array, temperature: float | jax.Array, top_k: int = 0, top_p: float | jax.Array = 1.0
+) -> jax.Array:
+    """Logits / temperature, with -inf outside the top_k tokens (0 = all) and the top_p nucleus."""
+    logits_BxV = logits_BxV / temperature
+    if top_k > 0:
+        kth_Bx1 = jax.lax.top_k(logits_BxV, top_k)[0][:, -1:]
+        logits_BxV = jnp.where(logits_BxV < kth_Bx1, NEG_INF, logits_BxV)
+    sorted_BxV = -jnp.sort(-logits_BxV, axis=-1)
+    probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
+    # The nucleus is the shortest prefix of the sorted tokens whose mass reaches top_p.
+    kept_BxV = (jnp.cumsum(probs_BxV, axis=-1) - probs_BxV) < top_p
+    threshold_Bx1 = jnp.min(jnp.where(kept_BxV, sorted_BxV, jnp.inf), axis=-1, keepdims=True)
+    nucleus_BxV = jnp.where(logits_BxV < threshold_Bx1, NEG_INF, logits_BxV)
+    return jnp.where(top_p >= 1.0, logits_BxV, nucleus_BxV)
+
+
+def greedy_choice(log_probs_BxV: jax.Array, key: jax.Array) -> jax.Array:
+    """The most probable token of each row, [B] (the key is unused)."""
+    del key
+    return jnp.argmax(log_probs_BxV, axis=-1)
+
+
+def sampling_choice(
+    temperature: float | jax.Array = 1.0, top_k: int = 0, top_p: float | jax.Array = 1.0
+) -> ChooseFn:
+    """A choose_fn drawing each row's token from softmax(filter_logits(log_probs, ...))."""
+
+    def choose(log_probs_BxV: jax.Array, key: jax.Array) -> jax.Array:
+        return jax.random.categorical(key, filter_logits(log_probs_BxV, temperature, top_k, top_p))
+
+    return choose
+
+
+class _TokenState(NamedTuple):
+    step: jax.Array  # [] tokens generated so far
+    last_Bx1: jax.Array
+    tokens_BxL: jax.Array
+    finished_B: jax.Array
+    model_state: Any
+
+
+def token_loop(
+    step_fn: StepFn, state: Any, max_lengths_B: jax.Array, output_length: int, choose_fn: ChooseFn,
+    rng: jax.Array, *, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
+) -> tuple[jax.Array, jax.Array]:
+    """One token per sentence and step, picked by `choose_fn`; returns ([B, L] tokens, steps run)."""
+    batch = max_lengths_B.shape[0]
+
+    def body(carry: _TokenState) -> _TokenState:
+        log_probs_BxV, model_state = step_fn(carry.last_Bx1, carry.model_state)
+        token_B = choose_fn(log_probs_BxV, jax.random.fold_in(rng, carry.step)).astype(jnp.int32)
+        token_B = jnp.where(carry.finished_B, PAD_ID, token_B)
+        finished_B = carry.finished_B | (token_B == eos_id) | (carry.step + 1 >= max_lengths_B)
+        tokens_BxL = carry.tokens_BxL.at[:, carry.step].set(token_B)
+        return _TokenState(carry.step + 1, token_B[:, None], tokens_BxL, finished_B, model_state)
+
+    def cond(carry: _TokenState) -> jax.Array:
+        return (carry.step < output_length) & ~jnp.all(carry.finished_B)
+
+    init = _TokenState(
+        jnp.array(0, jnp.int32), jnp.full((batch, 1), bos_id, jnp.int32),
+        jnp.full((batch, output_length), PAD_ID, jnp.int32), jnp.zeros((batch,), bool), state,
+    )
+    final = jax.lax.while_loop(cond, body, init)
+    return final.tokens_BxL, final.step
+
+
+@functools.partial(
+    jax.jit, static_argnames=("config", "top_k", "greedy", "max_extra_length", "use_cache", "eos_id"))
+def _token_by_token(
+    params: Any, config: TransformerConfig, src_tokens: jax.Array, rng: jax.Array,
+    temperature: jax.Array, top_p: jax.Array, *, top_k: int, greedy: bool, max_extra_length: int,
+    use_cache: bool, eos_id: int,
+) -> jax.Array:
+    """Greedy or sampled [B, L] outputs (one hypothesis per sentence)."""
+    max_lengths_B, output_length = output_lengths(config, src_tokens, max_extra_length)
+    make_step = cached_step if use_cache else prefix_step
+    step_fn, state = make_step(params, config, src_tokens, 1, output_length)
+    choose = greedy_choice if greedy else sampling_choice(temperature, top_k, top_p)
+    return token_loop(step_fn, state, max_lengths_B, output_length, choose, rng, eos_id=eos_id)[0]
+
+
+def greedy_decode(
+    params: Any, config: TransformerConfig, src_tokens: jax.Array, *, max_extra_length: int = 50,
+    use_cache: bool = True, eos_id: int = EOS_ID,
+) -> jax.Array:
+    """[B, S] source ids -> [B, L] greedy output ids (L = min(S + max_extra_length, config.max_len))."""
+    require(max_extra_length >= 1, f"max_extra_length={max_extra_length} must be at least 1")
+    return _token_by_token(params, config, jnp.asarray(src_tokens, jnp.int32), jax.random.key(0),
+                           1.0, 1.0, top_k=0, greedy=True, max_extra_length=max_extra_length,
+                           use_cache=use_cache, eos_id=eos_id)
+
+
+def sample_decode(
+    params: Any, config: TransformerConfig, src_tokens: jax.Array, rng: jax.Array, *,
+    temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, max_extra_length: int = 50,
+    eos_id: int = EOS_ID,
+) -> jax.Array:
+    """[B, S] source ids -> [B, L] ids sampled from softmax(logits / temperature), top-k/top-p filtered."""
+    require(not is_python_number(temperature) or temperature > 0, f"temperature={temperature} must be positive (greedy_decode takes the argmax)")
+    require(0 <= top_k <= config.vocab_size,
+             f"top_k={top_k} must be in [0, vocab_size={config.vocab_size}] (0 keeps every token)")
+    require(not is_python_number(top_p) or 0 < top_p <= 1, f"top_p={top_p} must be in (0, 1] (1 keeps every token)")
+    require(max_extra_length >= 1, f"max_extra_length={max_extra_length} must be at least 1")
+    return _token_by_token(params, config, jnp.asarray(src_tokens, jnp.int32), rng, temperature, top_p,
+                           top_k=top_k, greedy=False, max_extra_length=max_extra_length, use_cache=True,
+                           eos_id=eos_id)

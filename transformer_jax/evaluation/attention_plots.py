@@ -1,0 +1,98 @@
+"""Figures of a saved run: attention maps of a sentence pair and the positional-encoding matrix."""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any
+
+import numpy as np
+
+from transformer_jax.data.tokenizer import BOS_ID, EOS_ID
+from transformer_jax.decoding.options import DecodeOptions
+from transformer_jax.decoding.translate import translate_batch
+from transformer_jax.evaluation.checkpoint_selection import Run
+from transformer_jax.evaluation.introspection import (
+    ATTENTION_KINDS,
+    attention_maps,
+    positional_encoding_matrix,
+)
+from transformer_jax.evaluation.plots import (
+    PLOTS_DIRNAME,
+    add_to_tensorboard,
+    attention_figure,
+    attention_title,
+    positional_encoding_figure,
+    save_png,
+)
+from transformer_jax.evaluation.translate_split import checkpoint_tag, fit_to_model
+from transformer_jax.model.masks import PAD_ID
+
+
+def decode_one(run: Run, params: Any, source_ids: np.ndarray, options: DecodeOptions) -> np.ndarray:
+    """The output ids for one source [S] by `options` (beam, greedy or sample), before EOS."""
+    output_ids = np.asarray(translate_batch(params, run.model_config, source_ids[None], options))[0]
+    # The output ends at EOS, or at the length limit followed by padding.
+    ends = np.flatnonzero((output_ids == EOS_ID) | (output_ids == PAD_ID))
+    return output_ids[: ends[0]] if len(ends) else output_ids
+
+
+def attention_pair(run: Run, params: Any, source: str, target: str | None,
+                   options: DecodeOptions) -> tuple[np.ndarray, np.ndarray, str]:
+    """Source ids [S] (with EOS), decoder input ids [T] (BOS + target) and where the target came from.
+
+    Without a given `target`, the model translates `source` with the decoding `options`.
+    """
+    max_len = run.model_config.max_len
+    source_ids = fit_to_model(np.array([run.tokenizer.encode(source) + [EOS_ID]], np.int32), max_len)[0]
+    if target is None:
+        target_ids = decode_one(run, params, source_ids, options)
+        origin = f"the model's translation by {options.describe()}"
+    else:
+        target_ids = np.array(run.tokenizer.encode(target), np.int32)
+        origin = "given by --plot_attention_target"
+    decoder_input_ids = np.concatenate([[BOS_ID], target_ids]).astype(np.int32)[:max_len]
+    return source_ids, decoder_input_ids, origin
+
+
+def plot_slug(text: str, words: int = 6) -> str:
+    """A file-name-safe short name for a sentence: its first words, lower-cased, joined by '_'."""
+    kept = re.findall(r"\w+", text.lower())[:words]
+    return "_".join(kept)[:60] or "empty"
+
+
+def plot_attention(run: Run, params: Any, steps: list[int], source: str, target: str | None,
+                   options: DecodeOptions) -> list[str]:
+    """Write one PNG per attention kind (layers x heads panels) for a sentence pair; returns their paths.
+
+    `params` are those of the checkpoint `steps` (several when averaged). Files:
+    `<workdir>/plots/attention.<sentence>.<checkpoint tag>.<kind>.png`; the same images go to
+    TensorBoard as `attention/<kind>` at the last of `steps`.
+    """
+    source_ids, decoder_input_ids, origin = attention_pair(run, params, source, target, options)
+    maps = attention_maps(run.model_config, params, source_ids, decoder_input_ids)
+    source_pieces = [run.tokenizer.piece(int(i)) for i in source_ids]
+    target_pieces = [run.tokenizer.piece(int(i)) for i in decoder_input_ids]
+    target_text = run.tokenizer.decode(decoder_input_ids)
+    axes = {"encoder_self_attention": (source_pieces, source_pieces),
+            "decoder_self_attention": (target_pieces, target_pieces),
+            "encoder_decoder_attention": (target_pieces, source_pieces)}
+    figures, paths, tag = {}, [], checkpoint_tag(steps)
+    for kind in ATTENTION_KINDS:
+        detail = (f"checkpoint {tag.replace('_', ' ')}; rows attend to columns\nsource: {source!r}\n"
+                  f"target: {target_text!r} ({origin})")
+        figure = attention_figure(maps[kind], *axes[kind], attention_title(kind, detail))
+        figures[f"attention/{kind}"] = figure
+        name = f"attention.{plot_slug(source)}.{tag}.{kind}.png"
+        paths.append(save_png(figure, os.path.join(run.workdir, PLOTS_DIRNAME, name)))
+    add_to_tensorboard(run.workdir, figures, steps[-1])
+    return paths
+
+
+def plot_positional_encoding(run: Run, params: Any, step: int) -> str:
+    """Write the positional-encoding matrix to `<workdir>/plots/positional_encoding.png` (and TensorBoard)."""
+    matrix = positional_encoding_matrix(run.model_config, params)
+    figure = positional_encoding_figure(matrix, run.model_config.positional_encoding)
+    path = save_png(figure, os.path.join(run.workdir, PLOTS_DIRNAME, "positional_encoding.png"))
+    add_to_tensorboard(run.workdir, {"positional_encoding": figure}, step)
+    return path

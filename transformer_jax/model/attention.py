@@ -1,0 +1,211 @@
+"""Scaled dot-product attention and multi-head attention (paper section 3.2), with a decoding cache.
+
+Shapes: B batch, T query length, S key/value length, H heads, K head dim (d_k = d_v).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.model.config import AttentionBackend
+from transformer_jax.model.dropout import Dropout
+from transformer_jax.model.masks import combine_masks
+
+# Masked logits are set to this large finite negative (not -inf) so no row can produce NaN.
+MASK_VALUE = float(jnp.finfo(jnp.float32).min)
+
+
+def attention_weights(
+    q_BxTxHxK: jax.Array, k_BxSxHxK: jax.Array, mask: jax.Array | None = None
+) -> jax.Array:
+    """softmax(QK^T / sqrt(d_k) + mask) as float32 [B, H, T, S]; fully masked rows are all zeros."""
+    q_BxTxHxK = q_BxTxHxK / jnp.sqrt(q_BxTxHxK.shape[-1]).astype(q_BxTxHxK.dtype)
+    logits_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK)
+    # The softmax runs in float32 even when the matmuls run in bfloat16.
+    logits_BxHxTxS = logits_BxHxTxS.astype(jnp.float32)
+    if mask is None:
+        return jax.nn.softmax(logits_BxHxTxS, axis=-1)
+    logits_BxHxTxS = jnp.where(mask, logits_BxHxTxS, MASK_VALUE)
+    weights_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1)
+    return jnp.where(jnp.any(mask, axis=-1, keepdims=True), weights_BxHxTxS, 0.0)
+
+
+def scaled_dot_product_attention(
+    q_BxTxHxK: jax.Array,
+    k_BxSxHxK: jax.Array,
+    v_BxSxHxK: jax.Array,
+    mask: jax.Array | None = None,
+    *,
+    backend: AttentionBackend = "einsum",
+) -> jax.Array:
+    """Attention(Q, K, V) = softmax(QK^T / sqrt(d_k)) V per head, [B, T, H, K].
+
+    `mask` is boolean, broadcastable to [B, H, T, S], True where attending is allowed. A query whose
+    keys are all masked gets a zero output. The backends agree to float tolerance; see
+    `AttentionBackend`. For attention dropout or the weights themselves, use `attention_weights`.
+    """
+    if backend == "einsum":
+        weights_BxHxTxS = attention_weights(q_BxTxHxK, k_BxSxHxK, mask)
+        return jnp.einsum("bhts,bshk->bthk", weights_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
+    implementation = "cudnn" if backend == "cudnn" else None
+    out_BxTxHxK = jax.nn.dot_product_attention(
+        q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask=mask, implementation=implementation
+    )
+    if mask is None:
+        return out_BxTxHxK
+    # [B|1, H|1, T, S] -> [B|1, T, 1, 1]: zero the outputs of fully masked queries.
+    has_key_BxT = jnp.any(mask, axis=-1).any(axis=1)
+    return jnp.where(has_key_BxT[:, :, None, None], out_BxTxHxK, 0.0).astype(out_BxTxHxK.dtype)
+
+
+def fold_beams_into_queries(
+    q_BNxTxHxK: jax.Array, mask: jax.Array | None, batch: int
+) -> tuple[jax.Array, jax.Array | None]:
+    """[B*N, T, H, K] queries (and their mask) -> [B, N*T, H, K], so N beams attend to [B, S] keys.
+
+    Query n*T + t of sentence b is beam n, position t. With N = 1 both are returned unchanged.
+    """
+    batch_beams, length, heads, head_dim = q_BNxTxHxK.shape
+    if batch_beams == batch:
+        return q_BNxTxHxK, mask
+    if batch_beams % batch:
+        raise ValueError(f"query batch {batch_beams} is not a multiple of the key batch {batch}")
+    beams = batch_beams // batch
+    q_BxNTxHxK = q_BNxTxHxK.reshape(batch, beams * length, heads, head_dim)
+    if mask is None:
+        return q_BxNTxHxK, None
+    mask_heads, kv_len = mask.shape[1], mask.shape[-1]
+    mask = jnp.broadcast_to(mask, (batch_beams, mask_heads, length, kv_len))
+    # [B*N, H|1, T, S] -> [B, N, H|1, T, S] -> [B, H|1, N, T, S] -> [B, H|1, N*T, S].
+    mask = mask.reshape(batch, beams, mask_heads, length, kv_len).transpose(0, 2, 1, 3, 4)
+    return q_BxNTxHxK, mask.reshape(batch, mask_heads, beams * length, kv_len)
+
+
+class MultiHeadAttention(nn.Module):
+    """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
+
+    Each of W^Q, W^K, W^V is one [d_model, h * d_k] projection (stored as [d_model, h, d_k]), so all
+    heads are computed by one matmul. Called with `inputs_kv=None` it is self-attention; with
+    `inputs_kv` it is encoder-decoder (cross) attention.
+
+    With `decode=True` it keeps a 'cache' collection for incremental decoding:
+      * self-attention appends the new position's key/value to a [B, max_len, H, K] cache each step;
+        the cache length is the query length of the call that creates it;
+      * cross-attention projects the encoder output to keys/values once, when the cache is created,
+        and reuses them at every later step. Queries may carry N hypotheses (beams) per sentence,
+        [B*N, T, ...] against [B, S, ...] encoder keys/values: the beams then share one copy of them.
+    """
+
+    num_heads: int
+    d_model: int
+    attention_dropout_rate: float = 0.0
+    backend: AttentionBackend = "einsum"
+    decode: bool = False
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    def _projection(self, name: str, use_bias: bool = True) -> nn.DenseGeneral:
+        head_dim = self.d_model // self.num_heads
+        return nn.DenseGeneral(
+            features=(self.num_heads, head_dim),
+            use_bias=use_bias,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=nn.with_logical_partitioning(
+                nn.initializers.xavier_uniform(), ("embed", "heads", "kv")
+            ),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("heads", "kv")),
+            name=name,
+        )
+
+    @nn.compact
+    def __call__(
+        self,
+        inputs_q: jax.Array,
+        inputs_kv: jax.Array | None = None,
+        mask: jax.Array | None = None,
+        *,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        """[B, T, d_model] queries (and [B, S, d_model] keys/values) -> [B, T, d_model]."""
+        is_cross = inputs_kv is not None
+        q_BxTxHxK = self._projection("query")(inputs_q)
+        # No key bias: it adds the same q.b to every logit of a query, which the softmax cancels,
+        # so it would be a parameter with an identically zero gradient.
+        key_proj, value_proj = self._projection("key", use_bias=False), self._projection("value")
+        if self.decode and is_cross:
+            k_BxSxHxK, v_BxSxHxK = self._cross_kv(key_proj, value_proj, inputs_kv)
+            q_BxTxHxK, mask = fold_beams_into_queries(q_BxTxHxK, mask, k_BxSxHxK.shape[0])
+        else:
+            source = inputs_kv if is_cross else inputs_q
+            k_BxSxHxK, v_BxSxHxK = key_proj(source), value_proj(source)
+            if self.decode:
+                k_BxSxHxK, v_BxSxHxK, mask = self._append_to_cache(k_BxSxHxK, v_BxSxHxK, mask)
+
+        dropout_active = self.attention_dropout_rate > 0.0 and not deterministic
+        if dropout_active or self.backend == "einsum":
+            weights_BxHxTxS = attention_weights(q_BxTxHxK, k_BxSxHxK, mask)
+            self.sow("intermediates", "attention_weights", weights_BxHxTxS)
+            if dropout_active:
+                weights_BxHxTxS = Dropout(self.attention_dropout_rate)(
+                    weights_BxHxTxS, deterministic=False
+                )
+            out_BxTxHxK = jnp.einsum(
+                "bhts,bshk->bthk", weights_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK
+            )
+        else:
+            out_BxTxHxK = scaled_dot_product_attention(
+                q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, backend=self.backend
+            )
+        # Undo any beam folding ([B, N*T, H, K] -> [B*N, T, H, K]; otherwise a no-op).
+        out_BxTxHxK = out_BxTxHxK.reshape(inputs_q.shape[:2] + out_BxTxHxK.shape[2:])
+        # Concatenate the heads and project back: [B, T, H, K] -> [B, T, d_model].
+        return nn.DenseGeneral(
+            features=self.d_model,
+            axis=(-2, -1),
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=nn.with_logical_partitioning(
+                nn.initializers.xavier_uniform(), ("heads", "kv", "embed")
+            ),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+            name="out",
+        )(out_BxTxHxK)
+
+    def _cross_kv(
+        self, key_proj: nn.Module, value_proj: nn.Module, inputs_kv: jax.Array
+    ) -> tuple[jax.Array, jax.Array]:
+        """Encoder keys/values from the cache; projected (once) when the cache is created."""
+        if self.has_variable("cache", "cross_key"):
+            return self.get_variable("cache", "cross_key"), self.get_variable("cache", "cross_value")
+        k_BxSxHxK, v_BxSxHxK = key_proj(inputs_kv), value_proj(inputs_kv)
+        self.put_variable("cache", "cross_key", k_BxSxHxK)
+        self.put_variable("cache", "cross_value", v_BxSxHxK)
+        return k_BxSxHxK, v_BxSxHxK
+
+    def _append_to_cache(
+        self, k_BxTxHxK: jax.Array, v_BxTxHxK: jax.Array, mask: jax.Array | None
+    ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+        """Write this step's key/value at the cache index; attend to positions written so far.
+
+        The call that creates the cache passes the whole (dummy) target, which sets the cache length.
+        """
+        is_initialized = self.has_variable("cache", "cached_key")
+        cached_key = self.variable("cache", "cached_key", jnp.zeros, k_BxTxHxK.shape, k_BxTxHxK.dtype)
+        cached_value = self.variable("cache", "cached_value", jnp.zeros, v_BxTxHxK.shape, v_BxTxHxK.dtype)
+        cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+        if not is_initialized:
+            return k_BxTxHxK, v_BxTxHxK, mask
+        if k_BxTxHxK.shape[1] != 1:
+            raise ValueError(f"decoding feeds one position per step, got {k_BxTxHxK.shape[1]}")
+        index = cache_index.value
+        k_BxLxHxK = jax.lax.dynamic_update_slice_in_dim(cached_key.value, k_BxTxHxK, index, axis=1)
+        v_BxLxHxK = jax.lax.dynamic_update_slice_in_dim(cached_value.value, v_BxTxHxK, index, axis=1)
+        cached_key.value, cached_value.value = k_BxLxHxK, v_BxLxHxK
+        cache_index.value = index + 1
+        written_1x1x1xL = (jnp.arange(k_BxLxHxK.shape[1]) <= index)[None, None, None, :]
+        return k_BxLxHxK, v_BxLxHxK, combine_masks(mask, written_1x1x1xL)

@@ -1,0 +1,153 @@
+"""TransformerConfig: the model's hyperparameters, with the paper's presets."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import jax.numpy as jnp
+
+from transformer_jax.errors import ConfigError
+
+NormPosition = Literal["post", "pre"]
+PositionalEncodingKind = Literal["sinusoidal", "learned"]
+# "einsum": softmax(QK^T/sqrt(d_k) + mask)V written out, compiled by XLA (runs everywhere, supports
+# attention dropout). "fused": jax.nn.dot_product_attention, which picks cuDNN flash attention on GPUs
+# where it applies. "cudnn": jax.nn.dot_product_attention forced onto cuDNN (GPU only).
+AttentionBackend = Literal["einsum", "fused", "cudnn"]
+# What each layer keeps for the backward pass. "none": everything XLA wants; "full": only the layer's
+# input (the layer is recomputed in the backward pass); "dots": the outputs of matmuls without batch
+# dimensions (the projections), recomputing the rest (attention weights, activations, norms).
+RematPolicy = Literal["none", "full", "dots"]
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformerConfig:
+    """Hyperparameters of the encoder-decoder Transformer (defaults: the paper's base model).
+
+    Attributes:
+      vocab_size: size of the joint source/target vocabulary (token id 0 is padding).
+      num_layers: N, the number of layers in each of the encoder and decoder stacks.
+      d_model: width of every sublayer output and of the embeddings.
+      d_ff: inner width of the position-wise feed-forward networks.
+      num_heads: h; each head has d_k = d_v = d_model / h.
+      dropout_rate: P_drop, applied to each sublayer output and to embeddings + positions.
+      attention_dropout_rate: dropout on attention weights (not in the paper; 0 by default).
+      max_len: longest sequence the model accepts (learned positions and the decoding cache).
+      norm_position: "post" = LayerNorm(x + Dropout(Sublayer(x))) as in the paper; "pre" =
+        x + Dropout(Sublayer(LayerNorm(x))) with a final LayerNorm after each stack.
+      positional_encoding: "sinusoidal" (the paper) or "learned".
+      share_embeddings: one embedding table for source and target tokens (paper section 3.4).
+      tie_output_embedding: the pre-softmax projection is the target embedding table, transposed.
+      attention_backend: "einsum" (softmax(QK^T/sqrt(d_k))V written out; runs everywhere, allows
+        attention dropout, exposes the weights), "fused" (jax.nn.dot_product_attention: cuDNN flash
+        attention on GPUs where it applies, XLA elsewhere) or "cudnn" (forced cuDNN; GPU only).
+      dtype: compute dtype ("float32" or "bfloat16"); softmax and logits stay float32.
+      param_dtype: dtype parameters are stored in.
+      layer_norm_epsilon: epsilon of every LayerNorm.
+      scan_layers: run each stack as one `nn.scan` over its N layers: compile time no longer grows
+        with N; parameters are stacked with a leading layer axis (checkpoints of scanned and
+        unscanned models are not interchangeable).
+      remat: what each layer keeps for the backward pass, trading compute for activation memory:
+        "none" (everything), "full" (only its input; the layer is recomputed), "dots" (projection
+        outputs; attention weights, activations and norms are recomputed).
+    """
+
+    vocab_size: int = 37000
+    num_layers: int = 6
+    d_model: int = 512
+    d_ff: int = 2048
+    num_heads: int = 8
+    dropout_rate: float = 0.1
+    attention_dropout_rate: float = 0.0
+    max_len: int = 512
+    norm_position: NormPosition = "post"
+    positional_encoding: PositionalEncodingKind = "sinusoidal"
+    share_embeddings: bool = True
+    tie_output_embedding: bool = True
+    attention_backend: AttentionBackend = "einsum"
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    layer_norm_epsilon: float = 1e-6
+    scan_layers: bool = False
+    remat: RematPolicy = "none"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads", "max_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"{name}={value!r} must be a positive integer")
+        if self.d_model % self.num_heads:
+            raise ConfigError(
+                f"d_model={self.d_model} is not divisible by num_heads={self.num_heads}; "
+                "choose num_heads that divides d_model (d_k = d_model / num_heads)"
+            )
+        for name in ("dropout_rate", "attention_dropout_rate"):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ConfigError(f"{name}={value!r} must be in [0, 1)")
+        _check_choice("norm_position", self.norm_position, ("post", "pre"))
+        _check_choice("positional_encoding", self.positional_encoding, ("sinusoidal", "learned"))
+        _check_choice("attention_backend", self.attention_backend, ("einsum", "fused", "cudnn"))
+        _check_choice("remat", self.remat, ("none", "full", "dots"))
+        _check_choice("dtype", self.dtype, tuple(_DTYPES))
+        _check_choice("param_dtype", self.param_dtype, tuple(_DTYPES))
+        if self.attention_backend != "einsum" and self.attention_dropout_rate > 0:
+            raise ConfigError(
+                f"attention_backend={self.attention_backend!r} cannot apply attention dropout; "
+                "set attention_dropout_rate=0 or attention_backend='einsum'"
+            )
+        if self.layer_norm_epsilon <= 0:
+            raise ConfigError(f"layer_norm_epsilon={self.layer_norm_epsilon!r} must be positive")
+
+    @property
+    def head_dim(self) -> int:
+        """d_k = d_v = d_model / h."""
+        return self.d_model // self.num_heads
+
+    @property
+    def compute_dtype(self) -> Any:
+        """The jnp dtype activations are computed in."""
+        return _DTYPES[self.dtype]
+
+    @property
+    def params_dtype(self) -> Any:
+        """The jnp dtype parameters are stored in."""
+        return _DTYPES[self.param_dtype]
+
+    def replace(self, **changes: Any) -> "TransformerConfig":
+        """A copy with some fields changed (validated again)."""
+        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
+        if unknown:
+            raise ConfigError(
+                f"unknown TransformerConfig key(s) {sorted(unknown)}; "
+                f"valid keys: {sorted(f.name for f in dataclasses.fields(self))}"
+            )
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> "TransformerConfig":
+        """One of PRESETS ("base", "big", "tiny"), with optional field overrides."""
+        if name not in PRESETS:
+            raise ConfigError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
+        return PRESETS[name].replace(**overrides)
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{name}={value!r} is not one of {list(choices)}")
+
+
+PRESETS: dict[str, TransformerConfig] = {
+    # Table 3 of the paper, row "base": N=6, d_model=512, d_ff=2048, h=8, P_drop=0.1.
+    "base": TransformerConfig(),
+    # Row "big": d_model=1024, d_ff=4096, h=16, P_drop=0.3.
+    "big": TransformerConfig(d_model=1024, d_ff=4096, num_heads=16, dropout_rate=0.3),
+    # Small enough to train in minutes on two CPU cores; used by tests and the demo.
+    "tiny": TransformerConfig(
+        vocab_size=1000, num_layers=2, d_model=64, d_ff=256, num_heads=4, max_len=128
+    ),
+}

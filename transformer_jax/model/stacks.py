@@ -1,0 +1,226 @@
+"""The encoder and decoder stacks (paper section 3.1, figure 1): embeddings, positions and N layers each."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.dropout import Dropout
+from transformer_jax.model.embeddings import OutputProjection, TokenEmbedding
+from transformer_jax.model.layers import DecoderLayer, EncoderLayer, layer_norm
+from transformer_jax.model.masks import (
+    causal_mask,
+    combine_masks,
+    padding_mask,
+    segment_mask,
+)
+from transformer_jax.model.positional_encoding import PositionalEncoding
+
+
+def token_embedding(config: TransformerConfig, name: str) -> TokenEmbedding:
+    """A TokenEmbedding configured from `config`."""
+    return TokenEmbedding(
+        vocab_size=config.vocab_size,
+        d_model=config.d_model,
+        dtype=config.compute_dtype,
+        param_dtype=config.params_dtype,
+        name=name,
+    )
+
+
+def default_positions(tokens: jax.Array) -> jax.Array:
+    """[B, T] positions 0..T-1 for unpacked rows."""
+    return jnp.broadcast_to(jnp.arange(tokens.shape[-1], dtype=jnp.int32), tokens.shape)
+
+
+def _segment_mask_or_none(q_segments: jax.Array | None, kv_segments: jax.Array | None) -> jax.Array | None:
+    if q_segments is None or kv_segments is None:
+        return None
+    return segment_mask(q_segments, kv_segments)
+
+
+class _ScannedEncoderLayer(EncoderLayer):
+    """An EncoderLayer with the (carry, output) signature `nn.scan` needs."""
+
+    def __call__(self, x_BxSxD, mask, deterministic=True):  # type: ignore[override]
+        return super().__call__(x_BxSxD, mask, deterministic), None
+
+
+class _ScannedDecoderLayer(DecoderLayer):
+    """A DecoderLayer with the (carry, output) signature `nn.scan` needs."""
+
+    def __call__(self, y_BxTxD, encoded_BxSxD, self_mask, cross_mask, deterministic=True):  # type: ignore[override]
+        return super().__call__(y_BxTxD, encoded_BxSxD, self_mask, cross_mask, deterministic), None
+
+
+_SCAN_ADAPTERS: dict[type[nn.Module], type[nn.Module]] = {
+    EncoderLayer: _ScannedEncoderLayer, DecoderLayer: _ScannedDecoderLayer,
+}
+
+
+_REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
+
+
+def layer_stack(config: TransformerConfig, layer: type[nn.Module], num_args: int, **kwargs) -> list[nn.Module] | nn.Module:
+    """The N layers of a stack, rematerialized and/or scanned as `config` asks.
+
+    `num_args` is the number of arguments after the carried activations (the last is
+    `deterministic`, kept static). Returns a list of N layers, or one scanned module when
+    `config.scan_layers` (then called once; its leading parameter axis is the layer, named `layers`).
+    """
+    if config.scan_layers:
+        layer = _SCAN_ADAPTERS[layer]
+    if config.remat != "none":
+        # Argument numbers count the module itself as 0 and the carried activations as 1.
+        layer = nn.remat(layer, policy=_REMAT_POLICIES[config.remat], prevent_cse=not config.scan_layers,
+                         static_argnums=(num_args + 1,))
+    if not config.scan_layers:
+        return [layer(config, name=f"layer_{i}", **kwargs) for i in range(config.num_layers)]
+    scanned = nn.scan(
+        layer,
+        variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+        split_rngs={"params": True, "dropout": True},
+        in_axes=(nn.broadcast,) * num_args,
+        length=config.num_layers,
+        metadata_params={nn.PARTITION_NAME: "layers"},
+    )
+    return scanned(config, name="layers", **kwargs)
+
+
+def run_stack(stack: list[nn.Module] | nn.Module, x: jax.Array, *args) -> jax.Array:
+    """Apply the layers from `layer_stack` in order to `x` (other arguments shared by every layer)."""
+    if isinstance(stack, list):
+        for layer in stack:
+            x = layer(x, *args)
+        return x
+    return stack(x, *args)[0]
+
+
+def scanned_layout(params: Any) -> Any:
+    """Parameters of an unscanned model (`layer_0`..`layer_{N-1}`) in the scan_layers=True layout.
+
+    Works on plain (unboxed) arrays; logical-axis boxes are dropped.
+    """
+    params = nn.meta.unbox(params)
+    if not isinstance(params, Mapping):
+        return params
+    names = sorted((k for k in params if k.startswith("layer_")), key=lambda k: int(k.split("_")[1]))
+    out = {k: scanned_layout(v) for k, v in params.items() if k not in names}
+    if names:
+        out["layers"] = jax.tree.map(lambda *xs: jnp.stack(xs), *(params[k] for k in names))
+    return out
+
+
+def unscanned_layout(params: Any) -> Any:
+    """Parameters of a scan_layers=True model in the per-layer (`layer_i`) layout (unboxed)."""
+    params = nn.meta.unbox(params)
+    if not isinstance(params, Mapping):
+        return params
+    out = {k: unscanned_layout(v) for k, v in params.items() if k != "layers"}
+    if "layers" in params:
+        num_layers = jax.tree.leaves(params["layers"])[0].shape[0]
+        for i in range(num_layers):
+            out[f"layer_{i}"] = jax.tree.map(lambda x: x[i], params["layers"])
+    return out
+
+
+class Encoder(nn.Module):
+    """Embedding + positions, dropout, N encoder layers (and a final LayerNorm when pre-LN).
+
+    `shared_embedding` lets a parent share one TokenEmbedding with the decoder; without it the
+    encoder owns its table.
+    """
+
+    config: TransformerConfig
+    shared_embedding: TokenEmbedding | None = None
+
+    @nn.compact
+    def __call__(
+        self,
+        src_tokens: jax.Array,
+        src_positions: jax.Array | None = None,
+        src_segments: jax.Array | None = None,
+        *,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        """[B, S] source ids (0 = padding) -> [B, S, d_model] encoder output."""
+        cfg = self.config
+        embed = self.shared_embedding if self.shared_embedding is not None else token_embedding(cfg, "embedding")
+        positions = default_positions(src_tokens) if src_positions is None else src_positions
+        x_BxSxD = embed(src_tokens) + PositionalEncoding(
+            cfg.d_model, cfg.max_len, cfg.positional_encoding, cfg.compute_dtype,
+            cfg.params_dtype, name="positional_encoding",
+        )(positions)
+        x_BxSxD = Dropout(cfg.dropout_rate)(x_BxSxD, deterministic=deterministic)
+        mask = combine_masks(
+            padding_mask(src_tokens, src_tokens), _segment_mask_or_none(src_segments, src_segments)
+        )
+        x_BxSxD = run_stack(layer_stack(cfg, EncoderLayer, 2), x_BxSxD, mask, deterministic)
+        if cfg.norm_position == "pre":
+            x_BxSxD = layer_norm(cfg, "final_norm")(x_BxSxD)
+        return x_BxSxD
+
+
+class Decoder(nn.Module):
+    """Embedding + positions, dropout, N decoder layers, (final LayerNorm,) pre-softmax projection.
+
+    With `decode=True` it runs one target position per call against a 'cache' collection; the
+    call that creates the cache (given the whole, possibly dummy, target) fixes its length.
+    """
+
+    config: TransformerConfig
+    shared_embedding: TokenEmbedding | None = None
+    decode: bool = False
+
+    @nn.compact
+    def __call__(
+        self,
+        encoded_BxSxD: jax.Array,
+        src_tokens: jax.Array,
+        tgt_in: jax.Array,
+        tgt_positions: jax.Array | None = None,
+        src_segments: jax.Array | None = None,
+        tgt_segments: jax.Array | None = None,
+        *,
+        deterministic: bool = True,
+    ) -> jax.Array:
+        """[B, T] shifted-right target ids -> [B, T, vocab] float32 logits."""
+        cfg = self.config
+        embed = self.shared_embedding if self.shared_embedding is not None else token_embedding(cfg, "embedding")
+        stepping = self.decode and self.has_variable("cache", "position")
+        if self.decode:
+            position = self.variable("cache", "position", lambda: jnp.array(0, jnp.int32))
+            if stepping and tgt_positions is None:
+                tgt_positions = jnp.broadcast_to(position.value, tgt_in.shape)
+            if stepping:
+                position.value = position.value + tgt_in.shape[1]
+        positions = default_positions(tgt_in) if tgt_positions is None else tgt_positions
+        y_BxTxD = embed(tgt_in) + PositionalEncoding(
+            cfg.d_model, cfg.max_len, cfg.positional_encoding, cfg.compute_dtype,
+            cfg.params_dtype, name="positional_encoding",
+        )(positions)
+        y_BxTxD = Dropout(cfg.dropout_rate)(y_BxTxD, deterministic=deterministic)
+
+        # While stepping, the self-attention cache itself hides positions not yet written.
+        self_mask = None if stepping else combine_masks(
+            padding_mask(tgt_in, tgt_in),
+            causal_mask(tgt_in.shape[1]),
+            _segment_mask_or_none(tgt_segments, tgt_segments),
+        )
+        cross_mask = combine_masks(
+            padding_mask(tgt_in, src_tokens), _segment_mask_or_none(tgt_segments, src_segments)
+        )
+        layers = layer_stack(cfg, DecoderLayer, 4, decode=self.decode)
+        y_BxTxD = run_stack(layers, y_BxTxD, encoded_BxSxD, self_mask, cross_mask, deterministic)
+        if cfg.norm_position == "pre":
+            y_BxTxD = layer_norm(cfg, "final_norm")(y_BxTxD)
+        if cfg.tie_output_embedding:
+            return embed.attend(y_BxTxD)
+        return OutputProjection(
+            cfg.vocab_size, cfg.compute_dtype, cfg.params_dtype, name="output_projection"
+        )(y_BxTxD)

@@ -1,0 +1,19 @@
+"""Training: the paper's loss and optimizer, the train state and step, the loop and its checkpoints.
+
+`loss` (label smoothing, section 5.4) -> `optimizer` (the warm-up schedule and Adam, section 5.3) ->
+`state` (TrainState) -> `step` (one update, gradient accumulation, eval sums) -> `checkpoints`
+(Orbax save/restore) and `checkpoint_integrity` (checksums, damaged checkpoints) -> `metrics_log`,
+`preemption` -> `loop` (Trainer: the loop that ties them together).
+"""
+
+from transformer_jax.training.checkpoints import Checkpointer
+from transformer_jax.training.loop import Trainer
+from transformer_jax.training.loss import label_smoothed_cross_entropy
+from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer
+from transformer_jax.training.state import TrainState, create_train_state
+from transformer_jax.training.step import eval_step, train_step
+
+__all__ = [
+    "Checkpointer", "TrainState", "Trainer", "create_train_state", "eval_step", "label_smoothed_cross_entropy",
+    "paper_learning_rate", "paper_optimizer", "train_step",
+]

@@ -1,0 +1,120 @@
+"""The jitted steps: one optimizer update (with gradient accumulation) and the summed dev-set metrics of a batch."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from transformer_jax.model.masks import PAD_ID
+from transformer_jax.training.loss import label_smoothed_cross_entropy
+from transformer_jax.training.state import TrainState
+
+Batch = dict[str, jax.Array]
+
+
+Metrics = dict[str, jax.Array]
+
+
+def _model_inputs(batch: Batch) -> dict[str, jax.Array | None]:
+    return dict(
+        src_positions=batch.get("inputs_position"),
+        tgt_positions=batch.get("targets_position"),
+        src_segments=batch.get("inputs_segmentation"),
+        tgt_segments=batch.get("targets_segmentation"),
+    )
+
+
+def loss_sums(
+    params: Any, apply_fn: Callable, batch: Batch, smoothing: float, dropout_key: jax.Array | None
+) -> tuple[jax.Array, Metrics]:
+    """Summed label-smoothed loss over non-pad target tokens, and summed metrics (not yet averaged)."""
+    deterministic = dropout_key is None
+    rngs = None if deterministic else {"dropout": dropout_key}
+    logits_BxTxV = apply_fn(
+        {"params": params}, batch["inputs"], batch["target_inputs"], **_model_inputs(batch),
+        deterministic=deterministic, rngs=rngs,
+    )
+    loss_BxT, nll_BxT = label_smoothed_cross_entropy(logits_BxTxV, batch["targets"], smoothing)
+    weights_BxT = (batch["targets"] != PAD_ID).astype(jnp.float32)
+    # "Correct" = the reference has the highest logit (ties count as correct). A max is one vectorized
+    # pass over the logits; XLA's argmax (a variadic reduce) is several times slower on CPU.
+    logits_BxTxV = jax.lax.stop_gradient(logits_BxTxV)
+    reference_BxT = jnp.take_along_axis(logits_BxTxV, batch["targets"][..., None], -1)[..., 0]
+    correct_BxT = (reference_BxT >= logits_BxTxV.max(-1)).astype(jnp.float32)
+    sums = {
+        "loss": (loss_BxT * weights_BxT).sum(),
+        "nll": (nll_BxT * weights_BxT).sum(),
+        "correct": (correct_BxT * weights_BxT).sum(),
+        "tokens": weights_BxT.sum(),
+    }
+    return sums["loss"], sums
+
+
+def step_dropout_key(state: TrainState) -> jax.Array:
+    """The dropout key of this step: derived from the seed and the step, so reruns repeat exactly."""
+    return jax.random.fold_in(jax.random.wrap_key_data(state.dropout_key), state.step)
+
+
+def compute_gradients(
+    state: TrainState, batch: Batch, smoothing: float, micro_step: int | jax.Array = 0
+) -> tuple[Any, Metrics]:
+    """Gradients of the summed loss of one (micro-)batch, and its summed metrics."""
+    dropout_key = jax.random.fold_in(step_dropout_key(state), micro_step)
+    grad_fn = jax.grad(loss_sums, has_aux=True)
+    return grad_fn(state.params, state.apply_fn, batch, smoothing, dropout_key)
+
+
+def apply_gradients(state: TrainState, grad_sums: Any, sums: Metrics) -> tuple[TrainState, Metrics]:
+    """Normalize summed gradients by the batch's non-pad target tokens and take one Adam step.
+
+    A non-finite loss or gradient skips the update (parameters and optimizer state unchanged) and
+    counts it in `skipped_updates`. The decision is taken before the update, under `lax.cond`, so a
+    normal step updates the (donated) parameters and Adam moments in place: no second copy of the
+    state, no extra pass over it. (Adam's step is bounded by about the learning rate per element, so
+    finite gradients and a finite learning rate give finite parameters.)
+    """
+    tokens = jnp.maximum(sums["tokens"], 1.0)
+    grad_norm = optax.tree.norm(grad_sums) / tokens
+    finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss"])
+
+    def update(state: TrainState) -> TrainState:
+        return state.apply_gradients(grads=jax.tree.map(lambda g: g / tokens, grad_sums))
+
+    # Optax's count (and so the schedule) advances only on applied updates.
+    new_state = jax.lax.cond(finite, update, lambda s: s.replace(step=s.step + 1), state)
+    skipped = 1 - finite.astype(jnp.int32)
+    consecutive = (state.consecutive_skipped + skipped) * skipped
+    new_state = new_state.replace(
+        skipped_updates=state.skipped_updates + skipped,
+        consecutive_skipped=consecutive,
+        longest_skip_streak=jnp.maximum(state.longest_skip_streak, consecutive),
+    )
+    metrics = {
+        "loss": sums["loss"] / tokens,
+        "nll": sums["nll"] / tokens,
+        "accuracy": sums["correct"] / tokens,
+        "tokens": sums["tokens"],
+        "grad_norm": grad_norm,
+        "update_skipped": skipped,
+    }
+    return new_state, metrics
+
+
+def train_step(state: TrainState, batch: Batch, smoothing: float) -> tuple[TrainState, Metrics]:
+    """One optimizer update on one batch (jit this with `donate_argnums=0`)."""
+    grad_sums, sums = compute_gradients(state, batch, smoothing)
+    return apply_gradients(state, grad_sums, sums)
+
+
+def eval_step(params: Any, apply_fn: Callable, batch: Batch, smoothing: float) -> Metrics:
+    """Summed loss, NLL, correct-token and token counts of one batch, without dropout."""
+    _, sums = loss_sums(params, apply_fn, batch, smoothing, None)
+    return sums
+
+
+def add_trees(a: Any, b: Any) -> Any:
+    """Elementwise a + b over matching pytrees (gradient accumulation)."""
+    return jax.tree.map(jnp.add, a, b)
