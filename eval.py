@@ -8,29 +8,12 @@
   python eval.py --workdir=DIR --plot_positional_encoding --plot_curves   # PNGs under DIR/plots/
 """
 
-import os
-import sys
-
 from absl import app, flags
 
 from transformer_jax.decoding.options import DecodeOptions
-from transformer_jax.errors import ConfigError, DataError
-from transformer_jax.evaluation.attention_plots import (
-    plot_attention,
-    plot_positional_encoding,
-)
-from transformer_jax.evaluation.checkpoint_selection import (
-    checkpoint_params,
-    open_run,
-    select_steps,
-    write_params,
-)
-from transformer_jax.evaluation.plots import plot_learning_curves
-from transformer_jax.evaluation.translate_split import (
-    evaluate_checkpoint,
-    format_results,
-    translate_lines,
-)
+from transformer_jax.evaluation.attention_plots import write_figures
+from transformer_jax.evaluation.checkpoint_selection import checkpoint_params, open_run, select_steps, write_params
+from transformer_jax.evaluation.translate_split import evaluate_checkpoint, format_results, translate_file
 from transformer_jax.run.cli import parse_flags, user_errors
 from transformer_jax.run.config_schema import decode_options
 
@@ -65,55 +48,28 @@ def decoding_options(run_config) -> DecodeOptions:
         batch_size=_BATCH.value)
 
 
-def translate_text(run, options: DecodeOptions) -> None:
-    """Print the translation of each line of --translate (a file, or standard input with '-')."""
-    if _TRANSLATE.value != "-" and not os.path.isfile(_TRANSLATE.value):
-        raise DataError(f"--translate file {_TRANSLATE.value} does not exist; pass a text file or -")
-    params = checkpoint_params(run, select_steps(run.checkpointer, _CHECKPOINT.value, run.config.eval.average_last))
-    interactive = _TRANSLATE.value == "-"
-    source = sys.stdin if interactive else open(_TRANSLATE.value, encoding="utf-8")
-    for translation in translate_lines(run, params, source, options.replace(batch_size=1) if interactive else options):
-        print(translation, flush=True)
-
-
-def make_plots() -> None:
-    """Write the figures the --plot_* flags ask for under <workdir>/plots/ and print their paths."""
-    if _ATTENTION_TARGET.value is not None and _ATTENTION.value is None:
-        raise ConfigError("--plot_attention_target needs --plot_attention=SOURCE_SENTENCE")
-    paths = [plot_learning_curves(_WORKDIR.value)] if _CURVES.value else []
-    if _ATTENTION.value is not None or _POSITIONS.value:
-        run = open_run(_WORKDIR.value)
-        try:
-            steps = select_steps(run.checkpointer, _CHECKPOINT.value, run.config.eval.average_last)
-            params = checkpoint_params(run, steps)
-            if _ATTENTION.value is not None:
-                paths += plot_attention(run, params, steps, _ATTENTION.value, _ATTENTION_TARGET.value,
-                                        decoding_options(run.config))
-            if _POSITIONS.value:
-                paths.append(plot_positional_encoding(run, params, steps[-1]))
-        finally:
-            run.checkpointer.close()
-    for path in paths:
-        print(f"wrote {path}")
-
-
 def main(argv: list[str]) -> None:
     del argv
     with user_errors():
         if _CURVES.value or _POSITIONS.value or {_ATTENTION.value, _ATTENTION_TARGET.value} != {None}:
-            make_plots()
+            for path in write_figures(_WORKDIR.value, _CHECKPOINT.value, decoding_options, attention=_ATTENTION.value,
+                                      attention_target=_ATTENTION_TARGET.value,
+                                      positional_encoding=_POSITIONS.value, curves=_CURVES.value):
+                print(f"wrote {path}")
             return
         run = open_run(_WORKDIR.value)
         try:
             options = decoding_options(run.config)
+            if not (_AVERAGED.value or _TRANSLATE.value):
+                print(format_results(evaluate_checkpoint(run, _CHECKPOINT.value, _SPLIT.value, options)))
+                return
+            steps = select_steps(run.checkpointer, _CHECKPOINT.value, run.config.eval.average_last)
             if _AVERAGED.value:
-                steps = select_steps(run.checkpointer, _CHECKPOINT.value, run.config.eval.average_last)
                 write_params(checkpoint_params(run, steps), _AVERAGED.value)
                 print(f"wrote the parameters of steps {steps} to {_AVERAGED.value}")
-            elif _TRANSLATE.value:
-                translate_text(run, options)
             else:
-                print(format_results(evaluate_checkpoint(run, _CHECKPOINT.value, _SPLIT.value, options)))
+                for translation in translate_file(run, checkpoint_params(run, steps), _TRANSLATE.value, options):
+                    print(translation, flush=True)
         finally:
             run.checkpointer.close()
 

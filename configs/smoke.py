@@ -19,5 +19,5 @@ def get_config():
     config.model.update(num_layers=1, d_model=32, d_ff=64, num_heads=2, max_len=128)
     config.training.update(num_train_steps=6, warmup_steps=3, log_every=1, eval_every=3,
                            checkpoint_every=2, keep_checkpoints=2, bleu_every=0)
-    config.eval.update(beam_size=2, max_extra_length=4)
+    config.eval.update(beam_size=2, max_extra_length=4, average_last=2)  # keep_checkpoints=2
     return config

@@ -131,3 +131,14 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()
              if json.loads(line)["split"] == "train"]
     assert steps == list(range(1, saved + 3))
+
+
+def test_eval_checkpoint_average_uses_the_runs_average_last(trained):
+    """`--checkpoint=average` averages the run's eval.average_last (2 in the smoke config), not a default 5."""
+    _, workdir, _ = trained
+    assert json.loads((workdir / "config.json").read_text())["eval"]["average_last"] == 2
+    result = run("eval.py", f"--workdir={workdir}", "--checkpoint=average", "--split=dev", "--mode=greedy")
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = Checkpointer(str(workdir / "checkpoints"), asynchronous=False).steps()
+    results = json.loads((workdir / "eval" / f"dev.average_2_to_{steps[-1]}.json").read_text())
+    assert results["steps"] == steps[-2:] and results["checkpoint"] == "average"

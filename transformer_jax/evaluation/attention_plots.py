@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.translate import translate_batch
-from transformer_jax.evaluation.checkpoint_selection import Run
+from transformer_jax.errors import ConfigError
+from transformer_jax.evaluation.checkpoint_selection import Run, checkpoint_params, open_run, select_steps
 from transformer_jax.evaluation.introspection import (
     ATTENTION_KINDS,
     attention_maps,
@@ -22,6 +23,7 @@ from transformer_jax.evaluation.plots import (
     add_to_tensorboard,
     attention_figure,
     attention_title,
+    plot_learning_curves,
     positional_encoding_figure,
     save_png,
 )
@@ -96,3 +98,29 @@ def plot_positional_encoding(run: Run, params: Any, step: int) -> str:
     path = save_png(figure, os.path.join(run.workdir, PLOTS_DIRNAME, "positional_encoding.png"))
     add_to_tensorboard(run.workdir, {"positional_encoding": figure}, step)
     return path
+
+
+def write_figures(workdir: str, spec: str, options_for: Callable[[Any], DecodeOptions], *,
+                  attention: str | None = None, attention_target: str | None = None,
+                  positional_encoding: bool = False, curves: bool = False) -> list[str]:
+    """Write the figures asked for under `<workdir>/plots/` and return their paths.
+
+    `attention` is a source sentence (its target: `attention_target`, or the model's translation by
+    `options_for(run_config)`); `spec` names the checkpoint (see `select_steps`).
+    """
+    if attention_target is not None and attention is None:
+        raise ConfigError("--plot_attention_target needs --plot_attention=SOURCE_SENTENCE")
+    paths = [plot_learning_curves(workdir)] if curves else []
+    if attention is None and not positional_encoding:
+        return paths
+    run = open_run(workdir)
+    try:
+        steps = select_steps(run.checkpointer, spec, run.config.eval.average_last)
+        params = checkpoint_params(run, steps)
+        if attention is not None:
+            paths += plot_attention(run, params, steps, attention, attention_target, options_for(run.config))
+        if positional_encoding:
+            paths.append(plot_positional_encoding(run, params, steps[-1]))
+    finally:
+        run.checkpointer.close()
+    return paths

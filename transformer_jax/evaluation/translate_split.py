@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import os
+import sys
 from typing import Any, Iterable, Iterator
 
 import jax
@@ -21,9 +22,11 @@ from tqdm import tqdm
 from transformer_jax.data.batching import eval_batches, restore_order
 from transformer_jax.data.encoded import EncodedPairs, encode_pairs
 from transformer_jax.data.pipeline import EvalSet, eval_set, load_run_splits
+from transformer_jax.data.sources import read_lines
 from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.translate import translate_batch
+from transformer_jax.errors import DataError
 from transformer_jax.evaluation.checkpoint_selection import (
     Run,
     checkpoint_params,
@@ -148,6 +151,16 @@ def translate_lines(run: Run, params: Any, lines: Iterable[str], options: Decode
             buffer = []
     if buffer:
         yield from _translate_chunk(run, params, buffer, options)
+
+
+def translate_file(run: Run, params: Any, path: str, options: DecodeOptions) -> Iterator[str]:
+    """Translations of each line of the UTF-8 text file `path` ("-": standard input, a line at a time)."""
+    if path == "-":
+        yield from translate_lines(run, params, sys.stdin, options.replace(batch_size=1))
+        return
+    if not os.path.isfile(path):
+        raise DataError(f"--translate file {path} does not exist; pass a text file or -")
+    yield from translate_lines(run, params, read_lines(path), options)
 
 
 def _translate_chunk(run: Run, params: Any, texts: list[str], options: DecodeOptions) -> list[str]:
