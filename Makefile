@@ -13,7 +13,12 @@ $(VENV)/.installed: pyproject.toml
 .PHONY: install test demo bench
 install: $(VENV)/.installed
 
-test: $(VENV)/.installed
+# The tests also compile for TPU topologies on this CPU host: they need the `tpu` extra (libtpu, ~700 MB).
+$(VENV)/.tpu: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[test,tpu]'
+	touch $@
+
+test: $(VENV)/.installed $(VENV)/.tpu
 	$(PY) -m pytest tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
 

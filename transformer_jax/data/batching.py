@@ -139,6 +139,11 @@ def plan_packed(corpus: EncodedPairs, rng: np.random.Generator, tokens_per_batch
                         np.full(num_batches, per_batch), np.full(num_batches, length))
 
 
+def packed_batch_shape(tokens_per_batch: int, max_length: int, row_multiple: int = 1) -> tuple[int, int]:
+    """(rows, width) of every packed global batch: rows of max_length tokens, a multiple of row_multiple."""
+    return _rows_per_batch(tokens_per_batch, max_length, row_multiple), max_length
+
+
 def _rows_per_batch(tokens_per_batch: int, length: int, row_multiple: int) -> int:
     rows = tokens_per_batch // length // row_multiple * row_multiple
     if rows == 0:

@@ -1,0 +1,111 @@
+"""Ahead-of-time compilation for TPU topologies on this CPU host (libtpu, the `tpu` extra).
+
+A reduced model keeps each compile to seconds; what is checked is that the figures come from the
+TPU compiler (memory, collectives) and that the verdict and its command line behave.
+"""
+
+import subprocess
+import sys
+
+import pytest
+from conftest import tiny_run_config
+from runs import ROOT
+
+from transformer_jax.aot.compile import collectives_in, compile_run
+from transformer_jax.aot.report import verdict
+from transformer_jax.aot.topology import CLOUD_TYPES, describe, mesh_for
+from transformer_jax.errors import ConfigError
+
+pytest.importorskip("libtpu", reason="the tpu extra (libtpu) is installed by `make test`")
+
+
+def small_run(**mesh):
+    config = tiny_run_config()
+    config.data.tokens_per_batch = 2048
+    config.model.update(d_model=64, d_ff=128, num_heads=4)
+    config.mesh.update(**mesh)
+    return config
+
+
+def compiled(topology_name, **mesh):
+    topology = describe(topology_name)
+    config = small_run(**mesh)
+    built = mesh_for(topology, config.mesh.data, config.mesh.fsdp)
+    shapes, programs = compile_run(config, built)
+    return topology, config, shapes, {p.name: p for p in programs}
+
+
+def test_a_data_mesh_all_reduces_gradients_and_reports_memory():
+    topology, config, shapes, programs = compiled("v5e:2x2", data=4, fsdp=1)
+    assert topology.chip.name == "TPU v5e" and len(topology.devices) == 4 and topology.hosts == 1
+    train = programs["train step"]
+    assert train.argument_bytes > 0 and train.temp_bytes > 0 and train.total_bytes > train.argument_bytes
+    assert train.alias_bytes > 0  # the state is donated: parameters and Adam moments are updated in place
+    reductions = set(train.collectives) & {"all-reduce", "reduce-scatter"}
+    assert reductions and train.collectives[sorted(reductions)[0]][1] > 0
+    assert "all-gather" not in train.collectives  # parameters are replicated: nothing to gather
+    assert {"dev loss", "beam search (beam 2)"} <= set(programs)
+    result = verdict(shapes, list(programs.values()), topology, accumulation=1)
+    assert result.fits and 0.5 < result.xla_flops / result.analytic_flops < 3.0
+
+
+def test_an_fsdp_mesh_gathers_parameters():
+    _, _, _, programs = compiled("v5e:2x2", data=2, fsdp=2)
+    assert "all-gather" in programs["train step"].collectives
+
+
+def test_a_multi_host_topology_and_gradient_accumulation_compile():
+    topology = describe("v5e:4x4")
+    assert len(topology.devices) == 16 and topology.hosts == 4
+    config = small_run(data=-1, fsdp=1)
+    config.training.accumulation_steps = 2
+    shapes, programs = compile_run(config, mesh_for(topology, -1, 1))
+    names = [p.name for p in programs]
+    assert names[:2] == ["micro-step gradients", "apply accumulated gradients"]
+    assert shapes.rows == 32 and shapes.rows % 16 == 0
+
+
+def test_cloud_type_names_and_unknown_topologies():
+    assert CLOUD_TYPES["v5e-256"] == "v5e:16x16" and CLOUD_TYPES["v4-128"] == "v4:4x4x4"
+    assert describe("v5p-128").chips == 64
+    with pytest.raises(ConfigError, match="unknown TPU topology 'v9:2x2'"):
+        describe("v9:2x2")
+
+
+def test_collectives_are_read_from_hlo_text():
+    hlo = "\n".join([
+        "  %all-reduce.1 = f32[512,2048]{1,0} all-reduce(f32[512,2048]{1,0} %p), channel_id=1",
+        "  %ag = (bf16[8]{0}, bf16[32]{0}) all-gather-start(bf16[8]{0} %x), dimensions={0}",
+        "  %ag.done = bf16[32]{0} all-gather-done((bf16[8]{0}, bf16[32]{0}) %ag)",
+        "  %add = f32[4]{0} add(f32[4]{0} %a, f32[4]{0} %b)",
+    ])
+    assert collectives_in(hlo) == {"all-reduce": (1, 512 * 2048 * 4), "all-gather": (1, 32 * 2)}
+
+
+def run_aot(tmp_path, *args):
+    config = tmp_path / "small.py"
+    config.write_text(f"import sys\nsys.path.insert(0, {str(ROOT / 'tests')!r})\n"
+                      "from aot.test_aot import small_run\n\ndef get_config():\n    return small_run()\n")
+    return subprocess.run([sys.executable, "-m", "transformer_jax.aot", f"--config={config}", *args],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_the_command_prints_the_table_and_fits(tmp_path):
+    result = run_aot(tmp_path, "--topology=v5e-4", "--config.mesh.fsdp=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "mesh            data=2 x fsdp=2" in result.stdout and "all-gather" in result.stdout
+    assert result.stdout.rstrip().endswith("fits")
+
+
+def test_a_tiny_memory_does_not_fit_and_names_what_to_change(tmp_path):
+    result = run_aot(tmp_path, "--topology=v5e:2x2", "--hbm_gb=0.001")
+    assert result.returncode == 1, result.stderr[-3000:]
+    last = result.stdout.rstrip().splitlines()[-1]
+    assert last.startswith("does not fit:") and "--config.mesh.fsdp=2" in last and "model.remat=full" in last
+
+
+def test_an_unknown_topology_is_one_line(tmp_path):
+    result = run_aot(tmp_path, "--topology=v9:2x2")
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert result.returncode == 2 and len(errors) == 1 and "unknown TPU topology" in errors[0]
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,38 @@
+"""python -m transformer_jax.aot --config=CONFIG --topology=v5e:16x16 [--num_slices=N] [--config.KEY=VALUE ...]
+
+Compiles the run's train step, dev-loss step and beam search for the topology (libtpu: the `tpu`
+extra), prints per-device memory against the chip's HBM, FLOPs, collectives and a roofline speed,
+and ends with "fits" (exit 0) or a "does not fit" line naming what to change (exit 1).
+"""
+
+import os
+import sys
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # only compile-only devices are used; never a local accelerator
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from transformer_jax.run.cli import parse_flags, user_errors  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (see configs/).", lock_config=True)
+_TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology (v5e:16x16, v4:4x4x4, ...) or Cloud type (v5e-256).")
+_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices joined by the data-center network (multi-slice).")
+_HBM_GB = flags.DEFINE_float("hbm_gb", None, "Memory per device in GB instead of the chip's (e.g. to keep headroom).")
+flags.mark_flags_as_required(["config", "topology"])
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    with user_errors():
+        from transformer_jax.aot.plan import plan_run
+
+        report, fits = plan_run(_CONFIG.value, _TOPOLOGY.value, _SLICES.value,
+                                None if _HBM_GB.value is None else int(_HBM_GB.value * 1e9))
+        print(report)
+        if not fits:
+            sys.exit(1)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

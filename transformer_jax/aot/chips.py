@@ -1,0 +1,49 @@
+"""Accelerator chips: memory, peak bf16 throughput and memory bandwidth, as their makers publish them.
+
+One place for these figures; the ahead-of-time report compares compiled programs against them.
+Sources (checked 2026-11-23): Google Cloud TPU system-architecture pages for v4, v5e, v5p and v6e
+(docs.cloud.google.com/tpu/docs/<version>), NVIDIA's H100 Tensor Core GPU datasheet (SXM5).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+GB = 10**9
+GIB = 2**30
+TFLOPS = 10**12
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """One accelerator chip as its maker specifies it."""
+
+    name: str
+    hbm_bytes: int  # memory per chip
+    peak_bf16_flops: float  # dense bf16 matrix throughput per chip, FLOP/s
+    hbm_bytes_per_second: float
+    tensorcores: int  # TPU TensorCores per chip (1 for a GPU)
+    source: str
+
+
+CHIPS: dict[str, Chip] = {
+    "v4": Chip("TPU v4", 32 * GIB, 275 * TFLOPS, 1200 * GB, 2, "Cloud TPU docs: TPU v4"),
+    "v5e": Chip("TPU v5e", 16 * GB, 197 * TFLOPS, 819 * GB, 1, "Cloud TPU docs: TPU v5e"),
+    "v5p": Chip("TPU v5p", 95 * GB, 459 * TFLOPS, 2765 * GB, 2, "Cloud TPU docs: TPU v5p"),
+    "v6e": Chip("TPU v6e (Trillium)", 32 * GB, 918 * TFLOPS, 1638 * GB, 1, "Cloud TPU docs: TPU v6e"),
+    "h100": Chip("NVIDIA H100 SXM5", 80 * GB, 989 * TFLOPS, 3350 * GB, 1, "NVIDIA H100 datasheet (dense bf16)"),
+}
+
+# What JAX's compile-only devices report as `device_kind`, to the chip above.
+DEVICE_KINDS: dict[str, str] = {
+    "TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5": "v5p", "TPU v5p": "v5p", "TPU v6 lite": "v6e",
+    "NVIDIA H100 80GB HBM3": "h100", "H100": "h100",
+}
+
+
+def chip_for(device_kind: str) -> Chip | None:
+    """The chip whose devices report `device_kind`, or None when it is not in the table."""
+    key = DEVICE_KINDS.get(device_kind)
+    if key is None and "H100" in device_kind:
+        key = "h100"
+    return CHIPS.get(key) if key else None

@@ -1,0 +1,122 @@
+"""What the compiled programs say about a run on a topology: memory against HBM, FLOPs, collectives, speed.
+
+The speed is a roofline prediction, not a measurement: each program takes the longer of its FLOPs at
+the chip's published bf16 peak and its HBM traffic at the published bandwidth. It ignores the time
+collectives take on the interconnect (XLA overlaps much of it with compute, not all), kernel launch
+and host overheads, and input-pipeline stalls, so real steps are slower; the model FLOPs utilization
+it implies is printed so the assumption is visible.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from jax.sharding import Mesh
+
+from transformer_jax.aot.compile import Program, RunShapes
+from transformer_jax.aot.topology import Topology
+from transformer_jax.model.flops import train_step_flops
+
+# The paper's base run: 100k updates of about 25k target tokens (section 5.2).
+PAPER_STEPS = 100_000
+PAPER_TOKENS_PER_STEP = 25_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The numbers the table prints, and whether the run fits."""
+
+    peak_bytes: int  # per device, the largest program (with the accumulated gradients, if any)
+    hbm_bytes: int
+    step_seconds: float  # roofline, one optimizer update
+    tokens_per_second: float  # target token slots per second
+    xla_flops: float  # all devices, one update
+    analytic_flops: float  # model FLOPs of one update (transformer_jax.model.flops)
+    assumed_mfu: float
+
+    @property
+    def fits(self) -> bool:
+        """True when the largest program fits the device's memory."""
+        return self.peak_bytes <= self.hbm_bytes
+
+
+def roofline_seconds(program: Program, topology: Topology) -> float:
+    """max(FLOPs / peak, HBM bytes / bandwidth) for one device."""
+    return max(program.flops / topology.peak_flops_per_device,
+               program.bytes_accessed / topology.hbm_bandwidth_per_device)
+
+
+def verdict(shapes: RunShapes, programs: list[Program], topology: Topology, accumulation: int,
+            hbm_bytes: int | None = None) -> Verdict:
+    """Fit and predicted speed of one optimizer update of the run."""
+    devices = len(topology.devices)
+    train = [p for p in programs if p.name in ("train step", "micro-step gradients")][0]
+    if train.name == "micro-step gradients":
+        update = [p for p in programs if p.name == "apply accumulated gradients"][0]
+        # Between micro-steps the running sum of gradients lives beside the state.
+        peak_train = train.total_bytes + train.output_bytes
+        seconds = accumulation * roofline_seconds(train, topology) + roofline_seconds(update, topology)
+        xla_flops = devices * (accumulation * train.flops + update.flops)
+    else:
+        peak_train = train.total_bytes
+        seconds = roofline_seconds(train, topology)
+        xla_flops = devices * train.flops
+    peak = max([peak_train] + [p.total_bytes for p in programs if p is not train])
+    analytic = accumulation * train_step_flops(shapes.model, shapes.rows, shapes.width, shapes.width)
+    tokens = accumulation * shapes.rows * shapes.width
+    return Verdict(peak, hbm_bytes or topology.hbm_bytes_per_device, seconds, tokens / seconds, xla_flops,
+                   analytic, analytic / (seconds * devices * topology.peak_flops_per_device))
+
+
+def _gb(size: float) -> str:
+    return f"{size / 1e9:.2f} GB"
+
+
+def table(topology: Topology, mesh: Mesh, shapes: RunShapes, programs: list[Program], result: Verdict,
+          accumulation: int) -> str:
+    """The report as plain-text lines."""
+    devices = len(topology.devices)
+    model = shapes.model
+    lines = [
+        f"topology        {topology.name} x {topology.num_slices} slice(s): {topology.chip.name}, "
+        f"{topology.chips} chips, {devices} devices, {topology.hosts} host processes",
+        f"mesh            data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']}",
+        f"model           N={model.num_layers} d_model={model.d_model} d_ff={model.d_ff} h={model.num_heads} "
+        f"vocab={model.vocab_size} dtype={model.dtype} remat={model.remat} scan_layers={model.scan_layers}",
+        f"batch           {shapes.rows} rows x {shapes.width} tokens per micro-step, x{accumulation} accumulation "
+        f"= {accumulation * shapes.rows * shapes.width:,} target token slots per update; "
+        f"{shapes.rows / devices:g} rows per device",
+        "",
+        f"{'program':<28} {'arguments':>11} {'outputs':>11} {'aliased':>11} {'temporaries':>12} {'total':>11} "
+        f"{'TFLOP/dev':>10}  collectives",
+    ]
+    for p in programs:
+        collectives = ", ".join(f"{op} x{count} ({_gb(size)})" for op, (count, size) in sorted(p.collectives.items()))
+        lines.append(f"{p.name:<28} {_gb(p.argument_bytes):>11} {_gb(p.output_bytes):>11} {_gb(p.alias_bytes):>11} "
+                     f"{_gb(p.temp_bytes):>12} {_gb(p.total_bytes):>11} {p.flops / 1e12:>10.3f}  {collectives or '-'}")
+    paper_days = PAPER_STEPS * PAPER_TOKENS_PER_STEP / result.tokens_per_second / 86400
+    lines += [
+        "",
+        f"memory          peak {_gb(result.peak_bytes)} per device of {_gb(result.hbm_bytes)} HBM "
+        f"({result.peak_bytes / result.hbm_bytes:.0%}): {'fits' if result.fits else 'does not fit'}",
+        f"FLOPs/update    XLA {result.xla_flops / 1e12:.1f} TFLOP, analytic {result.analytic_flops / 1e12:.1f} TFLOP "
+        f"(ratio {result.xla_flops / result.analytic_flops:.2f})",
+        f"predicted       {result.step_seconds * 1e3:.1f} ms per update, {result.tokens_per_second:,.0f} target "
+        f"tokens/s (roofline at {topology.chip.name} peak {topology.chip.peak_bf16_flops / 1e12:.0f} TFLOP/s, "
+        f"{topology.chip.hbm_bytes_per_second / 1e9:.0f} GB/s; assumes MFU {result.assumed_mfu:.0%})",
+        f"paper schedule  {PAPER_STEPS:,} steps x {PAPER_TOKENS_PER_STEP:,} tokens: {paper_days * 24:.1f} hours "
+        "predicted (roofline: a lower bound)",
+    ]
+    return "\n".join(lines)
+
+
+def advice(mesh: Mesh, shapes: RunShapes, accumulation: int) -> str:
+    """What to change when a run does not fit, naming the settings."""
+    hints = []
+    if mesh.shape["fsdp"] < mesh.size:
+        hints.append(f"shard parameters over more devices (--config.mesh.fsdp={min(mesh.size, 2 * mesh.shape['fsdp'])})")
+    if shapes.model.remat == "none":
+        hints.append("recompute activations (--config.model.remat=full)")
+    if shapes.rows > mesh.size:
+        hints.append(f"halve data.tokens_per_batch and set --config.training.accumulation_steps={2 * accumulation}")
+    return "; or ".join(hints) or "use a topology with more memory per device"

@@ -1,0 +1,130 @@
+"""A TPU slice, pod or set of slices described on a host that has none, and a mesh laid out on it.
+
+`libtpu` (the `tpu` extra: `pip install "transformer_jax[tpu]"`) describes any TPU topology to JAX as
+compile-only devices, so `jit(...).lower(...).compile()` against them produces the real TPU program.
+Topologies are named as libtpu names them (`v5e:16x16`: chips along each torus axis) or by their
+Cloud accelerator type (`v5e-256`; v4 and v5p types count TensorCores, two per chip).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh
+
+from transformer_jax.aot.chips import Chip, chip_for
+from transformer_jax.errors import ConfigError
+from transformer_jax.run.sharding import BATCH_AXES
+
+
+def _cloud_types() -> dict[str, str]:
+    """Cloud accelerator types -> libtpu topology names, for the common slice shapes."""
+    types = {}
+    for version in ("v5e", "v6e"):  # one TensorCore per chip; the type counts chips
+        for shape in ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"):
+            types[f"{version}-{math.prod(map(int, shape.split('x')))}"] = f"{version}:{shape}"
+    for version in ("v4", "v5p"):  # two TensorCores per chip; the type counts TensorCores
+        for shape in ("2x2x1", "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8", "8x8x16"):
+            types[f"{version}-{2 * math.prod(map(int, shape.split('x')))}"] = f"{version}:{shape}"
+    return types
+
+
+CLOUD_TYPES = _cloud_types()
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """Compile-only devices of a TPU topology and what they stand for."""
+
+    name: str  # as libtpu names it, e.g. "v5e:16x16"
+    devices: tuple[jax.Device, ...]
+    chip: Chip
+    num_slices: int
+
+    @property
+    def hosts(self) -> int:
+        """Host processes (TPU VMs) that drive these devices."""
+        return len({(getattr(d, "slice_index", 0), d.process_index) for d in self.devices})
+
+    @property
+    def chips(self) -> int:
+        """Physical chips (a v4 chip may show as two devices, one per TensorCore)."""
+        return len(self.devices) * self.devices[0].num_cores // self.chip.tensorcores
+
+    @property
+    def hbm_bytes_per_device(self) -> int:
+        """The memory one device (one JAX device: a chip, or a TensorCore of a two-core chip) owns."""
+        return self.chip.hbm_bytes * self.devices[0].num_cores // self.chip.tensorcores
+
+    @property
+    def peak_flops_per_device(self) -> float:
+        """Peak bf16 FLOP/s of one device."""
+        return self.chip.peak_bf16_flops * self.devices[0].num_cores / self.chip.tensorcores
+
+    @property
+    def hbm_bandwidth_per_device(self) -> float:
+        """HBM bytes per second of one device."""
+        return self.chip.hbm_bytes_per_second * self.devices[0].num_cores / self.chip.tensorcores
+
+
+def describe(name: str, num_slices: int = 1) -> Topology:
+    """The topology `name` (libtpu name or Cloud type), `num_slices` copies of it joined by DCN.
+
+    Raises ConfigError for a missing libtpu or an unknown name.
+    """
+    topology_name = CLOUD_TYPES.get(name, name)
+    try:
+        import libtpu  # noqa: F401  (the compiler JAX loads for TPU topologies)
+    except ImportError:
+        raise ConfigError("compiling for a TPU topology needs libtpu; install it with "
+                          "pip install 'transformer_jax[tpu]' (or 'jax[tpu]' of the installed jax version)") from None
+    from jax.experimental import topologies
+
+    try:
+        described = topologies.get_topology_desc(platform="tpu", topology_name=topology_name,
+                                                 **({"num_slices": num_slices} if num_slices > 1 else {}))
+    except Exception as error:  # noqa: BLE001 - libtpu reports bad names as runtime errors
+        detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ConfigError(f"unknown TPU topology {name!r} ({detail}); use e.g. v5e:16x16, v4:4x4x4, "
+                          f"v5p:4x4x8, v6e:8x8, or a Cloud type such as v5e-256") from None
+    devices = tuple(described.devices)
+    chip = chip_for(devices[0].device_kind)
+    if chip is None:
+        raise ConfigError(f"no chip data for {devices[0].device_kind!r} (topology {name!r}); "
+                          "add it to transformer_jax/aot/chips.py")
+    return Topology(topology_name, devices, chip, num_slices)
+
+
+def mesh_for(topology: Topology, data: int, fsdp: int) -> Mesh:
+    """A (data, fsdp) mesh over the topology's devices, laid out along its interconnect.
+
+    -1 for one axis takes the remaining devices. With several slices the data axis spans them (only
+    gradients cross the slower data-center network); fsdp stays inside a slice.
+    """
+    count = len(topology.devices)
+    if data == -1:
+        data = count // fsdp if fsdp > 0 else 0
+    if fsdp == -1:
+        fsdp = count // data if data > 0 else 0
+    if data <= 0 or fsdp <= 0 or data * fsdp != count:
+        raise ConfigError(f"mesh data={data} x fsdp={fsdp} does not cover the {count} devices of "
+                          f"{topology.name}; set --config.mesh.data and --config.mesh.fsdp to multiply to {count}")
+    devices = list(topology.devices)
+    if topology.num_slices > 1:
+        if data % topology.num_slices:
+            raise ConfigError(f"mesh.data={data} is not a multiple of the {topology.num_slices} slices; "
+                              "the data axis must span the slices")
+        grid = mesh_utils.create_hybrid_device_mesh(
+            (data // topology.num_slices, fsdp), (topology.num_slices, 1), devices)
+        return Mesh(np.asarray(grid), BATCH_AXES)
+    try:
+        grid = mesh_utils.create_device_mesh((data, fsdp), devices, allow_split_physical_axes=True)
+    except (AssertionError, ValueError, NotImplementedError):
+        # mesh_utils lays out only one device per chip; libtpu describes v4 one device per TensorCore.
+        # Then the devices go in id order, which walks the torus axis by axis.
+        grid = np.asarray(sorted(devices, key=lambda d: d.id)).reshape(data, fsdp)
+    return Mesh(np.asarray(grid), BATCH_AXES)
