@@ -1,5 +1,6 @@
 """The training loop: metrics, checkpoints, resume equal to an uninterrupted run, the non-finite guard."""
 
+import dataclasses
 import json
 import os
 
@@ -134,7 +135,8 @@ def test_training_steps_make_no_implicit_host_device_transfers(run_config, tmp_p
     for _ in range(2):
         metrics = trainer.update()
     assert int(jax.device_get(trainer.state.step)) == 2 and np.isfinite(jax.device_get(metrics["loss"]))
-    trainer.micro_steps = [0, 1]  # Python ints, as update() once passed them: an implicit transfer
+    # Python ints, as update() once passed them: an implicit transfer
+    trainer.jitted = dataclasses.replace(trainer.jitted, micro_steps=[0, 1])
     with pytest.raises(Exception, match="Disallowed host-to-device transfer"):
         trainer.update()
     trainer.close()

@@ -15,11 +15,8 @@ import orbax.checkpoint as ocp
 from transformer_jax.data.tokenizer import MODEL_FILENAME, Tokenizer
 from transformer_jax.errors import CheckpointError
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.training.checkpoints import (
-    Checkpointer,
-    best_metric_for,
-    check_shapes,
-)
+from transformer_jax.training.checkpoint_integrity import check_shapes
+from transformer_jax.training.checkpoints import Checkpointer, best_metric_for
 
 
 @dataclasses.dataclass

@@ -1,9 +1,12 @@
 """Training: the paper's loss and optimizer, the train state and step, the loop and its checkpoints.
 
 `loss` (label smoothing, section 5.4) -> `optimizer` (the warm-up schedule and Adam, section 5.3) ->
-`state` (TrainState) -> `step` (one update, gradient accumulation, eval sums) -> `checkpoints`
-(Orbax save/restore) and `checkpoint_integrity` (checksums, damaged checkpoints) -> `metrics_log`,
-`preemption` -> `loop` (Trainer: the loop that ties them together).
+`state` (TrainState) -> `step` (one update, gradient accumulation, eval sums) -> `jitted_steps`
+(those steps jitted for the run's mesh) -> `checkpoint_integrity` (checksums, finiteness and shape
+checks, damaged checkpoints set aside) -> `checkpoints` (Checkpointer: Orbax save/restore) ->
+`metrics_log` (metrics.jsonl, timing.jsonl, TensorBoard) -> `log_window` (the train log line of each
+window, the progress bar) -> `periodic_eval` (dev loss and BLEU on a step schedule) -> `preemption`
+(StopFlag) -> `loop` (Trainer: builds the run and trains it, resuming).
 """
 
 from transformer_jax.training.checkpoints import Checkpointer

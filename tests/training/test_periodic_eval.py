@@ -1,0 +1,26 @@
+"""Periodic dev evaluation: loss and BLEU each on their own step schedule, logged as split "dev"."""
+
+from transformer_jax.training.metrics_log import MetricsLog, read_metrics
+from transformer_jax.training.periodic_eval import PeriodicEval
+
+
+def test_each_metric_is_computed_and_logged_only_at_its_steps(tmp_path):
+    evaluate = PeriodicEval(eval_every=2, bleu_every=3, dev_loss=lambda params: {"loss": params * 1.0},
+                            dev_bleu=lambda params: {"bleu": params * 10.0})
+    log = MetricsLog(str(tmp_path))
+    due = {step: evaluate(step, 0.5, log) for step in range(1, 7)}
+    log.close()
+    assert due == {1: None, 2: {"dev_loss": 0.5}, 3: {"dev_bleu": 5.0}, 4: {"dev_loss": 0.5}, 5: None,
+                   6: {"dev_loss": 0.5, "dev_bleu": 5.0}}
+    assert [(r["step"], sorted(r)) for r in read_metrics(str(tmp_path))] == [
+        (2, ["loss", "split", "step"]), (3, ["bleu", "split", "step"]), (4, ["loss", "split", "step"]),
+        (6, ["bleu", "loss", "split", "step"]),
+    ]
+
+
+def test_zero_or_a_missing_bleu_function_turns_an_evaluation_off(tmp_path):
+    log = MetricsLog(str(tmp_path), enabled=False)
+    never_bleu = PeriodicEval(eval_every=0, bleu_every=1, dev_loss=lambda params: {"loss": 1.0})
+    never_loss = PeriodicEval(eval_every=0, bleu_every=0, dev_loss=lambda params: {"loss": 1.0},
+                              dev_bleu=lambda params: {"bleu": 1.0})
+    assert all(e(step, None, log) is None for e in (never_bleu, never_loss) for step in range(1, 5))

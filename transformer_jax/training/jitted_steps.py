@@ -1,0 +1,61 @@
+"""The step functions of one run, jitted with the shardings of its mesh and state."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from transformer_jax.run.sharding import batch_sharding
+from transformer_jax.training.state import TrainState
+from transformer_jax.training.step import (
+    add_trees,
+    apply_gradients,
+    compute_gradients,
+    eval_step,
+    train_step,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class JittedSteps:
+    """What `Trainer.update` and the dev evaluation call: jitted steps and the micro-step indices."""
+
+    train_step: Callable  # (state, batch) -> (state, metrics); donates the state
+    micro_gradients: Callable  # (state, batch, micro_step) -> (grad sums, metric sums)
+    apply_gradients: Callable  # (state, grad sums, metric sums) -> (state, metrics); donates the state
+    add_trees: Callable  # (a, b) -> a + b; donates a
+    eval_step: Callable  # (params, batch) -> metric sums
+    # Micro-step indices live on the devices once, so update() passes no Python scalars to jit.
+    micro_steps: list[jax.Array]
+
+
+def jit_steps(
+    mesh: jax.sharding.Mesh,
+    shardings: TrainState,
+    apply_fn: Callable[..., Any],
+    smoothing: float,
+    accumulation_steps: int,
+) -> JittedSteps:
+    """Jit the train, accumulation and eval steps for `mesh`, the state laid out as `shardings`."""
+    batch = batch_sharding(mesh)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    return JittedSteps(
+        train_step=jax.jit(
+            lambda state, b: train_step(state, b, smoothing),
+            in_shardings=(shardings, batch), out_shardings=(shardings, None), donate_argnums=0,
+        ),
+        micro_gradients=jax.jit(
+            lambda state, b, i: compute_gradients(state, b, smoothing, i),
+            in_shardings=(shardings, batch, None), out_shardings=(shardings.params, None),
+        ),
+        apply_gradients=jax.jit(
+            apply_gradients, in_shardings=(shardings, shardings.params, None),
+            out_shardings=(shardings, None), donate_argnums=0,
+        ),
+        add_trees=jax.jit(add_trees, donate_argnums=0),
+        eval_step=jax.jit(lambda params, b: eval_step(params, apply_fn, b, smoothing)),
+        micro_steps=[jax.device_put(np.int32(i), replicated) for i in range(accumulation_steps)],
+    )

@@ -1,0 +1,93 @@
+"""The log window: the steps since the last train log line, summarized into metrics.jsonl, timing.jsonl and tqdm."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from transformer_jax.training.metrics_log import MetricsLog
+
+
+def summarize_window(fetched: list[dict[str, Any]]) -> dict[str, float]:
+    """Token-weighted means of the (fetched) per-step metrics since the last log (no wall-clock figures)."""
+    # Python floats throughout, so a window restored from a checkpoint sums exactly like a live one.
+    fetched = [{key: float(value) for key, value in m.items()} for m in fetched]
+    tokens = np.array([m["tokens"] for m in fetched])
+    total = max(tokens.sum(), 1.0)
+    mean = lambda key: float(np.sum([m[key] * t for m, t in zip(fetched, tokens)]) / total)
+    nll = mean("nll")
+    return {
+        "loss": mean("loss"),
+        "nll": nll,
+        "perplexity": float(np.exp(min(nll, 50.0))),
+        "accuracy": mean("accuracy"),
+        "grad_norm": float(np.mean([m["grad_norm"] for m in fetched])),
+        "skipped_updates": float(np.sum([m["update_skipped"] for m in fetched])),
+    }
+
+
+def window_timing(fetched: list[dict[str, Any]], seconds: float) -> dict[str, float]:
+    """Throughput of the log window: target tokens per second and seconds per step (wall clock)."""
+    tokens = float(np.sum([float(m["tokens"]) for m in fetched]))
+    return {"tokens_per_second": tokens / max(seconds, 1e-9), "seconds_per_step": seconds / max(len(fetched), 1)}
+
+
+class LogWindow:
+    """The per-step metrics since the last log line, when they started, and where they are written.
+
+    `step_metrics` holds the metrics of the open window (on device until it closes); a checkpoint saves
+    them, so a resumed run's next log line covers the same steps as an uninterrupted run's.
+    """
+
+    def __init__(
+        self,
+        workdir: str,
+        schedule: Callable[[int], jax.Array],
+        start: int,
+        num_steps: int,
+        open_window: list[dict[str, Any]],
+        enabled: bool,
+    ) -> None:
+        """Resume the log at step `start` of `num_steps` with the window a checkpoint left open.
+
+        `schedule` maps the count of applied updates to the learning rate logged with each window.
+        Only the `enabled` process (process 0) writes the log and shows the progress bar.
+        """
+        self.log = MetricsLog(workdir, enabled=enabled, resume_step=start)
+        self.progress = tqdm(total=num_steps, initial=start, disable=not enabled,
+                             desc="train", unit="step", dynamic_ncols=True)
+        self.schedule = schedule
+        self.step_metrics = list(open_window)
+        self.started = time.perf_counter()
+
+    def add(self, metrics: dict[str, jax.Array]) -> None:
+        """Record the metrics of one more step."""
+        self.step_metrics.append(metrics)
+        self.progress.update(1)
+
+    def close(self, step: int, skipped_updates: jax.Array) -> None:
+        """Write the window ending at `step` (train metrics, timing, progress bar) and start an empty one."""
+        fetched = jax.device_get(self.step_metrics)  # waits for the window's steps to finish
+        timing = window_timing(fetched, time.perf_counter() - self.started)
+        summary = summarize_window(fetched)
+        # Optax counts only applied updates: skipped ones did not advance the schedule.
+        skipped = int(jax.device_get(skipped_updates))
+        summary["learning_rate"] = float(jax.device_get(self.schedule(step - 1 - skipped)))
+        self.log.write(step, "train", summary)
+        self.log.write_timing(step, timing)
+        self.progress.set_postfix(loss=f"{summary['loss']:.3f}", lr=f"{summary['learning_rate']:.2e}",
+                                  tok_s=f"{timing['tokens_per_second']:.0f}")
+        self.step_metrics = []
+
+    def restart_clock(self) -> None:
+        """Time the window from now (evaluating and saving are not training time)."""
+        self.started = time.perf_counter()
+
+    def finish(self) -> None:
+        """Close the progress bar and the metrics log."""
+        self.progress.close()
+        self.log.close()
