@@ -29,6 +29,8 @@ class Verdict:
     peak_bytes: int  # per device, the largest program (with the accumulated gradients, if any)
     hbm_bytes: int
     step_seconds: float  # roofline, one optimizer update
+    compute_seconds: float  # the update's FLOPs at the chip's peak alone
+    memory_seconds: float  # the update's HBM traffic (XLA's bytes accessed) at the chip's bandwidth alone
     tokens_per_second: float  # target token slots per second
     xla_flops: float  # all devices, one update
     analytic_flops: float  # model FLOPs of one update (transformer_jax.model.flops)
@@ -42,8 +44,13 @@ class Verdict:
 
 def roofline_seconds(program: Program, topology: Topology) -> float:
     """max(FLOPs / peak, HBM bytes / bandwidth) for one device."""
-    return max(program.flops / topology.peak_flops_per_device,
-               program.bytes_accessed / topology.hbm_bandwidth_per_device)
+    return max(*_bounds(program, topology))
+
+
+def _bounds(program: Program, topology: Topology) -> tuple[float, float]:
+    """(FLOPs at peak, bytes accessed at HBM bandwidth) in seconds, for one device."""
+    return (program.flops / topology.peak_flops_per_device,
+            program.bytes_accessed / topology.hbm_bandwidth_per_device)
 
 
 def verdict(shapes: RunShapes, programs: list[Program], topology: Topology, accumulation: int,
@@ -51,25 +58,25 @@ def verdict(shapes: RunShapes, programs: list[Program], topology: Topology, accu
     """Fit and predicted speed of one optimizer update of the run."""
     devices = len(topology.devices)
     train = [p for p in programs if p.name in ("train step", "micro-step gradients")][0]
+    counts = [(train, accumulation)]
+    peak_train = train.total_bytes
     if train.name == "micro-step gradients":
-        update = [p for p in programs if p.name == "apply accumulated gradients"][0]
+        counts.append(([p for p in programs if p.name == "apply accumulated gradients"][0], 1))
         # Between micro-steps the running sum of gradients lives beside the state.
-        peak_train = train.total_bytes + train.output_bytes
-        seconds = accumulation * roofline_seconds(train, topology) + roofline_seconds(update, topology)
-        xla_flops = devices * (accumulation * train.flops + update.flops)
-    else:
-        peak_train = train.total_bytes
-        seconds = roofline_seconds(train, topology)
-        xla_flops = devices * train.flops
+        peak_train += train.output_bytes
+    seconds = sum(times * roofline_seconds(program, topology) for program, times in counts)
+    compute = sum(times * _bounds(program, topology)[0] for program, times in counts)
+    memory = sum(times * _bounds(program, topology)[1] for program, times in counts)
+    xla_flops = devices * sum(times * program.flops for program, times in counts)
     peak = max([peak_train] + [p.total_bytes for p in programs if p is not train])
     analytic = accumulation * train_step_flops(shapes.model, shapes.rows, shapes.width, shapes.width)
     tokens = accumulation * shapes.rows * shapes.width
-    return Verdict(peak, hbm_bytes or topology.hbm_bytes_per_device, seconds, tokens / seconds, xla_flops,
-                   analytic, analytic / (seconds * devices * topology.peak_flops_per_device))
+    return Verdict(peak, hbm_bytes or topology.hbm_bytes_per_device, seconds, compute, memory, tokens / seconds,
+                   xla_flops, analytic, analytic / (seconds * devices * topology.peak_flops_per_device))
 
 
 def _gb(size: float) -> str:
-    return f"{size / 1e9:.2f} GB"
+    return f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
 
 
 def table(topology: Topology, mesh: Mesh, shapes: RunShapes, programs: list[Program], result: Verdict,
@@ -101,6 +108,8 @@ def table(topology: Topology, mesh: Mesh, shapes: RunShapes, programs: list[Prog
         f"({result.peak_bytes / result.hbm_bytes:.0%}): {'fits' if result.fits else 'does not fit'}",
         f"FLOPs/update    XLA {result.xla_flops / 1e12:.1f} TFLOP, analytic {result.analytic_flops / 1e12:.1f} TFLOP "
         f"(ratio {result.xla_flops / result.analytic_flops:.2f})",
+        f"roofline        compute {result.compute_seconds * 1e3:.1f} ms (FLOPs at peak), memory "
+        f"{result.memory_seconds * 1e3:.1f} ms (XLA's bytes accessed at HBM bandwidth) per update",
         f"predicted       {result.step_seconds * 1e3:.1f} ms per update, {result.tokens_per_second:,.0f} target "
         f"tokens/s (roofline at {topology.chip.name} peak {topology.chip.peak_bf16_flops / 1e12:.0f} TFLOP/s, "
         f"{topology.chip.hbm_bytes_per_second / 1e9:.0f} GB/s; assumes MFU {result.assumed_mfu:.0%})",

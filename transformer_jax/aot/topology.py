@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 
 import jax
 import numpy as np
@@ -19,6 +20,11 @@ from jax.sharding import Mesh
 from transformer_jax.aot.chips import Chip, chip_for
 from transformer_jax.errors import ConfigError
 from transformer_jax.run.sharding import BATCH_AXES
+
+
+# Compile-only use touches no chip, so several processes may load libtpu at once (it otherwise takes a
+# lock file that a second process, e.g. this command run from a test, cannot get).
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
 def _cloud_types() -> dict[str, str]:
@@ -89,6 +95,8 @@ def describe(name: str, num_slices: int = 1) -> Topology:
                                                  **({"num_slices": num_slices} if num_slices > 1 else {}))
     except Exception as error:  # noqa: BLE001 - libtpu reports bad names as runtime errors
         detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        if "INVALID_ARGUMENT" not in detail:
+            raise
         raise ConfigError(f"unknown TPU topology {name!r} ({detail}); use e.g. v5e:16x16, v4:4x4x4, "
                           f"v5p:4x4x8, v6e:8x8, or a Cloud type such as v5e-256") from None
     devices = tuple(described.devices)

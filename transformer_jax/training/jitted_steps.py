@@ -38,8 +38,13 @@ def jit_steps(
     apply_fn: Callable[..., Any],
     smoothing: float,
     accumulation_steps: int,
+    place_micro_steps: bool = True,
 ) -> JittedSteps:
-    """Jit the train, accumulation and eval steps for `mesh`, the state laid out as `shardings`."""
+    """Jit the train, accumulation and eval steps for `mesh`, the state laid out as `shardings`.
+
+    `place_micro_steps=False` leaves `micro_steps` empty: compile-only devices (transformer_jax.aot)
+    hold no data.
+    """
     batch = batch_sharding(mesh)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     return JittedSteps(
@@ -57,5 +62,6 @@ def jit_steps(
         ),
         add_trees=jax.jit(add_trees, donate_argnums=0),
         eval_step=jax.jit(lambda params, b: eval_step(params, apply_fn, b, smoothing)),
-        micro_steps=[jax.device_put(np.int32(i), replicated) for i in range(accumulation_steps)],
+        micro_steps=[jax.device_put(np.int32(i), replicated) for i in range(accumulation_steps)]
+        if place_micro_steps else [],
     )
