@@ -52,14 +52,18 @@ def scaled_dot_product_attention(
         weights_BxHxTxS = attention_weights(q_BxTxHxK, k_BxSxHxK, mask)
         return jnp.einsum("bhts,bshk->bthk", weights_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
     implementation = "cudnn" if backend == "cudnn" else None
+    if mask is not None:
+        # Leading size-1 axes up to the 4 axes [B|1, H|1, T|1, S] the code below indexes.
+        mask = jnp.reshape(mask, (1,) * (4 - mask.ndim) + mask.shape)
     out_BxTxHxK = jax.nn.dot_product_attention(
         q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask=mask, implementation=implementation
     )
     if mask is None:
         return out_BxTxHxK
-    # [B|1, H|1, T, S] -> [B|1, T, 1, 1]: zero the outputs of fully masked queries.
-    has_key_BxT = jnp.any(mask, axis=-1).any(axis=1)
-    return jnp.where(has_key_BxT[:, :, None, None], out_BxTxHxK, 0.0).astype(out_BxTxHxK.dtype)
+    # The fused kernel gives a query with no allowed key the mean of the values: zero it instead, in
+    # each head on its own ([B|1, H|1, T|1] -> [B|1, T|1, H|1, 1], broadcast over [B, T, H, K]).
+    has_key_BxTxHx1 = jnp.swapaxes(jnp.any(mask, axis=-1), 1, 2)[..., None]
+    return jnp.where(has_key_BxTxHx1, out_BxTxHxK, 0.0).astype(out_BxTxHxK.dtype)
 
 
 def fold_beams_into_queries(
