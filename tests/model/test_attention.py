@@ -15,7 +15,7 @@ from transformer_jax.model.masks import causal_mask, combine_masks, padding_mask
 
 
 def reference_attention(q, k, v, mask):
-    """softmax(q k^T / sqrt(d_k)) v in float64; q [B,T,H,K], mask [B|1,1,T,S] bool."""
+    """softmax(q k^T / sqrt(d_k)) v in float64; q [B,T,H,K], mask bool broadcastable to [B,H,T,S]."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     logits = np.einsum("bthk,bshk->bhts", q, k) / np.sqrt(q.shape[-1])
     mask = np.broadcast_to(np.asarray(mask), logits.shape)
@@ -68,6 +68,41 @@ def test_fully_masked_rows_are_finite_zeros(qkv_and_mask, backend):
     np.testing.assert_array_equal(out[1, 2], 0.0)
     grads = jax.grad(lambda q: scaled_dot_product_attention(q, k, v, jnp.asarray(mask), backend=backend).sum())(q)
     assert np.all(np.isfinite(grads))
+
+
+def _per_head_masks():
+    """Masks of every broadcastable form, with fully masked query rows in some heads only."""
+    rng = np.random.default_rng(2)
+    per_head = rng.random((2, 3, 5, 5)) < 0.6
+    per_head[0, 0, 1, :] = False  # head 0 of sentence 0: query 1 may attend to nothing ...
+    per_head[0, 1, 1, :] = True  # ... while head 1 of the same query attends everywhere
+    per_head[1, 2, :, :] = False  # every query of head 2 in sentence 1
+    one_batch = rng.random((1, 3, 5, 5)) < 0.5
+    one_batch[0, 1, 4, :] = False
+    shared = np.ones((1, 1, 5, 5), bool)
+    shared[0, 0, 3, :] = False  # one query row of every sentence and head
+    keys = np.array([[[[True, False, True, False, False]]], [[[False] * 5]]])  # [B, 1, 1, S]
+    return {"BxHxTxS": per_head, "1xHxTxS": one_batch, "1x1xTxS": shared, "Bx1x1xS": keys,
+            "TxS": shared[0, 0]}
+
+
+@pytest.mark.parametrize("form", list(_per_head_masks()))
+def test_backends_agree_and_zero_fully_masked_rows_per_head(qkv_and_mask, form):
+    q, k, v, _ = qkv_and_mask
+    mask = _per_head_masks()[form]
+    einsum = scaled_dot_product_attention(q, k, v, jnp.asarray(mask), backend="einsum")
+    fused = scaled_dot_product_attention(q, k, v, jnp.asarray(mask), backend="fused")
+    np.testing.assert_allclose(fused, einsum, rtol=1e-5, atol=1e-6)
+    # [B, T, H] True where a query has no allowed key in that head.
+    empty_BxTxH = np.swapaxes(~np.broadcast_to(mask, (2, 3, 5, 5)).any(-1), 1, 2)
+    assert empty_BxTxH.any() and not empty_BxTxH.all()
+    if form == "BxHxTxS":  # a query empty in one head but not in another
+        assert np.any(empty_BxTxH.any(axis=2) & ~empty_BxTxH.all(axis=2))
+    for out in (einsum, fused):
+        out = np.asarray(out)
+        assert np.all(out[empty_BxTxH] == 0.0)
+        assert np.all(np.abs(out[~empty_BxTxH]).sum(-1) > 0)
+    assert relative_error(fused, reference_attention(q, k, v, mask)) < 1e-5
 
 
 def test_attention_weights_rows_sum_to_one_and_respect_mask(qkv_and_mask):

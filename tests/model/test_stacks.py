@@ -5,17 +5,56 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
 
 from transformer_jax import Transformer, TransformerConfig
 from transformer_jax.errors import ConfigError
+from transformer_jax.model import DECODING_COLLECTIONS
 from transformer_jax.model.stacks import scanned_layout, unscanned_layout
 from transformer_jax.run.sharding import LOGICAL_AXIS_RULES
 from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer
 from transformer_jax.training.state import create_train_state
 
 
+def decoding_state_shapes(state):
+    """{'collection/path/to/leaf': shape} of the decoding state."""
+    return {"/".join(path): x.shape for path, x in traverse_util.flatten_dict(state).items()}
+
+
 def _params(config, src, tgt_in):
     return nn.meta.unbox(Transformer(config).init(jax.random.key(0), src, tgt_in)["params"])
+
+
+# The key projection has no bias (the softmax cancels it).
+ATTENTION = ("query/kernel", "query/bias", "key/kernel", "value/kernel", "value/bias", "out/kernel",
+             "out/bias")
+ENCODER_LAYER = (
+    {f"self_attention/{p}" for p in ATTENTION}
+    | {f"feed_forward/{p}/{q}" for p in ("inner", "outer") for q in ("kernel", "bias")}
+    | {f"{n}_norm/{q}" for n in ("self_attention", "feed_forward") for q in ("scale", "bias")}
+)
+DECODER_LAYER = (
+    ENCODER_LAYER | {f"cross_attention/{p}" for p in ATTENTION}
+    | {f"cross_attention_norm/{q}" for q in ("scale", "bias")}
+)
+
+
+@pytest.mark.parametrize("remat", ["none", "full"])
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_parameter_paths_are_the_checkpoint_layout(tiny_config, token_batch, scan_layers, remat):
+    """The parameter names checkpoints hold: scanning renames only `layer_i` -> `layers`; remat nothing."""
+    config = tiny_config.replace(scan_layers=scan_layers, remat=remat)
+    shapes = jax.eval_shape(lambda: _params(config, *token_batch))
+    paths = set(traverse_util.flatten_dict(shapes, sep="/"))
+    layers = ["layers"] if scan_layers else [f"layer_{i}" for i in range(config.num_layers)]
+    assert paths == (
+        {"shared_embedding/embedding"}
+        | {f"encoder/{layer}/{p}" for layer in layers for p in ENCODER_LAYER}
+        | {f"decoder/{layer}/{p}" for layer in layers for p in DECODER_LAYER}
+    )
+    if scan_layers:
+        assert {x.shape[0] for k, x in traverse_util.flatten_dict(shapes, sep="/").items()
+                if "/layers/" in k} == {config.num_layers}
 
 
 @pytest.mark.parametrize("norm_position", ["post", "pre"])
@@ -83,12 +122,22 @@ def test_scanned_cached_decoding_equals_full_forward(tiny_config, token_batch):
     model = Transformer(config, decoding=True)
     encoded = model.apply({"params": params}, src, method=Transformer.encode)
     _, state = model.apply({"params": params}, encoded, src, jnp.ones_like(tgt_in),
-                           method=Transformer.decode, mutable=["cache"])
-    assert state["cache"]["decoder"]["layers"]["self_attention"]["cached_key"].shape[0] == config.num_layers
+                           method=Transformer.decode, mutable=DECODING_COLLECTIONS)
+    # Each kind of state in its own collection; every layer's leaves gain a leading layer axis.
+    layers, (batch, length), kv = config.num_layers, tgt_in.shape, (config.num_heads, config.head_dim)
+    assert decoding_state_shapes(state) == {
+        "cache/decoder/layers/self_attention/cached_key": (layers, batch, length, *kv),
+        "cache/decoder/layers/self_attention/cached_value": (layers, batch, length, *kv),
+        "encoder_cache/decoder/layers/cross_attention/key": (layers, batch, src.shape[1], *kv),
+        "encoder_cache/decoder/layers/cross_attention/value": (layers, batch, src.shape[1], *kv),
+        "decode_step/decoder/layers/self_attention/cache_index": (layers,),
+        "decode_step/decoder/position": (),
+    }
     steps = []
     for t in range(tgt_in.shape[1]):
-        logits, state = model.apply({"params": params, "cache": state["cache"]}, encoded, src,
-                                    tgt_in[:, t : t + 1], method=Transformer.decode, mutable=["cache"])
+        logits, state = model.apply({"params": params, **state}, encoded, src,
+                                    tgt_in[:, t : t + 1], method=Transformer.decode,
+                                    mutable=DECODING_COLLECTIONS)
         steps.append(logits[:, 0])
     np.testing.assert_allclose(np.stack(steps, 1), full, atol=1e-5, rtol=1e-5)
 

@@ -5,8 +5,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
 
 from transformer_jax import TokenEmbedding, Transformer, TransformerConfig
+from transformer_jax.model import DECODING_COLLECTIONS
 
 
 def init(config, src, tgt_in, seed=0):
@@ -137,13 +139,22 @@ def test_cached_step_by_step_decoding_equals_full_forward(tiny_config, token_bat
     encoded = model.apply({"params": params}, src, method=Transformer.encode)
     # The call that creates the cache fixes its length and projects the encoder keys/values once.
     _, state = model.apply({"params": params}, encoded, src, jnp.ones_like(tgt_in),
-                           method=Transformer.decode, mutable=["cache"])
-    cache = state["cache"]
+                           method=Transformer.decode, mutable=DECODING_COLLECTIONS)
+    # Per-hypothesis keys/values, the encoder's keys/values and the step counters apart.
+    (batch, length), kv = tgt_in.shape, (config.num_heads, config.head_dim)
+    shapes = {"/".join(path): x.shape for path, x in traverse_util.flatten_dict(state).items()}
+    for i in range(config.num_layers):
+        layer = f"decoder/layer_{i}"
+        assert shapes.pop(f"cache/{layer}/self_attention/cached_key") == (batch, length, *kv)
+        assert shapes.pop(f"cache/{layer}/self_attention/cached_value") == (batch, length, *kv)
+        assert shapes.pop(f"encoder_cache/{layer}/cross_attention/key") == (batch, src.shape[1], *kv)
+        assert shapes.pop(f"encoder_cache/{layer}/cross_attention/value") == (batch, src.shape[1], *kv)
+        assert shapes.pop(f"decode_step/{layer}/self_attention/cache_index") == ()
+    assert shapes == {"decode_step/decoder/position": ()}
     steps = []
     for t in range(tgt_in.shape[1]):
-        logits, state = model.apply({"params": params, "cache": cache}, encoded, src, tgt_in[:, t : t + 1],
-                                    method=Transformer.decode, mutable=["cache"])
-        cache = state["cache"]
+        logits, state = model.apply({"params": params, **state}, encoded, src, tgt_in[:, t : t + 1],
+                                    method=Transformer.decode, mutable=DECODING_COLLECTIONS)
         steps.append(logits[:, 0])
     np.testing.assert_allclose(np.stack(steps, 1), full, atol=1e-5, rtol=1e-5)
 

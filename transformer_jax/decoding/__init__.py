@@ -11,7 +11,7 @@ from transformer_jax.decoding.beam_search import (
     beam_search,
     beam_search_loop,
 )
-from transformer_jax.decoding.cache import cached_step, prefix_step
+from transformer_jax.decoding.cache import StepState, cached_step, prefix_step
 from transformer_jax.decoding.lengths import length_penalty, max_output_lengths
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.sampling import (
@@ -23,7 +23,7 @@ from transformer_jax.decoding.sampling import (
 from transformer_jax.decoding.translate import translate_batch
 
 __all__ = [
-    "BeamSearchOutput", "DecodeOptions", "beam_search", "beam_search_loop", "cached_step", "filter_logits",
-    "greedy_decode", "length_penalty", "max_output_lengths", "prefix_step", "sample_decode", "token_loop",
-    "translate_batch",
+    "BeamSearchOutput", "DecodeOptions", "StepState", "beam_search", "beam_search_loop", "cached_step",
+    "filter_logits", "greedy_decode", "length_penalty", "max_output_lengths", "prefix_step", "sample_decode",
+    "token_loop", "translate_batch",
 ]

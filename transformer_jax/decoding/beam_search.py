@@ -2,7 +2,8 @@
 
 The loop knows nothing of the model: it drives a `step_fn(tokens, state) -> (log_probs, state)`
 (decoding/cache.py) inside one jitted `jax.lax.while_loop` that stops as soon as no sentence can
-improve. Hypothesis n of sentence b is row b*N + n of every per-hypothesis array.
+improve. Hypothesis n of sentence b is row b*N + n of every per-hypothesis array (on the axis the
+StepState names).
 
 Shapes: B sentences, N beams, L output length, V vocabulary. Outputs exclude BOS and hold padding (0)
 after EOS.
@@ -21,6 +22,7 @@ from transformer_jax.decoding.cache import (
     EOS_ID,
     NEG_INF,
     StepFn,
+    StepState,
     cached_step,
     prefix_step,
     reorder_hypotheses,
@@ -47,7 +49,7 @@ class _BeamState(NamedTuple):
     finished_BxNxL: jax.Array
     finished_scores_BxN: jax.Array
     done_B: jax.Array
-    model_state: Any
+    model_state: StepState
 
 
 def _beam_step(
@@ -83,7 +85,8 @@ def _beam_step(
     live_BxNxL = jnp.take_along_axis(cand_Bx2NxL, keep_BxN[:, :, None], axis=1)
     parent_BxN = jnp.take_along_axis(parent_Bx2N, keep_BxN, axis=1)
     rows_BN = (jnp.arange(batch)[:, None] * beams + parent_BxN).reshape(-1)
-    model_state = reorder_hypotheses(model_state, rows_BN)
+    model_state = model_state.replace(per_hypothesis=reorder_hypotheses(
+        model_state.per_hypothesis, rows_BN, model_state.hypothesis_axis))
 
     # log P only falls and lp only grows, so no live hypothesis can score above this bound.
     best_possible_B = live_log_probs_BxN[:, 0] / length_penalty(max_lengths_B, alpha)
@@ -105,10 +108,10 @@ def _beam_step(
 
 
 def beam_search_loop(
-    step_fn: StepFn, state: Any, max_lengths_B: jax.Array, *, beam_size: int, output_length: int,
+    step_fn: StepFn, state: StepState, max_lengths_B: jax.Array, *, beam_size: int, output_length: int,
     alpha: float | jax.Array, num_returned: int = 1, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
 ) -> BeamSearchOutput:
-    """Beam search over `step_fn`, batched over sentences; `state` leaves lead with B*N rows."""
+    """Beam search over `step_fn`, batched over sentences; `state.per_hypothesis` has B*N rows."""
     batch = max_lengths_B.shape[0]
     # All beams start as the same BOS; only beam 0 is live, so the first step has no duplicates.
     first_log_probs_N = jnp.where(jnp.arange(beam_size) == 0, 0.0, NEG_INF)

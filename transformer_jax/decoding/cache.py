@@ -1,8 +1,9 @@
 """The Transformer's decoding step, with its key/value cache, and the full-prefix reference step.
 
 A step function `step_fn(tokens [B*N, 1], state) -> (log_probs [B*N, V], state)` is what the search
-loops (sampling.py, beam_search.py) drive. `cached_step` runs one position per call against the
-decoder's cache; `prefix_step` reruns the full forward pass on the whole prefix (the reference the
+loops (sampling.py, beam_search.py) drive; its `StepState` keeps what is per hypothesis (reordered by
+beam search) apart from what all hypotheses share. `cached_step` runs one position per call against
+the decoder's cache; `prefix_step` reruns the full forward pass on the whole prefix (the reference the
 cached step is tested and benchmarked against). PAD and BOS are never generated.
 """
 
@@ -12,8 +13,14 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
-from flax import traverse_util
+from flax import struct
 
+from transformer_jax.model.attention import (
+    DECODE_STEP,
+    DECODING_COLLECTIONS,
+    ENCODER_CACHE,
+    HYPOTHESIS_CACHE,
+)
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.masks import PAD_ID
 from transformer_jax.model.transformer import Transformer
@@ -22,27 +29,29 @@ from transformer_jax.model.transformer import Transformer
 BOS_ID = 2
 EOS_ID = 3
 NEG_INF = -jnp.inf
-# step_fn(tokens [B*N, 1], state) -> (log-probabilities [B*N, V], state): one decoding step.
+
+
+@struct.dataclass
+class StepState:
+    """A step function's state: the part kept per hypothesis and the part all hypotheses share.
+
+    Beam search reorders `per_hypothesis` as it keeps and drops hypotheses: every leaf has one row per
+    hypothesis on axis `hypothesis_axis` (static). `shared` (step counters) is never reordered.
+    """
+
+    per_hypothesis: Any
+    shared: Any = None
+    hypothesis_axis: int = struct.field(pytree_node=False, default=0)
+
+
+# step_fn(tokens [B*N, 1], state) -> (log-probabilities [B*N, V], state): one decoding step. Beam
+# search needs the state to be a StepState; greedy decoding and sampling take any state.
 StepFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
 
 
-def _hypothesis_axis(path: tuple[Any, ...]) -> int:
-    """Leaves of a scanned layer stack (module `layers`) carry the layer axis first, hypotheses second."""
-    return 1 if any(getattr(key, "key", None) == "layers" for key in path) else 0
-
-
-def reorder_hypotheses(state: Any, rows_BN: jax.Array) -> Any:
-    """Gathers row `rows_BN[i]` of every leaf's hypothesis axis into row i.
-
-    The hypothesis axis is the leading one, or the second in a scanned stack; leaves without it (step
-    counters, per-layer counters) are kept as they are.
-    """
-
-    def reorder(path: tuple[Any, ...], x: jax.Array) -> jax.Array:
-        axis = _hypothesis_axis(path)
-        return jnp.take(x, rows_BN, axis=axis) if x.ndim > axis else x
-
-    return jax.tree_util.tree_map_with_path(reorder, state)
+def reorder_hypotheses(per_hypothesis: Any, rows_BN: jax.Array, axis: int) -> Any:
+    """Gathers row `rows_BN[i]` of axis `axis` of every leaf into row i."""
+    return jax.tree.map(lambda x: jnp.take(x, rows_BN, axis=axis), per_hypothesis)
 
 
 def allowed_log_probs(logits_BxV: jax.Array) -> jax.Array:
@@ -52,19 +61,15 @@ def allowed_log_probs(logits_BxV: jax.Array) -> jax.Array:
     return jax.nn.log_softmax(jnp.where(allowed_V, logits_BxV.astype(jnp.float32), NEG_INF), axis=-1)
 
 
-def _is_shared(path: tuple[str, ...]) -> bool:
-    return path[-1] in ("cross_key", "cross_value")
-
-
 def cached_step(
     params: Any, config: TransformerConfig, src_tokens_BxS: jax.Array, beam_size: int, output_length: int
-) -> tuple[StepFn, Any]:
+) -> tuple[StepFn, StepState]:
     """The Transformer's one-position step against its key/value cache, and its initial state.
 
     The encoder runs once; each layer's encoder-decoder keys/values are projected once, kept at
-    [B, S, H, K] outside the per-hypothesis state and shared by the N beams of a sentence (the
-    attention folds beams into its query axis). The state holds the self-attention caches
-    [B*N, L, H, K] and the step counters.
+    [B, S, H, K] outside the state and shared by the N beams of a sentence (the attention folds beams
+    into its query axis). The state holds the self-attention caches [B*N, L, H, K] per hypothesis (a
+    scanned stack puts its layer axis first: [layers, B*N, L, H, K]) and the step counters.
     """
     model = Transformer(config, decoding=True)
     encoded_BxSxD = model.apply({"params": params}, src_tokens_BxS, method=Transformer.encode)
@@ -73,38 +78,39 @@ def cached_step(
     dummy_BNxL = jnp.ones((src_BNxS.shape[0], output_length), jnp.int32)
     # Creates the cache; its logits are unused, so XLA drops that forward pass.
     _, variables = model.apply({"params": params}, encoded_BxSxD, src_BNxS, dummy_BNxL,
-                               method=Transformer.decode, mutable=["cache"])
-    flat = traverse_util.flatten_dict(variables["cache"])
-    shared = {path: leaf for path, leaf in flat.items() if _is_shared(path)}
+                               method=Transformer.decode, mutable=DECODING_COLLECTIONS)
+    encoder_cache = variables[ENCODER_CACHE]
 
-    def split(cache: Any) -> Any:
-        flat_cache = traverse_util.flatten_dict(cache)
-        return traverse_util.unflatten_dict({p: x for p, x in flat_cache.items() if not _is_shared(p)})
-
-    def step(tokens_BNx1: jax.Array, state: Any) -> tuple[jax.Array, Any]:
-        cache = traverse_util.unflatten_dict({**shared, **traverse_util.flatten_dict(state)})
+    def step(tokens_BNx1: jax.Array, state: StepState) -> tuple[jax.Array, StepState]:
         logits_BNx1xV, variables = model.apply(
-            {"params": params, "cache": cache}, encoded_BxSxD, src_BNxS, tokens_BNx1,
-            method=Transformer.decode, mutable=["cache"])
-        return allowed_log_probs(logits_BNx1xV[:, 0]), split(variables["cache"])
+            {"params": params, ENCODER_CACHE: encoder_cache, HYPOTHESIS_CACHE: state.per_hypothesis,
+             DECODE_STEP: state.shared},
+            encoded_BxSxD, src_BNxS, tokens_BNx1, method=Transformer.decode,
+            mutable=[HYPOTHESIS_CACHE, DECODE_STEP])
+        new_state = state.replace(per_hypothesis=variables[HYPOTHESIS_CACHE], shared=variables[DECODE_STEP])
+        return allowed_log_probs(logits_BNx1xV[:, 0]), new_state
 
-    return step, split(variables["cache"])
+    # nn.scan stacks the layers' caches on a leading axis; keeping it there (hypotheses second)
+    # spares a transpose of the whole cache at every step.
+    hypothesis_axis = 1 if config.scan_layers else 0
+    return step, StepState(variables[HYPOTHESIS_CACHE], variables[DECODE_STEP], hypothesis_axis)
 
 
 def prefix_step(
     params: Any, config: TransformerConfig, src_tokens_BxS: jax.Array, beam_size: int, output_length: int
-) -> tuple[StepFn, Any]:
+) -> tuple[StepFn, StepState]:
     """A step without a cache: `Transformer.__call__` on the whole prefix padded to L, every step."""
     model = Transformer(config)
     src_BNxS = jnp.repeat(src_tokens_BxS, beam_size, axis=0)
 
-    def step(tokens_BNx1: jax.Array, state: Any) -> tuple[jax.Array, Any]:
-        position = state["step"]
+    def step(tokens_BNx1: jax.Array, state: StepState) -> tuple[jax.Array, StepState]:
+        position = state.shared
         prefix_BNxL = jax.lax.dynamic_update_slice_in_dim(
-            state["prefix"], tokens_BNx1, position, axis=1)
+            state.per_hypothesis, tokens_BNx1, position, axis=1)
         logits_BNxLxV = model.apply({"params": params}, src_BNxS, prefix_BNxL)
         logits_BNxV = jax.lax.dynamic_index_in_dim(logits_BNxLxV, position, axis=1, keepdims=False)
-        return allowed_log_probs(logits_BNxV), {"prefix": prefix_BNxL, "step": position + 1}
+        return allowed_log_probs(logits_BNxV), StepState(prefix_BNxL, position + 1)
 
+    # The state is the [B*N, L] prefix of each hypothesis and the position to write next.
     prefix_BNxL = jnp.full((src_BNxS.shape[0], output_length), PAD_ID, jnp.int32)
-    return step, {"prefix": prefix_BNxL, "step": jnp.array(0, jnp.int32)}
+    return step, StepState(prefix_BNxL, jnp.array(0, jnp.int32))

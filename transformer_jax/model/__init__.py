@@ -4,9 +4,11 @@ Reading order: `config` (hyperparameters) -> `masks`, `attention` (section 3.2) 
 (section 3.4), `positional_encoding` (section 3.5), `feed_forward` (section 3.3), `dropout` ->
 `layers` (residual + LayerNorm, encoder and decoder layers) -> `stacks` (Encoder, Decoder) ->
 `transformer` (the encoder-decoder). `flops` counts the model's FLOPs analytically.
+`Transformer(config, decoding=True)` decodes one position per call with `mutable=DECODING_COLLECTIONS`.
 """
 
 from transformer_jax.model.attention import (
+    DECODING_COLLECTIONS,
     MultiHeadAttention,
     attention_weights,
     scaled_dot_product_attention,
@@ -35,7 +37,7 @@ from transformer_jax.model.stacks import (
 from transformer_jax.model.transformer import Transformer
 
 __all__ = [
-    "PAD_ID", "PRESETS", "Decoder", "DecoderLayer", "Encoder", "EncoderLayer",
+    "DECODING_COLLECTIONS", "PAD_ID", "PRESETS", "Decoder", "DecoderLayer", "Encoder", "EncoderLayer",
     "FeedForward", "MultiHeadAttention", "OutputProjection", "PositionalEncoding", "TokenEmbedding",
     "Transformer", "TransformerConfig", "attention_weights", "causal_mask", "combine_masks", "padding_mask",
     "scaled_dot_product_attention", "scanned_layout", "segment_mask", "sinusoidal_encoding", "unscanned_layout",

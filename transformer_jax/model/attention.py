@@ -18,6 +18,15 @@ from transformer_jax.model.masks import combine_masks
 # Masked logits are set to this large finite negative (not -inf) so no row can produce NaN.
 MASK_VALUE = float(jnp.finfo(jnp.float32).min)
 
+# Decoding state lives in three collections, one per kind, so no code has to tell them apart by name:
+# self-attention keys/values (one row per hypothesis, reordered by beam search), encoder-decoder
+# keys/values (one row per sentence, shared by its beams), and the step counters (shared by all).
+HYPOTHESIS_CACHE = "cache"
+ENCODER_CACHE = "encoder_cache"
+DECODE_STEP = "decode_step"
+# Pass as `mutable=` to the decoding call that creates the cache.
+DECODING_COLLECTIONS = (HYPOTHESIS_CACHE, ENCODER_CACHE, DECODE_STEP)
+
 
 def attention_weights(
     q_BxTxHxK: jax.Array, k_BxSxHxK: jax.Array, mask: jax.Array | None = None
@@ -52,14 +61,18 @@ def scaled_dot_product_attention(
         weights_BxHxTxS = attention_weights(q_BxTxHxK, k_BxSxHxK, mask)
         return jnp.einsum("bhts,bshk->bthk", weights_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
     implementation = "cudnn" if backend == "cudnn" else None
+    if mask is not None:
+        # Leading size-1 axes up to the 4 axes [B|1, H|1, T|1, S] the code below indexes.
+        mask = jnp.reshape(mask, (1,) * (4 - mask.ndim) + mask.shape)
     out_BxTxHxK = jax.nn.dot_product_attention(
         q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask=mask, implementation=implementation
     )
     if mask is None:
         return out_BxTxHxK
-    # [B|1, H|1, T, S] -> [B|1, T, 1, 1]: zero the outputs of fully masked queries.
-    has_key_BxT = jnp.any(mask, axis=-1).any(axis=1)
-    return jnp.where(has_key_BxT[:, :, None, None], out_BxTxHxK, 0.0).astype(out_BxTxHxK.dtype)
+    # The fused kernel gives a query with no allowed key the mean of the values: zero it instead, in
+    # each head on its own ([B|1, H|1, T|1] -> [B|1, T|1, H|1, 1], broadcast over [B, T, H, K]).
+    has_key_BxTxHx1 = jnp.swapaxes(jnp.any(mask, axis=-1), 1, 2)[..., None]
+    return jnp.where(has_key_BxTxHx1, out_BxTxHxK, 0.0).astype(out_BxTxHxK.dtype)
 
 
 def fold_beams_into_queries(
@@ -92,12 +105,14 @@ class MultiHeadAttention(nn.Module):
     heads are computed by one matmul. Called with `inputs_kv=None` it is self-attention; with
     `inputs_kv` it is encoder-decoder (cross) attention.
 
-    With `decode=True` it keeps a 'cache' collection for incremental decoding:
-      * self-attention appends the new position's key/value to a [B, max_len, H, K] cache each step;
-        the cache length is the query length of the call that creates it;
-      * cross-attention projects the encoder output to keys/values once, when the cache is created,
-        and reuses them at every later step. Queries may carry N hypotheses (beams) per sentence,
-        [B*N, T, ...] against [B, S, ...] encoder keys/values: the beams then share one copy of them.
+    With `decode=True` it keeps decoding state in the `DECODING_COLLECTIONS`:
+      * self-attention appends the new position's key/value to a [B, max_len, H, K] cache each step
+        (collection 'cache'), at its step counter (collection 'decode_step'); the cache length is the
+        query length of the call that creates it;
+      * cross-attention projects the encoder output to keys/values once, when the cache is created
+        (collection 'encoder_cache'), and reuses them at every later step. Queries may carry N
+        hypotheses (beams) per sentence, [B*N, T, ...] against [B, S, ...] encoder keys/values: the
+        beams then share one copy of them.
     """
 
     num_heads: int
@@ -180,11 +195,11 @@ class MultiHeadAttention(nn.Module):
         self, key_proj: nn.Module, value_proj: nn.Module, inputs_kv: jax.Array
     ) -> tuple[jax.Array, jax.Array]:
         """Encoder keys/values from the cache; projected (once) when the cache is created."""
-        if self.has_variable("cache", "cross_key"):
-            return self.get_variable("cache", "cross_key"), self.get_variable("cache", "cross_value")
+        if self.has_variable(ENCODER_CACHE, "key"):
+            return self.get_variable(ENCODER_CACHE, "key"), self.get_variable(ENCODER_CACHE, "value")
         k_BxSxHxK, v_BxSxHxK = key_proj(inputs_kv), value_proj(inputs_kv)
-        self.put_variable("cache", "cross_key", k_BxSxHxK)
-        self.put_variable("cache", "cross_value", v_BxSxHxK)
+        self.put_variable(ENCODER_CACHE, "key", k_BxSxHxK)
+        self.put_variable(ENCODER_CACHE, "value", v_BxSxHxK)
         return k_BxSxHxK, v_BxSxHxK
 
     def _append_to_cache(
@@ -194,10 +209,12 @@ class MultiHeadAttention(nn.Module):
 
         The call that creates the cache passes the whole (dummy) target, which sets the cache length.
         """
-        is_initialized = self.has_variable("cache", "cached_key")
-        cached_key = self.variable("cache", "cached_key", jnp.zeros, k_BxTxHxK.shape, k_BxTxHxK.dtype)
-        cached_value = self.variable("cache", "cached_value", jnp.zeros, v_BxTxHxK.shape, v_BxTxHxK.dtype)
-        cache_index = self.variable("cache", "cache_index", lambda: jnp.array(0, jnp.int32))
+        is_initialized = self.has_variable(HYPOTHESIS_CACHE, "cached_key")
+        cached_key = self.variable(
+            HYPOTHESIS_CACHE, "cached_key", jnp.zeros, k_BxTxHxK.shape, k_BxTxHxK.dtype)
+        cached_value = self.variable(
+            HYPOTHESIS_CACHE, "cached_value", jnp.zeros, v_BxTxHxK.shape, v_BxTxHxK.dtype)
+        cache_index = self.variable(DECODE_STEP, "cache_index", lambda: jnp.array(0, jnp.int32))
         if not is_initialized:
             return k_BxTxHxK, v_BxTxHxK, mask
         if k_BxTxHxK.shape[1] != 1:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.model.attention import DECODE_STEP, ENCODER_CACHE, HYPOTHESIS_CACHE
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.embeddings import OutputProjection, TokenEmbedding
@@ -44,61 +45,90 @@ def _segment_mask_or_none(q_segments: jax.Array | None, kv_segments: jax.Array |
     return segment_mask(q_segments, kv_segments)
 
 
-class _ScannedEncoderLayer(EncoderLayer):
-    """An EncoderLayer with the (carry, output) signature `nn.scan` needs."""
+class EncoderStackInputs(NamedTuple):
+    """What every encoder layer of a stack receives besides the carried activations."""
 
-    def __call__(self, x_BxSxD, mask, deterministic=True):  # type: ignore[override]
-        return super().__call__(x_BxSxD, mask, deterministic), None
-
-
-class _ScannedDecoderLayer(DecoderLayer):
-    """A DecoderLayer with the (carry, output) signature `nn.scan` needs."""
-
-    def __call__(self, y_BxTxD, encoded_BxSxD, self_mask, cross_mask, deterministic=True):  # type: ignore[override]
-        return super().__call__(y_BxTxD, encoded_BxSxD, self_mask, cross_mask, deterministic), None
+    mask: jax.Array | None  # [B, 1, S, S] self-attention mask
 
 
-_SCAN_ADAPTERS: dict[type[nn.Module], type[nn.Module]] = {
-    EncoderLayer: _ScannedEncoderLayer, DecoderLayer: _ScannedDecoderLayer,
-}
+class DecoderStackInputs(NamedTuple):
+    """What every decoder layer of a stack receives besides the carried activations."""
+
+    encoded_BxSxD: jax.Array
+    self_mask: jax.Array | None  # [B, 1, T, T]; None while stepping (the cache masks)
+    cross_mask: jax.Array | None  # [B, 1, T, S]
+
+
+class StackedEncoderLayer(EncoderLayer):
+    """An EncoderLayer as one step of a stack: (x, inputs) -> (x, None), the form `nn.scan` needs.
+
+    A subclass, so its parameters are named exactly as an EncoderLayer's.
+    """
+
+    deterministic: bool = True
+
+    def __call__(  # type: ignore[override]
+        self, x_BxSxD: jax.Array, inputs: EncoderStackInputs
+    ) -> tuple[jax.Array, None]:
+        """[B, S, d_model] -> ([B, S, d_model], None)."""
+        return super().__call__(x_BxSxD, inputs.mask, self.deterministic), None
+
+
+class StackedDecoderLayer(DecoderLayer):
+    """A DecoderLayer as one step of a stack: (y, inputs) -> (y, None), the form `nn.scan` needs.
+
+    A subclass, so its parameters are named exactly as a DecoderLayer's.
+    """
+
+    deterministic: bool = True
+
+    def __call__(  # type: ignore[override]
+        self, y_BxTxD: jax.Array, inputs: DecoderStackInputs
+    ) -> tuple[jax.Array, None]:
+        """[B, T, d_model] -> ([B, T, d_model], None)."""
+        y_BxTxD = super().__call__(
+            y_BxTxD, inputs.encoded_BxSxD, inputs.self_mask, inputs.cross_mask, self.deterministic)
+        return y_BxTxD, None
 
 
 _REMAT_POLICIES = {"full": None, "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
-def layer_stack(config: TransformerConfig, layer: type[nn.Module], num_args: int, **kwargs) -> list[nn.Module] | nn.Module:
+def layer_stack(
+    config: TransformerConfig, layer: type[StackedEncoderLayer | StackedDecoderLayer], **attributes: Any
+) -> list[nn.Module] | nn.Module:
     """The N layers of a stack, rematerialized and/or scanned as `config` asks.
 
-    `num_args` is the number of arguments after the carried activations (the last is
-    `deterministic`, kept static). Returns a list of N layers, or one scanned module when
-    `config.scan_layers` (then called once; its leading parameter axis is the layer, named `layers`).
+    `attributes` (e.g. `deterministic`) go to every layer. Returns a list of N layers, or one scanned
+    module when `config.scan_layers` (its leading parameter axis is the layer, named `layers`).
     """
-    if config.scan_layers:
-        layer = _SCAN_ADAPTERS[layer]
     if config.remat != "none":
-        # Argument numbers count the module itself as 0 and the carried activations as 1.
-        layer = nn.remat(layer, policy=_REMAT_POLICIES[config.remat], prevent_cse=not config.scan_layers,
-                         static_argnums=(num_args + 1,))
+        layer = nn.remat(layer, policy=_REMAT_POLICIES[config.remat], prevent_cse=not config.scan_layers)
     if not config.scan_layers:
-        return [layer(config, name=f"layer_{i}", **kwargs) for i in range(config.num_layers)]
+        return [layer(config, name=f"layer_{i}", **attributes) for i in range(config.num_layers)]
     scanned = nn.scan(
         layer,
-        variable_axes={"params": 0, "cache": 0, "intermediates": 0},
+        # Every collection a layer has gets a leading layer axis (decoding state included).
+        variable_axes={
+            "params": 0, "intermediates": 0, HYPOTHESIS_CACHE: 0, ENCODER_CACHE: 0, DECODE_STEP: 0,
+        },
         split_rngs={"params": True, "dropout": True},
-        in_axes=(nn.broadcast,) * num_args,
+        in_axes=(nn.broadcast,),
         length=config.num_layers,
         metadata_params={nn.PARTITION_NAME: "layers"},
     )
-    return scanned(config, name="layers", **kwargs)
+    return scanned(config, name="layers", **attributes)
 
 
-def run_stack(stack: list[nn.Module] | nn.Module, x: jax.Array, *args) -> jax.Array:
-    """Apply the layers from `layer_stack` in order to `x` (other arguments shared by every layer)."""
+def run_stack(
+    stack: list[nn.Module] | nn.Module, x: jax.Array, inputs: EncoderStackInputs | DecoderStackInputs
+) -> jax.Array:
+    """Apply the layers from `layer_stack` in order to `x`, each also given the shared `inputs`."""
     if isinstance(stack, list):
         for layer in stack:
-            x = layer(x, *args)
+            x, _ = layer(x, inputs)
         return x
-    return stack(x, *args)[0]
+    return stack(x, inputs)[0]
 
 
 def scanned_layout(params: Any) -> Any:
@@ -160,7 +190,8 @@ class Encoder(nn.Module):
         mask = combine_masks(
             padding_mask(src_tokens, src_tokens), _segment_mask_or_none(src_segments, src_segments)
         )
-        x_BxSxD = run_stack(layer_stack(cfg, EncoderLayer, 2), x_BxSxD, mask, deterministic)
+        layers = layer_stack(cfg, StackedEncoderLayer, deterministic=deterministic)
+        x_BxSxD = run_stack(layers, x_BxSxD, EncoderStackInputs(mask))
         if cfg.norm_position == "pre":
             x_BxSxD = layer_norm(cfg, "final_norm")(x_BxSxD)
         return x_BxSxD
@@ -169,8 +200,9 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """Embedding + positions, dropout, N decoder layers, (final LayerNorm,) pre-softmax projection.
 
-    With `decode=True` it runs one target position per call against a 'cache' collection; the
-    call that creates the cache (given the whole, possibly dummy, target) fixes its length.
+    With `decode=True` it runs one target position per call against its decoding state (the
+    `DECODING_COLLECTIONS`, its own position in 'decode_step'); the call that creates that state
+    (given the whole, possibly dummy, target) fixes the cache length.
     """
 
     config: TransformerConfig
@@ -192,9 +224,9 @@ class Decoder(nn.Module):
         """[B, T] shifted-right target ids -> [B, T, vocab] float32 logits."""
         cfg = self.config
         embed = self.shared_embedding if self.shared_embedding is not None else token_embedding(cfg, "embedding")
-        stepping = self.decode and self.has_variable("cache", "position")
+        stepping = self.decode and self.has_variable(DECODE_STEP, "position")
         if self.decode:
-            position = self.variable("cache", "position", lambda: jnp.array(0, jnp.int32))
+            position = self.variable(DECODE_STEP, "position", lambda: jnp.array(0, jnp.int32))
             if stepping and tgt_positions is None:
                 tgt_positions = jnp.broadcast_to(position.value, tgt_in.shape)
             if stepping:
@@ -215,8 +247,8 @@ class Decoder(nn.Module):
         cross_mask = combine_masks(
             padding_mask(tgt_in, src_tokens), _segment_mask_or_none(tgt_segments, src_segments)
         )
-        layers = layer_stack(cfg, DecoderLayer, 4, decode=self.decode)
-        y_BxTxD = run_stack(layers, y_BxTxD, encoded_BxSxD, self_mask, cross_mask, deterministic)
+        layers = layer_stack(cfg, StackedDecoderLayer, decode=self.decode, deterministic=deterministic)
+        y_BxTxD = run_stack(layers, y_BxTxD, DecoderStackInputs(encoded_BxSxD, self_mask, cross_mask))
         if cfg.norm_position == "pre":
             y_BxTxD = layer_norm(cfg, "final_norm")(y_BxTxD)
         if cfg.tie_output_embedding:

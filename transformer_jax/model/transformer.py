@@ -18,7 +18,8 @@ class Transformer(nn.Module):
     """
 
     config: TransformerConfig
-    # True builds the decoder for one-position-per-call decoding with a key/value cache.
+    # True builds the decoder for one-position-per-call decoding with a key/value cache: call
+    # `decode` with `mutable=DECODING_COLLECTIONS` (model/attention.py says what each one holds).
     decoding: bool = False
 
     def setup(self) -> None:

@@ -1,0 +1,102 @@
+"""The cached decoding step: equal to the full forward pass, its state split by kind, one encoder copy."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from transformer_jax.data.tokenizer import BOS_ID, EOS_ID
+from transformer_jax.decoding.beam_search import beam_search
+from transformer_jax.decoding.cache import cached_step, reorder_hypotheses
+from transformer_jax.decoding.sampling import greedy_decode
+from transformer_jax.model.stacks import scanned_layout
+
+
+def test_cached_step_log_probs_equal_the_full_forward_pass_for_every_beam(model, full_forward_log_probs):
+    params, config, src = model
+    beams, length = 2, 6
+    targets = jnp.asarray(np.random.default_rng(0).integers(4, 50, (src.shape[0] * beams, length)))
+    tgt_in = jnp.concatenate([jnp.full((targets.shape[0], 1), BOS_ID), targets[:, :-1]], axis=1)
+
+    @jax.jit
+    def stepwise(params, src, tgt_in):
+        step, state = cached_step(params, config, src, beams, length)
+        return jax.lax.scan(lambda s, tokens: step(tokens[:, None], s)[::-1], state, tgt_in.T)[1]
+
+    cached = np.asarray(stepwise(params, src, tgt_in)).transpose(1, 0, 2)
+    full = full_forward_log_probs(params, config, jnp.repeat(src, beams, axis=0), tgt_in)
+    real = np.isfinite(full)
+    np.testing.assert_array_equal(np.isfinite(cached), real)
+    np.testing.assert_allclose(cached[real], np.asarray(full)[real], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_the_state_keeps_per_hypothesis_caches_apart_from_the_step_counters(model, scan_layers):
+    """Every per-hypothesis leaf has B*N rows on the hypothesis axis; the counters are not per hypothesis."""
+    params, config, src = model
+    config = config.replace(scan_layers=scan_layers)
+    params = scanned_layout(params) if scan_layers else params
+    beams, length = 3, 5
+    state = jax.eval_shape(lambda p: cached_step(p, config, src, beams, length)[1], params)
+    assert state.hypothesis_axis == (1 if scan_layers else 0)
+    # A scanned stack holds one leaf per kind with a leading layer axis; a plain one, one per layer.
+    layers, stacks = ((config.num_layers,), 1) if scan_layers else ((), config.num_layers)
+    caches = jax.tree.leaves(state.per_hypothesis)
+    assert len(caches) == 2 * stacks  # self-attention keys and values; no encoder keys/values
+    kv = (config.num_heads, config.head_dim)
+    assert {x.shape for x in caches} == {layers + (src.shape[0] * beams, length) + kv}
+    # Step counters: one per self-attention and the decoder's position.
+    assert sorted(x.shape for x in jax.tree.leaves(state.shared)) == sorted([()] + [layers] * stacks)
+
+
+def test_reorder_hypotheses_gathers_rows_of_the_given_axis():
+    x_2x3 = jnp.array([[0, 1, 2], [10, 11, 12]])
+    y_1x3x2 = jnp.arange(6).reshape(1, 3, 2)
+    rows = jnp.array([2, 2, 0])
+    reordered = reorder_hypotheses({"x": x_2x3, "y": [y_1x3x2]}, rows, axis=1)
+    np.testing.assert_array_equal(reordered["x"], [[2, 2, 0], [12, 12, 10]])
+    np.testing.assert_array_equal(reordered["y"][0], [[[4, 5], [4, 5], [0, 1]]])
+    np.testing.assert_array_equal(reorder_hypotheses(x_2x3.T, rows, axis=0), [[2, 12], [2, 12], [0, 10]])
+
+
+def test_greedy_with_cache_equals_greedy_by_repeated_full_forward(model, greedy_output):
+    uncached = greedy_decode(*model, max_extra_length=6, use_cache=False)
+    np.testing.assert_array_equal(greedy_output, uncached)
+    assert np.any(greedy_output == EOS_ID)  # some sentences end before their maximum length
+
+
+def test_beam_search_with_cache_equals_the_full_forward_reference(model, beam_output, beam_settings):
+    tokens, scores = beam_search(*model, **beam_settings, use_cache=False)
+    np.testing.assert_array_equal(beam_output[0], tokens)
+    np.testing.assert_allclose(beam_output[1], scores, atol=1e-5, rtol=1e-5)
+
+
+def test_scanned_layers_decode_the_same_beams(model, beam_output, beam_settings):
+    """With scan_layers the cache has a leading layer axis; beams must still be reordered per hypothesis."""
+    params, config, src = model
+    tokens, scores = beam_search(scanned_layout(params), config.replace(scan_layers=True), src, **beam_settings)
+    np.testing.assert_array_equal(beam_output[0], tokens)
+    np.testing.assert_allclose(beam_output[1], scores, atol=1e-5, rtol=1e-5)
+
+
+def test_beams_share_one_copy_of_the_encoder_keys_and_values(model, beam_settings):
+    params, config, src = model
+    batch, src_len = src.shape
+    jaxpr = jax.make_jaxpr(lambda p: beam_search(p, config, src, **beam_settings))(params)
+    shapes = set()
+
+    def collect(jaxpr):
+        for eqn in jaxpr.eqns:
+            shapes.update(v.aval.shape for v in eqn.outvars if jnp.issubdtype(v.aval.dtype, jnp.floating))
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else [value]:
+                    if hasattr(sub, "eqns") or hasattr(sub, "jaxpr"):
+                        collect(getattr(sub, "jaxpr", sub))
+
+    collect(jaxpr.jaxpr)
+    heads, head_dim = config.num_heads, config.head_dim
+    assert (batch, src_len, heads, head_dim) in shapes  # the cross keys/values, once per sentence
+    beams = beam_settings["beam_size"]
+    assert not any(s[:2] == (batch * beams, src_len) for s in shapes)  # never per beam

@@ -1,0 +1,34 @@
+"""DecodeOptions: the paper's defaults, one ConfigError naming the field per bad value, `replace`."""
+
+from __future__ import annotations
+
+import pytest
+
+from transformer_jax.decoding.options import DecodeOptions
+from transformer_jax.errors import ConfigError
+
+
+def test_defaults_are_the_papers():
+    options = DecodeOptions()
+    assert (options.mode, options.beam_size, options.alpha, options.max_extra_length) == ("beam", 4, 0.6, 50)
+    assert options.describe() == "beam search (beam 4, alpha 0.6)"
+
+
+@pytest.mark.parametrize("field, value", [
+    ("temperature", 0.0), ("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5), ("beam_size", 0),
+    ("mode", "nucleus"), ("top_k", -1), ("alpha", -0.1), ("max_extra_length", 0), ("batch_size", 0),
+])
+def test_a_bad_value_raises_a_config_error_naming_the_field(field, value):
+    with pytest.raises(ConfigError, match=field):
+        DecodeOptions(**{field: value})
+
+
+def test_replace_ignores_none_and_validates_again():
+    options = DecodeOptions(mode="sample", temperature=0.7)
+    changed = options.replace(temperature=None, top_p=0.9, beam_size=None)
+    assert (changed.mode, changed.temperature, changed.top_p, changed.beam_size) == ("sample", 0.7, 0.9, 4)
+    assert options.top_p == 1.0  # a copy: the original is unchanged
+    with pytest.raises(ConfigError, match="top_p"):
+        options.replace(top_p=2.0)
+    with pytest.raises(ConfigError, match="unknown"):
+        options.replace(beams=8)

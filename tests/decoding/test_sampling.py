@@ -1,0 +1,56 @@
+"""Greedy decoding and sampling: logit filtering, sampled frequencies, the key deciding the sample."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from transformer_jax.decoding.sampling import (
+    filter_logits,
+    sample_decode,
+    sampling_choice,
+)
+
+
+def test_filter_logits_temperature_top_k_and_top_p():
+    probs = jnp.array([[0.05, 0.5, 0.15, 0.3]])
+    log_probs = jnp.log(probs)
+    tempered = jax.nn.softmax(filter_logits(log_probs, 0.5))
+    np.testing.assert_allclose(tempered, probs**2 / jnp.sum(probs**2), rtol=1e-5)
+    assert np.isfinite(filter_logits(log_probs, 1.0, top_k=2)).tolist() == [[False, True, False, True]]
+    # The nucleus is the fewest most probable tokens whose mass reaches top_p.
+    assert np.isfinite(filter_logits(log_probs, 1.0, top_p=0.75)).tolist() == [[False, True, False, True]]
+    assert np.isfinite(filter_logits(log_probs, 1.0, top_p=0.5)).tolist() == [[False, True, False, False]]
+    assert np.isfinite(filter_logits(log_probs, 1.0, top_p=0.85)).tolist() == [[False, True, True, True]]
+    np.testing.assert_array_equal(filter_logits(log_probs, 1.0, top_p=1.0), log_probs)
+
+
+@functools.partial(jax.jit, static_argnames="top_k")
+def draw(log_probs, key, temperature=1.0, top_k=0, top_p=1.0):
+    return sampling_choice(temperature, top_k, top_p)(log_probs, key)
+
+
+def test_sampled_tokens_follow_the_filtered_distribution():
+    probs = np.array([0.5, 0.3, 0.15, 0.05])
+    log_probs = jnp.log(jnp.tile(jnp.asarray(probs, jnp.float32), (4000, 1)))
+
+    def frequencies(**settings):
+        return np.bincount(draw(log_probs, jax.random.key(0), **settings), minlength=4) / 4000
+
+    np.testing.assert_allclose(frequencies(), probs, atol=0.03)
+    np.testing.assert_allclose(frequencies(temperature=0.5), probs**2 / np.sum(probs**2), atol=0.03)
+    np.testing.assert_allclose(frequencies(top_k=2), [0.625, 0.375, 0, 0], atol=0.03)
+    np.testing.assert_allclose(frequencies(top_p=0.7), [0.625, 0.375, 0, 0], atol=0.03)
+
+
+def test_sampling_from_a_tiny_nucleus_is_greedy_and_the_key_decides_the_sample(model, greedy_output):
+    params, config, src = model
+    nucleus = sample_decode(params, config, src, jax.random.key(0), top_p=1e-6, max_extra_length=6)
+    np.testing.assert_array_equal(nucleus, greedy_output)
+    hot = [np.asarray(sample_decode(params, config, src, jax.random.key(k), temperature=5.0,
+                                    max_extra_length=6)) for k in (1, 1, 2)]
+    np.testing.assert_array_equal(hot[0], hot[1])
+    assert not np.array_equal(hot[0], hot[2])
