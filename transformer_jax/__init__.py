@@ -7,6 +7,7 @@ The package, by what a reader comes for:
   training/    loss, schedule and Adam, train step, the loop, checkpoints
   evaluation/  SacreBLEU/chrF, translating splits, checkpoint selection and averaging, plots
   run/         run config schema and reference, CLI helpers, device mesh
+  aot/         compiling a run for TPU topologies on a host without them
   errors.py    UserError, the root of every error a user can cause
 
 Importing this package loads only JAX and Flax: the training and evaluation stacks load when used.
@@ -18,6 +19,7 @@ from transformer_jax.decoding.sampling import greedy_decode, sample_decode
 from transformer_jax.decoding.translate import translate_batch
 from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.model.attention import (
+    DECODING_COLLECTIONS,
     MultiHeadAttention,
     attention_weights,
     scaled_dot_product_attention,
@@ -41,6 +43,7 @@ from transformer_jax.model.stacks import Decoder, Encoder
 from transformer_jax.model.transformer import Transformer
 
 __all__ = [
+    "DECODING_COLLECTIONS",
     "PAD_ID",
     "PRESETS",
     "ConfigError",

@@ -21,7 +21,6 @@ from transformer_jax.aot.chips import Chip, chip_for
 from transformer_jax.errors import ConfigError
 from transformer_jax.run.sharding import BATCH_AXES
 
-
 # Compile-only use touches no chip, so several processes may load libtpu at once (it otherwise takes a
 # lock file that a second process, e.g. this command run from a test, cannot get).
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
