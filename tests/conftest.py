@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from runs import tiny_run_config
 
 from transformer_jax import TransformerConfig
 
@@ -27,18 +28,6 @@ def token_batch() -> tuple[jax.Array, jax.Array]:
 def random_tokens(rng: np.random.Generator, shape: tuple[int, ...], vocab: int) -> jax.Array:
     """Non-pad token ids in [4, vocab)."""
     return jnp.asarray(rng.integers(4, vocab, size=shape), jnp.int32)
-
-
-def tiny_run_config():
-    """configs/smoke.py: the demo run shrunk to seconds (a small built-in corpus, a tiny model, 6 steps)."""
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parents[1] / "configs" / "smoke.py"
-    spec = importlib.util.spec_from_file_location("smoke_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
 
 
 @pytest.fixture

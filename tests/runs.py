@@ -19,11 +19,22 @@ TESTS = pathlib.Path(__file__).resolve().parent
 COMPILE_CACHE = pathlib.Path(tempfile.gettempdir()) / f"transformer_jax_test_compile_cache_{os.getuid()}"
 
 
+def tiny_run_config():
+    """configs/smoke.py: the demo run shrunk to seconds (a small built-in corpus, a tiny model, 6 steps)."""
+    import importlib.util
+
+    path = ROOT / "configs" / "smoke.py"
+    spec = importlib.util.spec_from_file_location("smoke_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
 def write_config(directory: pathlib.Path) -> str:
-    """A config file for the tiny run of conftest.tiny_run_config; returns its path."""
+    """A config file for the tiny run of tiny_run_config (configs/smoke.py); returns its path."""
     path = directory / "tiny_config.py"
     path.write_text(
-        f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom conftest import tiny_run_config\n\n"
+        f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom runs import tiny_run_config\n\n"
         "def get_config():\n    return tiny_run_config()\n"
     )
     return str(path)

@@ -8,8 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import tiny_run_config
-from runs import ROOT
+from runs import ROOT, tiny_run_config
 
 from transformer_jax.aot.compile import collectives_in, compile_run
 from transformer_jax.aot.report import verdict

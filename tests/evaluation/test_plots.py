@@ -46,9 +46,9 @@ def run(script: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def write_config(directory: pathlib.Path) -> str:
-    """A config file for conftest.tiny_run_config (a 6-step run on a small built-in corpus)."""
+    """A config file for runs.tiny_run_config (a 6-step run on a small built-in corpus)."""
     path = directory / "tiny_config.py"
-    path.write_text(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom conftest import tiny_run_config\n\n"
+    path.write_text(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom runs import tiny_run_config\n\n"
                     "def get_config():\n    return tiny_run_config()\n")
     return str(path)
 

@@ -11,7 +11,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
-from runs import assert_one_line_error, run_script, snapshot, write_config
+from runs import assert_one_line_error, run_script, snapshot, tiny_run_config, write_config
 
 from transformer_jax.training.checkpoints import Checkpointer
 from transformer_jax.training.loop import Trainer
@@ -34,9 +34,8 @@ def setup(tmp_path_factory):
     directory = tmp_path_factory.mktemp("bad_inputs")
     config = write_config(directory)
     workdir = directory / "run"
-    import conftest
 
-    trainer = Trainer(conftest.tiny_run_config(), str(workdir))
+    trainer = Trainer(tiny_run_config(), str(workdir))
     trainer.run()
     trainer.close()
     corpora = {

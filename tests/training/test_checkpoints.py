@@ -7,6 +7,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
+from runs import tiny_run_config
 
 from transformer_jax.errors import CheckpointError
 from transformer_jax.training.checkpoints import Checkpointer
@@ -41,10 +42,9 @@ def garble_json(step_dir):
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A finished 6-step tiny run: checkpoints at 4 and 6 (plus the best by dev loss)."""
-    import conftest
 
     workdir = tmp_path_factory.mktemp("finished")
-    trainer = Trainer(conftest.tiny_run_config(), str(workdir))
+    trainer = Trainer(tiny_run_config(), str(workdir))
     trainer.run()
     trainer.close()
     return workdir

@@ -110,8 +110,12 @@ def run_shapes(config: ml_collections.ConfigDict, mesh: Mesh) -> RunShapes:
     return RunShapes(model, rows, width, eval_rows, min(256, model.max_len))
 
 
-def compile_run(config: ml_collections.ConfigDict, mesh: Mesh) -> tuple[RunShapes, list[Program]]:
-    """Compile the train step(s), the dev-loss step and beam-search decoding of `config` on `mesh`."""
+PROGRAMS = ("train", "dev_loss", "decode")
+
+
+def compile_run(config: ml_collections.ConfigDict, mesh: Mesh,
+                which: tuple[str, ...] = PROGRAMS) -> tuple[RunShapes, list[Program]]:
+    """Compile the train step(s), the dev-loss step and beam-search decoding of `config` on `mesh` (`which` of them)."""
     shapes = run_shapes(config, mesh)
     model = Transformer(shapes.model)
     training = config.training
@@ -123,24 +127,38 @@ def compile_run(config: ml_collections.ConfigDict, mesh: Mesh) -> tuple[RunShape
     state = abstract_with_shardings(abstract_state, shardings)
     steps = jit_steps(mesh, shardings, model.apply, training.label_smoothing, training.accumulation_steps,
                       place_micro_steps=False)
-    batch = abstract_batch(mesh, shapes.rows, shapes.width, packed=config.data.pack)
     programs = []
-    if training.accumulation_steps == 1:
-        programs.append(_compile("train step", steps.train_step, state, batch))
-    else:
-        micro = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, PartitionSpec()))
-        programs.append(_compile("micro-step gradients", steps.micro_gradients, state, batch, micro))
-        # The update's in_shardings place the gradient sums; their abstract shapes are enough here.
-        grads = jax.eval_shape(steps.micro_gradients, state, batch, micro)
-        programs.append(_compile("apply accumulated gradients", steps.apply_gradients, state, *grads))
-    eval_batch = abstract_batch(mesh, shapes.eval_rows, shapes.eval_width, packed=False)
-    programs.append(_compile("dev loss", steps.eval_step, state.params, eval_batch))
+    if "train" in which:
+        batch = abstract_batch(mesh, shapes.rows, shapes.width, packed=config.data.pack)
+        programs += _compile_train(steps, state, batch, mesh, training.accumulation_steps)
+    if "dev_loss" in which:
+        eval_batch = abstract_batch(mesh, shapes.eval_rows, shapes.eval_width, packed=False)
+        programs.append(_compile("dev loss", steps.eval_step, state.params, eval_batch))
+    if "decode" in which:
+        programs.append(_compile_decode(config, mesh, shapes, shardings.params, state.params))
+    return shapes, programs
+
+
+def _compile_train(steps: Any, state: Any, batch: dict[str, jax.ShapeDtypeStruct], mesh: Mesh,
+                   accumulation: int) -> list[Program]:
+    """The train step, or with accumulation the micro-step and the update (as Trainer.update runs them)."""
+    if accumulation == 1:
+        return [_compile("train step", steps.train_step, state, batch)]
+    micro = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, PartitionSpec()))
+    # The update's in_shardings place the gradient sums; their abstract shapes are enough here.
+    grads = jax.eval_shape(steps.micro_gradients, state, batch, micro)
+    return [_compile("micro-step gradients", steps.micro_gradients, state, batch, micro),
+            _compile("apply accumulated gradients", steps.apply_gradients, state, *grads)]
+
+
+def _compile_decode(config: ml_collections.ConfigDict, mesh: Mesh, shapes: RunShapes, param_shardings: Any,
+                    params: Any) -> Program:
+    """Beam search (the run's eval settings) over a dev/test batch split across the mesh's batch axes."""
     options = decode_options(config)
     decode = jax.jit(lambda params, src: translate_batch(params, shapes.model, src, options),
-                     in_shardings=(shardings.params, batch_sharding(mesh)))
+                     in_shardings=(param_shardings, batch_sharding(mesh)))
     src = jax.ShapeDtypeStruct((shapes.eval_rows, shapes.eval_width), jnp.int32, sharding=batch_sharding(mesh))
-    programs.append(_compile(f"beam search (beam {options.beam_size})", decode, state.params, src))
-    return shapes, programs
+    return _compile(f"beam search (beam {options.beam_size})", decode, params, src)
 
 
 def abstract_batch(mesh: Mesh, rows: int, width: int, packed: bool) -> dict[str, jax.ShapeDtypeStruct]:
