@@ -266,13 +266,16 @@ class BatchIterator:
 
 
 def eval_batches(corpus: EncodedPairs, batch_size: int, buckets: Sequence[int] = (16, 32, 64, 128, 256),
-                 process_index: int = 0, process_count: int = 1) -> list[Batch]:
+                 process_index: int = 0, process_count: int = 1, row_multiple: int = 1) -> list[Batch]:
     """Every pair of a dev/test set exactly once, never filtered: fixed rows, a few lengths.
 
     Pairs are sorted by length so little padding is decoded; `index` [B] gives each row's position in
-    the original corpus (-1 for padding rows) so outputs can be put back in order.
+    the original corpus (-1 for padding rows) so outputs can be put back in order. Each batch holds
+    `batch_size` pairs in rows padded up to a multiple of `row_multiple` (e.g. the mesh size, so every
+    device gets as many rows); padding rows are all PAD.
     """
-    if batch_size % process_count:
+    rows_per_batch = -(-batch_size // row_multiple) * row_multiple
+    if rows_per_batch % process_count:
         raise DataError(f"eval batch_size={batch_size} must be a multiple of process_count={process_count}")
     if len(corpus) == 0:
         return []
@@ -286,13 +289,13 @@ def eval_batches(corpus: EncodedPairs, batch_size: int, buckets: Sequence[int] =
     rows = np.arange(len(order)) % batch_size
     zeros = np.zeros_like(order)
     plan = _finish_plan(order, batch_ids, rows, zeros, zeros, zeros + 1,
-                        np.full(num_batches, batch_size), np.asarray(lengths))
+                        np.full(num_batches, rows_per_batch), np.asarray(lengths))
+    per_process = rows_per_batch // process_count
     batches = []
     for b in range(num_batches):
         batch = materialize(corpus, plan, b, False, process_index, process_count)
-        index = np.full(batch_size, -1, dtype=np.int32)
+        index = np.full(rows_per_batch, -1, dtype=np.int32)
         index[rows[batch_ids == b]] = order[batch_ids == b]
-        per_process = batch_size // process_count
         batch["index"] = index[process_index * per_process:(process_index + 1) * per_process]
         batches.append(batch)
     return batches

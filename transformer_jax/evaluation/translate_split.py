@@ -3,7 +3,9 @@
 `evaluate_split` translates every sentence of a dev/test split with a `DecodeOptions`, detokenizes,
 puts the outputs back in corpus order and scores them (SacreBLEU, chrF, the paper-style BLEU, and
 optionally the loss); `evaluate_checkpoint` does the same for a saved run's checkpoint and writes
-the results next to the run.
+the results next to the run. Given a device mesh, each device decodes its own rows of every batch
+(`translate_rows`: parameters replicated, no communication inside the search) and the outputs are
+gathered; the translations are those of one device.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ import os
 import sys
 from typing import Any, Iterable, Iterator
 
+import flax.linen as nn
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from transformer_jax.data.batching import eval_batches, restore_order
@@ -32,11 +37,12 @@ from transformer_jax.evaluation.checkpoint_selection import (
     checkpoint_params,
     select_steps,
 )
-from transformer_jax.evaluation.perplexity import evaluate_loss
+from transformer_jax.evaluation.perplexity import evaluate_loss, place_rows
 from transformer_jax.evaluation.scores import translation_scores
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.run.files import write_atomically
+from transformer_jax.run.sharding import BATCH_AXES
 from transformer_jax.training.step import eval_step
 
 
@@ -44,6 +50,48 @@ from transformer_jax.training.step import eval_step
 def _translate(params: Any, src_tokens: jax.Array, rng: jax.Array, config: TransformerConfig,
                options: DecodeOptions) -> jax.Array:
     return translate_batch(params, config, src_tokens, options, rng)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "options", "mesh"))
+def translate_rows(params: Any, src_BxS: jax.Array, rng: jax.Array, config: TransformerConfig,
+                   options: DecodeOptions, mesh: Mesh) -> jax.Array:
+    """[B, S] -> [B, L] output ids, each device decoding its own block of rows with the whole parameters.
+
+    `params` must be replicated on `mesh` and B a multiple of its size. Inside the shard_map every
+    device searches alone: a search over a batch sharded by jit would gather caches across devices
+    at every step. Every device gets the same `rng`, so mode "sample" would draw other tokens than one
+    device (`translate_encoded` does not split sampling).
+    """
+    rows = PartitionSpec(BATCH_AXES)
+    # check_vma=False: the search loops' carries start as constants (typed as replicated) and become
+    # per-device values, which the check rejects; nothing here communicates, so nothing relies on it.
+    decode = jax.shard_map(lambda p, src, key: translate_batch(p, config, src, options, key), mesh=mesh,
+                           in_specs=(PartitionSpec(), rows, PartitionSpec()), out_specs=rows,
+                           check_vma=False)
+    return decode(params, src_BxS, rng)
+
+
+def replicate(tree: Any, mesh: Mesh) -> Any:
+    """`tree` whole on every device of `mesh` (e.g. fsdp-sharded parameters gathered once)."""
+    replicated = NamedSharding(mesh, PartitionSpec())
+    if jax.process_count() == 1:
+        return jax.device_put(tree, replicated)
+    if all(getattr(leaf, "sharding", None) == replicated for leaf in jax.tree.leaves(tree)):
+        return tree
+    # One program for the whole tree: device_put reshards leaf by leaf, one program each, and with
+    # several CPU processes (gloo) a run of those was seen to hang.
+    return jax.jit(lambda t: t, out_shardings=replicated)(tree)
+
+
+def _decode_batch(params: Any, src_BxS: np.ndarray, rng: jax.Array, config: TransformerConfig,
+                  options: DecodeOptions, mesh: Mesh | None) -> np.ndarray:
+    """[B, L] output ids of one batch on the host: split over `mesh` by rows, or on the default device."""
+    if mesh is None:
+        return np.asarray(_translate(params, src_BxS, rng, config, options))
+    ids_BxL = translate_rows(params, place_rows(src_BxS, mesh), rng, config, options, mesh)
+    if ids_BxL.is_fully_addressable:
+        return np.asarray(ids_BxL)
+    return np.asarray(multihost_utils.process_allgather(ids_BxL, tiled=True))
 
 
 def fit_to_model(src_BxS: np.ndarray, max_len: int) -> np.ndarray:
@@ -63,21 +111,28 @@ def fit_to_model(src_BxS: np.ndarray, max_len: int) -> np.ndarray:
 
 def translate_encoded(
     params: Any, config: TransformerConfig, encoded: EncodedPairs, tokenizer: Tokenizer,
-    options: DecodeOptions = DecodeOptions(), *, show_progress: bool = True,
+    options: DecodeOptions = DecodeOptions(), *, show_progress: bool = True, mesh: Mesh | None = None,
 ) -> list[str]:
     """Detokenized translations of every source sentence, in corpus order; empty sources give ''.
 
     Each translation is one line: a newline the tokenizer's byte pieces produce becomes a space.
+    With `mesh`, every batch's rows (padded to a multiple of the mesh size) are split over its devices
+    and the translations gathered to every process. Sampling is not split (its draws depend on a
+    row's place in the batch): each device samples every row, as one device would.
     """
+    split_rows = mesh is not None and options.mode != "sample"
+    if mesh is not None:
+        # Without logical-axis boxes nothing inside the shard_map asks for a sharding.
+        params = replicate(nn.meta.unbox(params), mesh)
     rng = jax.random.key(options.seed)
     outputs: list[str] = []
     indices: list[int] = []
     with tqdm(total=len(encoded), unit="sent", desc="translate", disable=not show_progress) as progress:
-        for batch in eval_batches(encoded, options.batch_size):
+        for batch in eval_batches(encoded, options.batch_size, row_multiple=mesh.size if split_rows else 1):
             src = fit_to_model(batch["inputs"], config.max_len)
             rng, key = jax.random.split(rng)
-            ids = _translate(params, src, key, config, options)
-            outputs.extend(" ".join(text.splitlines()) for text in tokenizer.decode_batch(np.asarray(ids)))
+            ids = _decode_batch(params, src, key, config, options, mesh if split_rows else None)
+            outputs.extend(" ".join(text.splitlines()) for text in tokenizer.decode_batch(ids))
             indices.extend(batch["index"].tolist())
             progress.update(int((batch["index"] >= 0).sum()))
     ordered = restore_order(outputs, indices, len(encoded))
@@ -89,22 +144,26 @@ def translate_encoded(
 def evaluate_split(
     params: Any, config: TransformerConfig, split: EvalSet, tokenizer: Tokenizer, options: DecodeOptions, *,
     target_lang: str = "de", label_smoothing: float | None = None, limit: int = 0,
-    show_progress: bool = False,
+    show_progress: bool = False, mesh: Mesh | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Translate `split` (its first `limit` pairs when limit > 0) and score it against its references.
 
     Returns the scores (SacreBLEU and chrF with signatures, the paper-style BLEU; with
     `label_smoothing`, also loss, NLL, perplexity and accuracy over the same pairs) and the hypotheses.
+    With `mesh`, translating and the loss are split over its devices (see `translate_encoded`).
     """
     encoded = split.encoded if not limit else split.encoded.select(np.arange(min(limit, len(split.pairs))))
     references = [target for _, target in split.pairs[: len(encoded)]]
-    hypotheses = translate_encoded(params, config, encoded, tokenizer, options, show_progress=show_progress)
+    if mesh is not None:
+        params = replicate(nn.meta.unbox(params), mesh)  # once, for decoding and the loss
+    hypotheses = translate_encoded(params, config, encoded, tokenizer, options, show_progress=show_progress,
+                                   mesh=mesh)
     results: dict[str, Any] = {"sentences": len(encoded),
                                **translation_scores(hypotheses, references, target_lang)}
     if label_smoothing is not None:
         apply_fn = Transformer(config).apply
         loss_step = jax.jit(lambda p, b: eval_step(p, apply_fn, b, label_smoothing))
-        results.update(evaluate_loss(loss_step, params, encoded, options.batch_size))
+        results.update(evaluate_loss(loss_step, params, encoded, options.batch_size, mesh))
     return results, hypotheses
 
 
@@ -122,11 +181,13 @@ def checkpoint_tag(steps: list[int]) -> str:
     return f"average_{len(steps)}_to_{steps[-1]}"
 
 
-def evaluate_checkpoint(run: Run, spec: str, split: str, options: DecodeOptions) -> dict[str, Any]:
+def evaluate_checkpoint(run: Run, spec: str, split: str, options: DecodeOptions,
+                        mesh: Mesh | None = None) -> dict[str, Any]:
     """Translate every sentence of `split` with the checkpoint(s) `spec` names; write and return the scores.
 
     "average" averages the run's `eval.average_last` checkpoints. Hypotheses go to
-    `<workdir>/eval/<split>.<tag>.hyp`, scores to the matching `.json`.
+    `<workdir>/eval/<split>.<tag>.hyp`, scores to the matching `.json`. With `mesh`, the work is split
+    over its devices.
     """
     steps = select_steps(run.checkpointer, spec, run.config.eval.average_last)
     params = checkpoint_params(run, steps)
@@ -134,7 +195,7 @@ def evaluate_checkpoint(run: Run, spec: str, split: str, options: DecodeOptions)
     scores, hypotheses = evaluate_split(
         params, run.model_config, eval_set(pairs, run.tokenizer), run.tokenizer, options,
         target_lang=run.config.data.target_lang, label_smoothing=run.config.training.label_smoothing,
-        show_progress=True)
+        show_progress=True, mesh=mesh)
     results = {"split": split, "checkpoint": spec, "steps": steps, **scores}
     base = os.path.join(run.workdir, "eval", f"{split}.{checkpoint_tag(steps)}")
     results["hypotheses_path"] = write_results(base, results, hypotheses)

@@ -27,7 +27,7 @@ class JittedSteps:
     micro_gradients: Callable  # (state, batch, micro_step) -> (grad sums, metric sums)
     apply_gradients: Callable  # (state, grad sums, metric sums) -> (state, metrics); donates the state
     add_trees: Callable  # (a, b) -> a + b; donates a
-    eval_step: Callable  # (params, batch) -> metric sums
+    eval_step: Callable  # (params, batch split over the batch axes) -> metric sums
     # Micro-step indices live on the devices once, so update() passes no Python scalars to jit.
     micro_steps: list[jax.Array]
 
@@ -61,6 +61,10 @@ def jit_steps(
             out_shardings=(shardings, None), donate_argnums=0,
         ),
         add_trees=jax.jit(add_trees, donate_argnums=0),
+        # Laid out by its arguments: params with the state's shardings and a batch split over the batch
+        # axes (evaluate_loss with the mesh) make each device compute its own rows, the sums added
+        # across devices. No in_shardings, so a caller still passing whole NumPy batches keeps working:
+        # with several processes jit refuses NumPy inputs given a split sharding.
         eval_step=jax.jit(lambda params, b: eval_step(params, apply_fn, b, smoothing)),
         micro_steps=[jax.device_put(np.int32(i), replicated) for i in range(accumulation_steps)]
         if place_micro_steps else [],
