@@ -16,6 +16,7 @@ from transformer_jax.evaluation.checkpoint_selection import checkpoint_params, o
 from transformer_jax.evaluation.translate_split import evaluate_checkpoint, format_results, translate_file
 from transformer_jax.run.cli import parse_flags, user_errors
 from transformer_jax.run.config_schema import decode_options
+from transformer_jax.run.sharding import make_mesh
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The --workdir of a training run.")
 _CHECKPOINT = flags.DEFINE_string(
@@ -61,7 +62,8 @@ def main(argv: list[str]) -> None:
         try:
             options = decoding_options(run.config)
             if not (_AVERAGED.value or _TRANSLATE.value):
-                print(format_results(evaluate_checkpoint(run, _CHECKPOINT.value, _SPLIT.value, options)))
+                print(format_results(evaluate_checkpoint(run, _CHECKPOINT.value, _SPLIT.value, options,
+                                                        mesh=make_mesh())))
                 return
             steps = select_steps(run.checkpointer, _CHECKPOINT.value, run.config.eval.average_last)
             if _AVERAGED.value:

@@ -48,7 +48,7 @@ def main(argv: list[str]) -> None:
         def dev_bleu(params):
             scores, _ = evaluate_split(params, model_config, data.dev, data.tokenizer, options,
                                        target_lang=config.data.target_lang,
-                                       limit=config.training.dev_bleu_sentences)
+                                       limit=config.training.dev_bleu_sentences, mesh=trainer.mesh)
             return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
 
         try:
@@ -58,7 +58,8 @@ def main(argv: list[str]) -> None:
         if state.step < config.training.num_train_steps:
             return  # stopped early by a signal; the checkpoint is saved
         scores, hypotheses = evaluate_split(state.params, model_config, data.test, data.tokenizer, options,
-                                            target_lang=config.data.target_lang, show_progress=True)
+                                            target_lang=config.data.target_lang, show_progress=True,
+                                            mesh=trainer.mesh)
         if jax.process_index() == 0:
             write_results(os.path.join(workdir, "test_final"), {"step": int(state.step), **scores}, hypotheses)
             print(f"test SacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})")

@@ -44,6 +44,7 @@ def test_a_data_mesh_all_reduces_gradients_and_reports_memory():
     assert reductions and train.collectives[sorted(reductions)[0]][1] > 0
     assert "all-gather" not in train.collectives  # parameters are replicated: nothing to gather
     assert {"dev loss", "beam search (beam 2)"} <= set(programs)
+    assert not programs["beam search (beam 2)"].collectives  # each device decodes its own sentences
     result = verdict(shapes, list(programs.values()), topology, accumulation=1)
     assert result.fits and 0.5 < result.xla_flops / result.analytic_flops < 3.0
 

@@ -13,13 +13,14 @@ import dataclasses
 import re
 from typing import Any, Callable
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from transformer_jax.data.batching import packed_batch_shape
-from transformer_jax.decoding.translate import translate_batch
+from transformer_jax.evaluation.translate_split import translate_rows
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.run.config_schema import decode_options, model_config
@@ -135,7 +136,7 @@ def compile_run(config: ml_collections.ConfigDict, mesh: Mesh,
         eval_batch = abstract_batch(mesh, shapes.eval_rows, shapes.eval_width, packed=False)
         programs.append(_compile("dev loss", steps.eval_step, state.params, eval_batch))
     if "decode" in which:
-        programs.append(_compile_decode(config, mesh, shapes, shardings.params, state.params))
+        programs.append(_compile_decode(config, mesh, shapes, state.params))
     return shapes, programs
 
 
@@ -151,14 +152,16 @@ def _compile_train(steps: Any, state: Any, batch: dict[str, jax.ShapeDtypeStruct
             _compile("apply accumulated gradients", steps.apply_gradients, state, *grads)]
 
 
-def _compile_decode(config: ml_collections.ConfigDict, mesh: Mesh, shapes: RunShapes, param_shardings: Any,
-                    params: Any) -> Program:
-    """Beam search (the run's eval settings) over a dev/test batch split across the mesh's batch axes."""
+def _compile_decode(config: ml_collections.ConfigDict, mesh: Mesh, shapes: RunShapes, params: Any) -> Program:
+    """Beam search as the run decodes dev/test sets: each device searches its own rows, parameters whole."""
     options = decode_options(config)
-    decode = jax.jit(lambda params, src: translate_batch(params, shapes.model, src, options),
-                     in_shardings=(param_shardings, batch_sharding(mesh)))
+    replicated = NamedSharding(mesh, PartitionSpec())
+    params = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated),
+                          nn.meta.unbox(params))
     src = jax.ShapeDtypeStruct((shapes.eval_rows, shapes.eval_width), jnp.int32, sharding=batch_sharding(mesh))
-    return _compile(f"beam search (beam {options.beam_size})", decode, params, src)
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
+    decode = jax.jit(lambda p, s, k: translate_rows(p, s, k, shapes.model, options, mesh))
+    return _compile(f"beam search (beam {options.beam_size})", decode, params, src, key)
 
 
 def abstract_batch(mesh: Mesh, rows: int, width: int, packed: bool) -> dict[str, jax.ShapeDtypeStruct]:

@@ -130,7 +130,8 @@ class Trainer:
     def dev_loss(self, params: Any = None) -> dict[str, float]:
         """Loss, NLL, perplexity and token accuracy on the whole dev set (of the current state by default)."""
         params = self.state.params if params is None else params
-        return evaluate_loss(self.jitted.eval_step, params, self.data.dev.encoded, self.config.data.eval_batch_size)
+        return evaluate_loss(self.jitted.eval_step, params, self.data.dev.encoded, self.config.data.eval_batch_size,
+                             self.mesh)
 
     def save(self, step: int, window: list, metrics: dict[str, float] | None = None) -> None:
         """Checkpoint the state, the data position, the open log window and what rebuilds the run.
