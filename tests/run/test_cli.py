@@ -142,3 +142,50 @@ def test_eval_checkpoint_average_uses_the_runs_average_last(trained):
     steps = Checkpointer(str(workdir / "checkpoints"), asynchronous=False).steps()
     results = json.loads((workdir / "eval" / f"dev.average_2_to_{steps[-1]}.json").read_text())
     assert results["steps"] == steps[-2:] and results["checkpoint"] == "average"
+
+
+def test_hosts_with_equal_pids_write_under_distinct_temporary_names(tmp_path, monkeypatch):
+    """Hosts sharing a workdir (NFS, a bucket) may run processes with equal pids: the workdir probe and
+    write_atomically's temporary file carry the hostname too (and a random suffix), and still leave
+    nothing behind."""
+    import os
+    import socket
+
+    from transformer_jax.run import cli, files
+
+    monkeypatch.setattr(os, "getpid", lambda: 1)
+    removed, replaced, real_remove, real_replace = [], [], os.remove, os.replace
+    monkeypatch.setattr(os, "remove", lambda path: (removed.append(path), real_remove(path))[1])
+    monkeypatch.setattr(os, "replace", lambda src, dst: (replaced.append(src), real_replace(src, dst))[1])
+    target = tmp_path / "config.json"
+    target.write_text("old")
+    for host in ("host-a", "host-b"):
+        monkeypatch.setattr(socket, "gethostname", lambda host=host: host)
+        cli.ensure_writable_workdir(str(tmp_path))
+        files.write_atomically(str(target), f"written by {host}")
+    assert len(set(removed)) == len(set(replaced)) == 2
+    assert all(".host-a.1." in a and ".host-b.1." in b for a, b in (removed, replaced))
+    assert target.read_text() == "written by host-b" and os.listdir(tmp_path) == ["config.json"]
+    # Two writers in one process still differ (the random suffix), and the JAX process index joins in.
+    assert files.unique_name("x") != files.unique_name("x")
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(jax, "process_index", lambda: 3)
+    assert files.process_tag() == "host-b.1.p3"
+
+
+def test_a_failed_atomic_write_keeps_the_old_file_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    import os
+
+    from transformer_jax.run import files
+
+    target = tmp_path / "metrics.jsonl"
+    target.write_bytes(b"old")
+
+    def crash(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        files.write_atomically(str(target), b"new")
+    assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["metrics.jsonl"]
+
