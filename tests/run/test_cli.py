@@ -189,3 +189,26 @@ def test_a_failed_atomic_write_keeps_the_old_file_and_leaves_no_temporary_file(t
         files.write_atomically(str(target), b"new")
     assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["metrics.jsonl"]
 
+
+def test_resuming_with_another_device_count_or_batch_size_is_one_error_and_changes_nothing(tmp_path):
+    """The data position of a checkpoint is an index into epochs planned for its batch shapes (rows are a
+    multiple of the device count): a run that would plan other batches stops instead of shifting."""
+    from runs import run_script, script_env, snapshot
+
+    config = write_config(tmp_path)
+    workdir = tmp_path / "workdir"
+    args = [f"--config={config}", f"--workdir={workdir}", "--config.training.eval_every=0"]
+    batch = "--config.data.tokens_per_batch=576"  # 9 rows of 64 tokens; 8 rows on 2 devices
+    first = run_script("train.py", *args, batch, "--config.training.num_train_steps=2", env=script_env(2))
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = snapshot(workdir)
+    longer = "--config.training.num_train_steps=4"
+    assert_one_line_error(run_script("train.py", *args, batch, longer, env=script_env(1)),
+                          "batches are 8x64", "would be 9x64 (devices 2 -> 1)", "start a new workdir")
+    assert_one_line_error(run_script("train.py", *args, "--config.data.tokens_per_batch=640", longer,
+                                     env=script_env(2)), "would be 10x64 (data.tokens_per_batch 576 -> 640)")
+    assert snapshot(workdir) == before
+    resumed = run_script("train.py", *args, batch, longer, env=script_env(2))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
