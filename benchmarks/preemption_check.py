@@ -6,8 +6,9 @@ Starts `--processes` JAX processes on localhost (jax.distributed; gloo collectiv
 device each). Each builds the Trainer of configs/smoke.py and of a larger model, then times rounds of
 a few updates (20 smoke, 4 larger), alternately with and without a `StopAgreement` call after each update (as
 `Trainer.run` makes it), with no log step in between: the case where the check could stall the
-asynchronous dispatch most. Also times the check alone (no update in flight). Process 0 prints the
-medians over rounds, and the median of the per-round ratios (each pair of rounds ran back to back).
+asynchronous dispatch most. Also times the check alone (no update in flight: one network round trip
+each), and in this process the host's part of a check (no network). Process 0 prints the medians
+over rounds, and the median of the per-round ratios (each pair of rounds ran back to back).
 """
 
 from __future__ import annotations
@@ -39,17 +40,21 @@ def cases() -> dict:
     return {"smoke": (smoke, 20), "larger": (larger, 4)}
 
 
-def seconds_per_step(trainer: Any, must_stop: Any, steps: int) -> float:
-    """Wall-clock seconds per update over `steps` updates (each followed by `must_stop()` when given)."""
+def seconds_per_step(trainer: Any, must_stop: Any, steps: int) -> tuple[float, float]:
+    """Wall-clock and CPU seconds per update over `steps` updates (each followed by `must_stop()` if given).
+
+    CPU time (this process, all its threads) is less exposed than wall-clock time to other programs
+    sharing the machine, and counts what the check makes the host do.
+    """
     import jax
 
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     for _ in range(steps):
         trainer.update()
         if must_stop is not None:
             must_stop()
     jax.block_until_ready(trainer.state)
-    return (time.perf_counter() - started) / steps
+    return (time.perf_counter() - started) / steps, (time.process_time() - cpu_started) / steps
 
 
 def measure(name: str, config: Any, workdir: str, steps: int, rounds: int) -> dict[str, float]:
@@ -63,24 +68,47 @@ def measure(name: str, config: Any, workdir: str, steps: int, rounds: int) -> di
     must_stop = StopAgreement(StopFlag(), trainer.mesh)
     assert must_stop.collective, "run with several processes: one process checks a local flag only"
     seconds_per_step(trainer, must_stop, 3)  # compile and warm up both
-    times = {"without": [], "with": []}
+    times: dict[str, list[tuple[float, float]]] = {"without": [], "with": []}
     for round_index in range(rounds):
         # ABBA order, so a slow drift of the machine weighs on both alike.
         for mode in (("without", "with") if round_index % 2 == 0 else ("with", "without")):
             times[mode].append(seconds_per_step(trainer, must_stop if mode == "with" else None, steps))
     # Each round's pair ran back to back: their ratio is less exposed to other load than the medians.
-    paired = [100 * (w - wo) / wo for w, wo in zip(times["with"], times["without"])]
+    paired = [100 * (w[0] - wo[0]) / wo[0] for w, wo in zip(times["with"], times["without"])]
+    wall = {mode: [t[0] for t in rounds_of] for mode, rounds_of in times.items()}
+    cpu = {mode: statistics.median(t[1] for t in rounds_of) for mode, rounds_of in times.items()}
     started, checks = time.perf_counter(), 200
     for _ in range(checks):
         must_stop()
     jax.block_until_ready(must_stop._pending)
     alone = (time.perf_counter() - started) / checks
     trainer.close()
-    without, with_check = statistics.median(times["without"]), statistics.median(times["with"])
+    without, with_check = statistics.median(wall["without"]), statistics.median(wall["with"])
     return {"ms_per_step_without": 1e3 * without, "ms_per_step_with": 1e3 * with_check,
             "overhead_percent": 100 * (with_check - without) / without, "us_per_check_alone": 1e6 * alone,
             "paired_overhead_percent": statistics.median(paired),
-            "spread_percent": 100 * (max(times["without"]) - min(times["without"])) / without}
+            "cpu_ms_per_step_without": 1e3 * cpu["without"], "cpu_ms_per_step_with": 1e3 * cpu["with"],
+            "spread_percent": 100 * (max(wall["without"]) - min(wall["without"])) / without}
+
+
+def host_microseconds_per_check(checks: int = 2000) -> float:
+    """The host's cost of one check when the previous one is done: its dispatch and read, no network.
+
+    Measured in this (single) process with the agreement forced on over its one CPU device.
+    """
+    os.environ["JAX_PLATFORMS"] = "cpu"  # this process only: it has not imported jax before
+    import jax
+
+    from transformer_jax.run.sharding import make_mesh
+    from transformer_jax.training.preemption import StopAgreement, StopFlag
+
+    must_stop = StopAgreement(StopFlag(), make_mesh(devices=jax.devices()[:1]), collective=True)
+    for _ in range(50):  # compile and warm up
+        must_stop()
+    started = time.perf_counter()
+    for _ in range(checks):
+        must_stop()
+    return 1e6 * (time.perf_counter() - started) / checks
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -97,8 +125,9 @@ def worker(args: argparse.Namespace) -> None:
             print(f"{name:>6}: median {result['ms_per_step_without']:8.2f} ms/step without the check, "
                   f"{result['ms_per_step_with']:8.2f} with ({result['overhead_percent']:+.2f}%; median of "
                   f"paired rounds {result['paired_overhead_percent']:+.2f}%); the check alone "
-                  f"{result['us_per_check_alone']:.0f} µs; spread of rounds without {result['spread_percent']:.0f}%",
-                  flush=True)
+                  f"{result['us_per_check_alone']:.0f} µs; spread of rounds without {result['spread_percent']:.0f}%; "
+                  f"CPU ms/step of process 0 {result['cpu_ms_per_step_without']:.2f} without, "
+                  f"{result['cpu_ms_per_step_with']:.2f} with", flush=True)
 
 
 def main() -> None:
@@ -124,6 +153,8 @@ def main() -> None:
         statuses = [process.wait() for process in processes]
     if any(statuses):
         sys.exit(f"a benchmark process failed: exit statuses {statuses}")
+    print(f"host cost of one check (dispatch + read of a finished result, no network): "
+          f"{host_microseconds_per_check():.1f} µs")
 
 
 if __name__ == "__main__":
