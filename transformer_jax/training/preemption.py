@@ -2,9 +2,10 @@
 
 With several processes a signal reaches one host (a preempted TPU VM, a SLURM job step), yet all of
 them must stop at the same step or the others hang in the next collective. Every step each process
-starts an any-reduction of its flag over the mesh and reads the previous step's result: the
-reduction runs on the devices after that step's update, so reading it one step later waits for
-nothing the host would not wait for anyway, and every process reads the same value.
+starts an any-reduction of its flag over the mesh and reads the previous step's result. Devices run
+programs in the order they were dispatched, so that result is ready once the previous update is:
+the host waits for it while the devices already run the current update (the host stays one step
+ahead instead of stalling), and every process reads the same value, so all stop at the same step.
 """
 
 from __future__ import annotations
