@@ -153,6 +153,39 @@ def test_restoring_the_state_at_step_k_gives_the_same_next_batches(corpus, pack)
     assert pair_ids(expected[epoch_length]) != pair_ids(expected[0])  # a new order every epoch
 
 
+def test_a_state_resumes_only_where_the_epochs_are_planned_alike(corpus):
+    """Device count and batch settings change the plan only through the batch shapes: the same shapes
+    continue exactly; other shapes are a DataError naming the change, never a silent shift."""
+    saved = batching.BatchIterator(corpus, 2_000, 128, row_multiple=2, seed=5)  # 2_000 // 128 = 15 -> 14 rows
+    for _ in range(3):
+        next(saved)
+    state = json.loads(json.dumps(saved.get_state()))
+    assert state["layout"]["batch_shapes"] == [[14, 128]] and state["layout"]["devices"] == 2
+    expected = [next(saved) for _ in range(3)]
+
+    def resumed(*args, **kwargs):
+        iterator = batching.BatchIterator(corpus, *args, seed=5, **kwargs)
+        iterator.set_state(state)
+        return iterator
+
+    # 2 devices in 2 processes, or 1 device with 1_800 tokens: 14 rows of 128 again, the same epochs.
+    halves = [resumed(2_000, 128, row_multiple=2, process_index=p, process_count=2) for p in range(2)]
+    one_device = resumed(1_800, 128, row_multiple=1)
+    for want in expected:
+        got = [next(half) for half in halves]
+        assert all(np.array_equal(np.concatenate([got[0][k], got[1][k]]), want[k]) for k in want)
+        assert all(np.array_equal(value, want[key]) for key, value in next(one_device).items())
+    with pytest.raises(DataError, match=r"batches are 14x128 .* would be 15x128 \(devices 2 -> 1\).*new workdir"):
+        resumed(2_000, 128, row_multiple=1)
+    with pytest.raises(DataError, match=r"would be 20x128 \(data.tokens_per_batch 2000 -> 2560\)"):
+        resumed(2_560, 128, row_multiple=2)
+    with pytest.raises(DataError, match="data.pack True -> False"):
+        resumed(2_000, 128, pack=False, row_multiple=2)
+    # A state saved before the layout was recorded resumes as before, unchecked.
+    del state["layout"]
+    assert resumed(2_000, 128, row_multiple=1).get_state()["position"] == 3
+
+
 def test_bad_configuration_and_state_are_data_errors(corpus):
     with pytest.raises(DataError, match="tokens_per_batch=100 is too small"):
         next(batching.BatchIterator(corpus, 100, 128))

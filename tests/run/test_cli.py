@@ -142,3 +142,73 @@ def test_eval_checkpoint_average_uses_the_runs_average_last(trained):
     steps = Checkpointer(str(workdir / "checkpoints"), asynchronous=False).steps()
     results = json.loads((workdir / "eval" / f"dev.average_2_to_{steps[-1]}.json").read_text())
     assert results["steps"] == steps[-2:] and results["checkpoint"] == "average"
+
+
+def test_hosts_with_equal_pids_write_under_distinct_temporary_names(tmp_path, monkeypatch):
+    """Hosts sharing a workdir (NFS, a bucket) may run processes with equal pids: the workdir probe and
+    write_atomically's temporary file carry the hostname too (and a random suffix), and still leave
+    nothing behind."""
+    import os
+    import socket
+
+    from transformer_jax.run import cli, files
+
+    monkeypatch.setattr(os, "getpid", lambda: 1)
+    removed, replaced, real_remove, real_replace = [], [], os.remove, os.replace
+    monkeypatch.setattr(os, "remove", lambda path: (removed.append(path), real_remove(path))[1])
+    monkeypatch.setattr(os, "replace", lambda src, dst: (replaced.append(src), real_replace(src, dst))[1])
+    target = tmp_path / "config.json"
+    target.write_text("old")
+    for host in ("host-a", "host-b"):
+        monkeypatch.setattr(socket, "gethostname", lambda host=host: host)
+        cli.ensure_writable_workdir(str(tmp_path))
+        files.write_atomically(str(target), f"written by {host}")
+    assert len(set(removed)) == len(set(replaced)) == 2
+    assert all(".host-a.1." in a and ".host-b.1." in b for a, b in (removed, replaced))
+    assert target.read_text() == "written by host-b" and os.listdir(tmp_path) == ["config.json"]
+    # Two writers in one process still differ (the random suffix), and the JAX process index joins in.
+    assert files.unique_name("x") != files.unique_name("x")
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(jax, "process_index", lambda: 3)
+    assert files.process_tag() == "host-b.1.p3"
+
+
+def test_a_failed_atomic_write_keeps_the_old_file_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    import os
+
+    from transformer_jax.run import files
+
+    target = tmp_path / "metrics.jsonl"
+    target.write_bytes(b"old")
+
+    def crash(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        files.write_atomically(str(target), b"new")
+    assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["metrics.jsonl"]
+
+
+def test_resuming_with_another_device_count_or_batch_size_is_one_error_and_changes_nothing(tmp_path):
+    """The data position of a checkpoint is an index into epochs planned for its batch shapes (rows are a
+    multiple of the device count): a run that would plan other batches stops instead of shifting."""
+    from runs import run_script, script_env, snapshot
+
+    config = write_config(tmp_path)
+    workdir = tmp_path / "workdir"
+    args = [f"--config={config}", f"--workdir={workdir}", "--config.training.eval_every=0"]
+    batch = "--config.data.tokens_per_batch=576"  # 9 rows of 64 tokens; 8 rows on 2 devices
+    first = run_script("train.py", *args, batch, "--config.training.num_train_steps=2", env=script_env(2))
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = snapshot(workdir)
+    longer = "--config.training.num_train_steps=4"
+    assert_one_line_error(run_script("train.py", *args, batch, longer, env=script_env(1)),
+                          "batches are 8x64", "would be 9x64 (devices 2 -> 1)", "start a new workdir")
+    assert_one_line_error(run_script("train.py", *args, "--config.data.tokens_per_batch=640", longer,
+                                     env=script_env(2)), "would be 10x64 (data.tokens_per_batch 576 -> 640)")
+    assert snapshot(workdir) == before
+    resumed = run_script("train.py", *args, batch, longer, env=script_env(2))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]

@@ -199,8 +199,10 @@ def _place(side: Ragged, items: np.ndarray, rows: np.ndarray, offsets: np.ndarra
 class BatchIterator:
     """Endless training batches (or `num_epochs` epochs), with a resumable position.
 
-    The state is three integers, {"seed", "epoch", "position"} (plus the corpus size as a check), so it
-    saves as JSON; restoring it gives exactly the batches an uninterrupted run would have seen next.
+    The state is three integers, {"seed", "epoch", "position"}, plus what the epoch plans depend on
+    (the corpus size and the "layout": batch shapes and the settings that chose them), so it saves
+    as JSON; restoring it gives exactly the batches an uninterrupted run would have seen next, or a
+    DataError when this iterator plans its epochs differently (another device count or batch size).
     """
 
     def __init__(self, corpus: EncodedPairs, tokens_per_batch: int, max_length: int, pack: bool = True,
@@ -214,6 +216,7 @@ class BatchIterator:
         self.buckets = tuple(buckets) if buckets else length_buckets(max_length)
         # Each global batch's rows are dealt out to the processes, so rows must divide evenly.
         self.row_multiple = math.lcm(row_multiple, process_count)
+        self.devices = row_multiple  # as given: recorded in the state to explain a change of layout
         self.seed, self.process_index, self.process_count = seed, process_index, process_count
         self.num_epochs = num_epochs
         self.epoch, self.position = 0, 0
@@ -252,17 +255,53 @@ class BatchIterator:
         self.position += 1
         return batch
 
-    def get_state(self) -> dict[str, int]:
-        """Position of the next batch, JSON-serializable."""
-        return {"seed": self.seed, "epoch": self.epoch, "position": self.position,
-                "num_examples": len(self.corpus)}
+    def layout(self) -> dict[str, object]:
+        """What the epoch plans depend on besides seed and corpus, and the settings that chose it.
 
-    def set_state(self, state: dict[str, int]) -> None:
-        """Continue from a state saved by `get_state` (same corpus and seed)."""
+        Two iterators plan identical epochs exactly when `pack` and `batch_shapes` (the global
+        [rows, length] of every bucket) agree; the other entries name the settings for messages.
+        """
+        lengths = [self.max_length] if self.pack else list(self.buckets)
+        # The rows of _rows_per_batch, without its error: a state is saved whatever the buckets.
+        shapes = [[self.tokens_per_batch // length // self.row_multiple * self.row_multiple, length]
+                  for length in lengths]
+        return {"pack": self.pack, "batch_shapes": shapes, "tokens_per_batch": self.tokens_per_batch,
+                "max_length": self.max_length, "devices": self.devices, "process_count": self.process_count}
+
+    def get_state(self) -> dict[str, object]:
+        """Position of the next batch and what the epoch plans depend on, JSON-serializable."""
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position,
+                "num_examples": len(self.corpus), "layout": self.layout()}
+
+    def set_state(self, state: dict[str, object]) -> None:
+        """Continue from a state saved by `get_state` (same corpus and seed, epochs planned alike).
+
+        A state without "layout" (saved before it was recorded) is taken as planned alike.
+        """
         if state["seed"] != self.seed or state["num_examples"] != len(self.corpus):
             raise DataError(f"iterator state {state} was saved for another corpus or seed "
                             f"(now seed={self.seed}, {len(self.corpus)} examples); resume with the same data")
+        if "layout" in state:
+            self._check_same_plan(state["layout"], self.layout())
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+
+    # How each setting of the layout is named in the error of a changed plan.
+    _LAYOUT_NAMES = {"devices": "devices", "process_count": "processes", "tokens_per_batch": "data.tokens_per_batch",
+                     "max_length": "data.max_length", "pack": "data.pack"}
+
+    @classmethod
+    def _check_same_plan(cls, saved: dict[str, object], current: dict[str, object]) -> None:
+        """Raise DataError naming what changed when `current` plans other batches than `saved`."""
+        if saved["pack"] == current["pack"] and saved["batch_shapes"] == current["batch_shapes"]:
+            return  # the same epochs, batch for batch: the saved position is exact
+        changes = [f"{label} {saved[key]} -> {current[key]}" for key, label in cls._LAYOUT_NAMES.items()
+                   if key in saved and saved[key] != current[key]]
+        shapes = lambda layout: ", ".join(f"{rows}x{length}" for rows, length in layout["batch_shapes"])
+        raise DataError(
+            f"cannot resume the data position: the checkpoint's batches are {shapes(saved)} (rows x tokens), "
+            f"this run's would be {shapes(current)} ({'; '.join(changes) or 'other buckets'}); resume with "
+            "the checkpoint's device count and data settings, or start a new workdir"
+        )
 
 
 def eval_batches(corpus: EncodedPairs, batch_size: int, buckets: Sequence[int] = (16, 32, 64, 128, 256),

@@ -11,6 +11,7 @@ from transformer_jax.errors import (
     ConfigError,
     UserError,
 )
+from transformer_jax.run.files import unique_name
 
 # Exit status of a run stopped by a user error (bad flag, config value, data, checkpoint).
 USER_ERROR_EXIT = 2
@@ -66,7 +67,8 @@ def ensure_writable_workdir(workdir: str) -> None:
     """Create `workdir` if needed; fail clearly when it cannot be written."""
     try:
         os.makedirs(workdir, exist_ok=True)
-        probe = os.path.join(workdir, f".write_test.{os.getpid()}")  # unique per process (shared disks)
+        # Unique per process and host: hosts sharing the workdir may run processes with equal pids.
+        probe = unique_name(os.path.join(workdir, ".write_test"))
         with open(probe, "w") as f:
             f.write("ok")
         os.remove(probe)

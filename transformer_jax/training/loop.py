@@ -34,7 +34,7 @@ from transformer_jax.training.jitted_steps import jit_steps
 from transformer_jax.training.log_window import LogWindow
 from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer
 from transformer_jax.training.periodic_eval import PeriodicEval
-from transformer_jax.training.preemption import StopFlag
+from transformer_jax.training.preemption import StopAgreement, StopFlag
 from transformer_jax.training.state import TrainState, create_train_state
 
 
@@ -163,6 +163,7 @@ class Trainer:
         window = LogWindow(self.workdir, self.schedule, start, training.num_train_steps, open_window, is_writer)
         evaluate = PeriodicEval(training.eval_every, training.bleu_every, self.dev_loss, dev_bleu)
         stop = StopFlag()
+        must_stop = StopAgreement(stop, self.mesh)
         stop.install()
         step = start
         try:
@@ -178,10 +179,10 @@ class Trainer:
                     self.save(step, window.step_metrics, metrics)
                 if closes_window:
                     window.restart_clock()  # evaluating and saving are not training time
-                # Several processes must agree on the stop step: they compare flags at log steps only.
-                if (jax.process_count() == 1 or closes_window) and stop.agreed():
+                if must_stop():  # every step, the same answer on every process (see StopAgreement)
                     self.save(step, window.step_metrics)
-                    logging.warning("stopped by signal %s at step %d; checkpoint saved", stop.signal_number, step)
+                    cause = f"signal {stop.signal_number}" if stop.raised else "a signal to another process"
+                    logging.warning("stopped by %s at step %d; checkpoint saved", cause, step)
                     break
             self.save(step, window.step_metrics)
         finally:

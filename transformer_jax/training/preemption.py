@@ -1,4 +1,12 @@
-"""Preemption: SIGTERM/SIGINT set a flag; every process stops at the same step with a checkpoint."""
+"""Preemption: SIGTERM/SIGINT set a flag; every process stops at the same step with a checkpoint.
+
+With several processes a signal reaches one host (a preempted TPU VM, a SLURM job step), yet all of
+them must stop at the same step or the others hang in the next collective. Every step each process
+starts an any-reduction of its flag over the mesh and reads the previous step's result. Devices run
+programs in the order they were dispatched, so that result is ready once the previous update is:
+the host waits for it while the devices already run the current update (the host stays one step
+ahead instead of stalling), and every process reads the same value, so all stop at the same step.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +15,15 @@ import signal
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
+
+from transformer_jax.run.sharding import batch_sharding
 
 
 @dataclasses.dataclass
 class StopFlag:
-    """Set by SIGTERM/SIGINT so the loop saves a checkpoint and exits at the next step boundary."""
+    """Set by SIGTERM/SIGINT so the loop saves a checkpoint and exits at a step boundary."""
 
     signal_number: int | None = None
     previous: dict[int, Any] = dataclasses.field(default_factory=dict)
@@ -33,9 +43,41 @@ class StopFlag:
         self.signal_number = signal_number
         self.uninstall()
 
-    def agreed(self) -> bool:
-        """True when any process was signalled (all processes must stop at the same step)."""
-        stop = self.signal_number is not None
-        if jax.process_count() == 1:
-            return stop
-        return bool(np.any(multihost_utils.process_allgather(np.array(stop))))
+    @property
+    def raised(self) -> bool:
+        """True once this process received SIGTERM or SIGINT."""
+        return self.signal_number is not None
+
+
+class StopAgreement:
+    """Whether every process must stop now: asked once per step, the same answer on every process.
+
+    One process: its own flag. Several: an any-reduction of all flags over `mesh`, started at this
+    step and read at the next, so the processes stop one or two steps after the first signal,
+    all at the same step, without a blocking exchange between hosts.
+    """
+
+    def __init__(self, flag: StopFlag, mesh: jax.sharding.Mesh, collective: bool | None = None) -> None:
+        """`collective` forces the agreement on or off (default: on when there are several processes)."""
+        self.flag = flag
+        self.collective = jax.process_count() > 1 if collective is None else collective
+        self._pending: jax.Array | None = None
+        if not self.collective:
+            return
+        # Both possible inputs are placed once: a step then costs one small dispatch, no host-to-device copy.
+        sharding = batch_sharding(mesh)
+        local = len(sharding.addressable_devices)
+        self._inputs = {
+            value: jax.make_array_from_process_local_data(sharding, np.full(local, value), (mesh.size,))
+            for value in (False, True)
+        }
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        self._any = jax.jit(jnp.any, out_shardings=replicated)
+
+    def __call__(self) -> bool:
+        """True when all processes stop at this step (some process was signalled a step or more ago)."""
+        if not self.collective:
+            return self.flag.raised
+        previous, self._pending = self._pending, self._any(self._inputs[self.flag.raised])
+        # Replicated: this process's own copy holds the agreed value, read without a collective.
+        return previous is not None and bool(np.asarray(previous.addressable_data(0)))

@@ -1,0 +1,119 @@
+"""Preemption: a signal to any one process stops every process at the same step, at any step.
+
+The flag, its handler and the agreement are tested in-process; the multi-process case runs train.py
+as 2 JAX processes on localhost (jax.distributed, gloo on CPU), through tests/training/
+train_counting_steps.py, which reports how many updates each process has made.
+"""
+
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import time
+
+import jax
+from runs import free_port, script_env, start_script, write_config
+
+from transformer_jax.run.sharding import make_mesh
+from transformer_jax.training.checkpoints import Checkpointer
+from transformer_jax.training.metrics_log import read_metrics
+from transformer_jax.training.preemption import StopAgreement, StopFlag
+
+STEPS = 300  # also training.log_every: no log step (where flags were once compared) near the signal
+SIGNAL_AFTER = 5  # updates made by process 1 before it is sent SIGTERM
+SETTINGS = (f"--config.training.log_every={STEPS}", "--config.training.eval_every=0",
+            "--config.training.checkpoint_every=100000")
+
+
+def test_a_signal_sets_the_flag_once_and_gives_the_handler_back():
+    previous = signal.getsignal(signal.SIGTERM)
+    flag = StopFlag()
+    flag.install()
+    try:
+        assert not flag.raised
+        signal.raise_signal(signal.SIGTERM)
+        assert flag.raised and flag.signal_number == signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) is previous  # a second signal gets the old handling
+    finally:
+        flag.uninstall()
+
+
+def test_one_process_stops_at_the_first_step_after_its_signal():
+    flag = StopFlag()
+    must_stop = StopAgreement(flag, make_mesh(devices=jax.devices()[:1]))
+    assert not must_stop()
+    flag.signal_number = signal.SIGINT
+    assert must_stop()
+
+
+def test_the_agreement_answers_one_step_after_the_flag_is_set():
+    """The multi-process path, run in one process: the answer read at a step is the previous step's."""
+    flag = StopFlag()
+    must_stop = StopAgreement(flag, make_mesh(), collective=True)
+    assert [must_stop(), must_stop()] == [False, False]
+    flag.signal_number = signal.SIGTERM
+    assert not must_stop()  # starts the agreement on the raised flag, reads the previous one
+    assert must_stop()
+
+
+def launch(config: str, workdir: pathlib.Path, counts: pathlib.Path, *extra: str) -> list[subprocess.Popen]:
+    """train.py as 2 processes of 1 CPU device each, reporting their update counts under `counts`."""
+    env = script_env(1, STEPS_TO=str(counts))
+    port = free_port()
+    return [start_script("tests/training/train_counting_steps.py", f"--config={config}", f"--workdir={workdir}",
+                         f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={index}",
+                         "--multihost", *SETTINGS, *extra, env=env)
+            for index in range(2)]
+
+
+def finish(processes: list[subprocess.Popen], timeout: float = 300) -> list[str]:
+    """Wait for every process; their stderr, after checking that each exited with status 0."""
+    try:
+        results = [process.communicate(timeout=timeout) for process in processes]
+    except subprocess.TimeoutExpired:
+        for process in processes:
+            process.kill()
+        raise
+    for process, (_, stderr) in zip(processes, results):
+        assert process.returncode == 0, stderr[-3000:]
+    return [stderr for _, stderr in results]
+
+
+def updates_made(counts: pathlib.Path, index: int) -> int:
+    path = counts / f"process_{index}.txt"
+    lines = path.read_text().split() if path.exists() else []
+    return int(lines[-1]) if lines else 0
+
+
+def test_sigterm_to_one_process_stops_both_at_the_same_step_soon_after(tmp_path):
+    config = write_config(tmp_path)
+    workdir, counts = tmp_path / "workdir", tmp_path / "counts"
+    processes = launch(config, workdir, counts, f"--config.training.num_train_steps={STEPS}")
+    deadline = time.time() + 240
+    while updates_made(counts, 1) < SIGNAL_AFTER and time.time() < deadline:
+        assert all(process.poll() is None for process in processes), "a process ended before the signal"
+        time.sleep(0.005)
+    signalled_at = updates_made(counts, 1)
+    assert signalled_at >= SIGNAL_AFTER, "process 1 made no progress"
+    os.kill(processes[1].pid, signal.SIGTERM)  # process 1 only
+    stderrs = finish(processes)
+
+    stopped = [re.findall(r"stopped by (.*) at step (\d+); checkpoint saved", stderr) for stderr in stderrs]
+    assert [len(found) for found in stopped] == [1, 1], stderrs[0][-2000:] + stderrs[1][-2000:]
+    stop_step = int(stopped[1][0][1])
+    assert int(stopped[0][0][1]) == stop_step  # the same step on both processes
+    # One step to start the agreement, one to read it, one more for the step in progress.
+    assert signalled_at <= stop_step <= signalled_at + 3, (signalled_at, stop_step)
+    assert stopped[0][0][0] == "a signal to another process" and stopped[1][0][0] == f"signal {signal.SIGTERM}"
+    assert updates_made(counts, 0) == updates_made(counts, 1) == stop_step
+    checkpointer = Checkpointer(str(workdir / "checkpoints"), read_only=True)
+    assert checkpointer.steps() == [stop_step]
+    assert len(checkpointer.meta(stop_step)["open_window"]) == stop_step  # no log line yet: all steps open
+    assert not (workdir / "metrics.jsonl").exists()
+
+    finish(launch(config, workdir, tmp_path / "resumed_counts", f"--config.training.num_train_steps={stop_step + 2}"))
+    assert Checkpointer(str(workdir / "checkpoints"), read_only=True).latest_step() == stop_step + 2
+    assert [(r["step"], r["split"]) for r in read_metrics(str(workdir))] == [(stop_step + 2, "train")]
+    assert json.loads((workdir / "test_final.json").read_text())["step"] == stop_step + 2
