@@ -14,11 +14,14 @@ import pathlib
 import runpy
 import sys
 
-import jax
-import numpy as np
+# The checkout's package, not whichever copy is installed (a worktree, or an editable install of another).
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from transformer_jax.data.batching import BatchIterator
-from transformer_jax.training.metrics_log import MetricsLog
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from transformer_jax.data.batching import BatchIterator  # noqa: E402
+from transformer_jax.training.metrics_log import MetricsLog  # noqa: E402
 
 OUTPUT = pathlib.Path(os.environ["RECORD_TO"])
 TRAIN_PY = pathlib.Path(__file__).resolve().parents[1] / "train.py"

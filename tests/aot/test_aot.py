@@ -8,8 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from runs import ROOT, tiny_run_config
 
+from runs import ROOT, tiny_run_config
 from transformer_jax.aot.compile import collectives_in, compile_run
 from transformer_jax.aot.report import verdict
 from transformer_jax.aot.topology import CLOUD_TYPES, describe, mesh_for

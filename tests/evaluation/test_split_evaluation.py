@@ -11,8 +11,8 @@ import textwrap
 
 import numpy as np
 import pytest
-from runs import ROOT, free_port, script_env
 
+from runs import ROOT, free_port, script_env
 from transformer_jax.data.batching import eval_batches
 from transformer_jax.data.encoded import EncodedPairs, Ragged
 from transformer_jax.model.masks import PAD_ID

@@ -11,8 +11,8 @@ import shutil
 import jax
 import numpy as np
 import pytest
-from runs import assert_one_line_error, run_script, snapshot, tiny_run_config, write_config
 
+from runs import assert_one_line_error, run_script, snapshot, tiny_run_config, write_config
 from transformer_jax.training.checkpoints import Checkpointer
 from transformer_jax.training.loop import Trainer
 

@@ -14,8 +14,8 @@ import subprocess
 import time
 
 import jax
-from runs import free_port, script_env, start_script, write_config
 
+from runs import free_port, script_env, start_script, write_config
 from transformer_jax.run.sharding import make_mesh
 from transformer_jax.training.checkpoints import Checkpointer
 from transformer_jax.training.metrics_log import read_metrics
