@@ -23,11 +23,11 @@ GLOBAL_DEVICES = 4
 
 
 def launch(config: str, workdir: pathlib.Path, num_processes: int, *, multihost: bool = True,
-           timeout: int = 400) -> pathlib.Path:
-    """Run train.py as `num_processes` processes over GLOBAL_DEVICES devices; returns the recordings' folder."""
+           timeout: int = 400, devices: int = GLOBAL_DEVICES) -> pathlib.Path:
+    """Run train.py as `num_processes` processes over `devices` devices; returns the recordings' folder."""
     records = workdir.parent / f"{workdir.name}.records"
     shutil.rmtree(records, ignore_errors=True)
-    env = script_env(GLOBAL_DEVICES // num_processes, RECORD_TO=str(records))
+    env = script_env(devices // num_processes, RECORD_TO=str(records))
     port = free_port()
     processes = []
     for index in range(num_processes):
@@ -122,3 +122,20 @@ def test_a_two_process_checkpoint_resumes_in_a_plain_single_process(runs, tmp_pa
     for a, b in zip(params_of(resumed, 6), params_of(single, 6), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
     assert all(snapshot(resumed / "checkpoints").get(k) == v for k, v in before.items())
+
+
+def test_four_processes_of_two_devices_on_a_data_by_fsdp_mesh_equal_one_process_of_eight(tmp_path):
+    """A pod-shaped run: 4 hosts x 2 chips, mesh data=4 x fsdp=2 (parameters sharded over pairs of devices)."""
+    config = tmp_path / "fsdp_config.py"
+    config.write_text(f"exec(open({write_config(tmp_path)!r}).read())\n_tiny = get_config\n\n"
+                      "def get_config():\n    config = _tiny()\n    config.mesh.update(data=4, fsdp=2)\n"
+                      "    config.training.num_train_steps = 4\n    return config\n")
+    single, multi = tmp_path / "single", tmp_path / "multi"
+    launch(str(config), single, 1, devices=8)
+    launch(str(config), multi, 4, devices=8, timeout=600)
+    assert [r["step"] for r in read_metrics(str(multi)) if r["split"] == "train"] == [1, 2, 3, 4]
+    # Both go through the multi-process runtime, so their sums are taken in the same order (README).
+    assert (multi / "metrics.jsonl").read_bytes() == (single / "metrics.jsonl").read_bytes()
+    for a, b in zip(params_of(multi, 4), params_of(single, 4), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert json.loads((multi / "test_final.json").read_text()) == json.loads((single / "test_final.json").read_text())
