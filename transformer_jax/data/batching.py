@@ -147,8 +147,9 @@ def packed_batch_shape(tokens_per_batch: int, max_length: int, row_multiple: int
 def _rows_per_batch(tokens_per_batch: int, length: int, row_multiple: int) -> int:
     rows = tokens_per_batch // length // row_multiple * row_multiple
     if rows == 0:
-        raise DataError(f"tokens_per_batch={tokens_per_batch} is too small for {row_multiple} rows of "
-                        f"{length} tokens; raise it to at least {row_multiple * length}")
+        raise DataError(f"data.tokens_per_batch={tokens_per_batch} is too small for {row_multiple} rows (one per "
+                        f"device) of {length} tokens; set --config.data.tokens_per_batch={row_multiple * length} "
+                        "or more")
     return rows
 
 
