@@ -89,3 +89,16 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("localhost", 0))
         return probe.getsockname()[1]
+
+
+def finish_all(processes: list[subprocess.Popen], timeout: float = 300) -> list[tuple[str, str]]:
+    """Wait for every process (killing all of them on a timeout); their (stdout, stderr), each exited with 0."""
+    try:
+        results = [process.communicate(timeout=timeout) for process in processes]
+    except subprocess.TimeoutExpired:
+        for process in processes:
+            process.kill()
+        raise
+    for process, (_, stderr) in zip(processes, results):
+        assert process.returncode == 0, (stderr or "")[-3000:]
+    return results

@@ -12,7 +12,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from runs import ROOT, free_port, script_env
+from runs import ROOT, finish_all, free_port, script_env
 from transformer_jax.data.batching import eval_batches
 from transformer_jax.data.encoded import EncodedPairs, Ragged
 from transformer_jax.model.masks import PAD_ID
@@ -127,14 +127,7 @@ def run_script(*args: str, devices: int) -> subprocess.Popen:
 
 def results_of(processes: list[subprocess.Popen]) -> list[dict]:
     """The JSON each process printed last (after all of them ended)."""
-    try:
-        outputs = [process.communicate(timeout=600) for process in processes]
-    except subprocess.TimeoutExpired:
-        for process in processes:
-            process.kill()
-        raise
-    for process, (_, stderr) in zip(processes, outputs):
-        assert process.returncode == 0, stderr[-3000:]
+    outputs = finish_all(processes, 600)
     return [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
 
 

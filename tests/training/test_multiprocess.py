@@ -9,13 +9,12 @@ its cross-device sums go through the same collectives and the comparison can be 
 import json
 import pathlib
 import shutil
-import subprocess
 
 import jax
 import numpy as np
 import pytest
-from runs import free_port, script_env, snapshot, start_script, write_config
 
+from runs import finish_all, free_port, script_env, snapshot, start_script, write_config
 from transformer_jax.training.checkpoints import Checkpointer
 from transformer_jax.training.metrics_log import read_metrics
 
@@ -35,14 +34,7 @@ def launch(config: str, workdir: pathlib.Path, num_processes: int, *, multihost:
                    f"--process_id={index}", "--multihost"] if multihost else []
         processes.append(start_script("tests/record_batches.py", f"--config={config}", f"--workdir={workdir}",
                                       *cluster, env=env))
-    try:
-        results = [process.communicate(timeout=timeout) for process in processes]
-    except subprocess.TimeoutExpired:
-        for process in processes:
-            process.kill()
-        raise
-    for process, (_, stderr) in zip(processes, results):
-        assert process.returncode == 0, stderr[-3000:]
+    finish_all(processes, timeout)
     return records
 
 

@@ -15,7 +15,7 @@ import time
 
 import jax
 
-from runs import free_port, script_env, start_script, write_config
+from runs import finish_all, free_port, script_env, start_script, write_config
 from transformer_jax.run.sharding import make_mesh
 from transformer_jax.training.checkpoints import Checkpointer
 from transformer_jax.training.metrics_log import read_metrics
@@ -70,15 +70,7 @@ def launch(config: str, workdir: pathlib.Path, counts: pathlib.Path, *extra: str
 
 def finish(processes: list[subprocess.Popen], timeout: float = 300) -> list[str]:
     """Wait for every process; their stderr, after checking that each exited with status 0."""
-    try:
-        results = [process.communicate(timeout=timeout) for process in processes]
-    except subprocess.TimeoutExpired:
-        for process in processes:
-            process.kill()
-        raise
-    for process, (_, stderr) in zip(processes, results):
-        assert process.returncode == 0, stderr[-3000:]
-    return [stderr for _, stderr in results]
+    return [stderr for _, stderr in finish_all(processes, timeout)]
 
 
 def updates_made(counts: pathlib.Path, index: int) -> int:
