@@ -34,3 +34,25 @@ def random_tokens(rng: np.random.Generator, shape: tuple[int, ...], vocab: int) 
 def run_config():
     """A fresh tiny run config (see tiny_run_config)."""
     return tiny_run_config()
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    """The environment reaching a local GCS emulator (bucket gcs_emulator.BUCKET), shared by the session."""
+    pytest.importorskip("gcp_storage_emulator")
+    pytest.importorskip("gcsfs")
+    from gcs_emulator import running_emulator
+
+    with running_emulator() as env:
+        yield env
+
+
+@pytest.fixture
+def gcs_workdir(gcs_emulator, request):
+    """A fresh `gs://` directory on the emulator, with this process's GCS clients pointed at it."""
+    import uuid
+
+    from gcs_emulator import BUCKET, emulator_in_this_process
+
+    with emulator_in_this_process(gcs_emulator):
+        yield f"gs://{BUCKET}/{request.node.name[:40]}-{uuid.uuid4().hex[:8]}"

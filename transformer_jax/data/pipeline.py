@@ -18,6 +18,7 @@ from transformer_jax.data.tokenizer import (
     load_or_train_tokenizer,
 )
 from transformer_jax.errors import DataError
+from transformer_jax.run.files import is_file, read_text
 
 
 @dataclasses.dataclass
@@ -65,11 +66,10 @@ def check_tokenizer_settings(config: ml_collections.ConfigDict, workdir: str) ->
     tokenizer or a config.json there is nothing to compare.
     """
     saved_config = os.path.join(workdir, "config.json")
-    if not (os.path.isfile(os.path.join(workdir, MODEL_FILENAME)) and os.path.isfile(saved_config)):
+    if not (is_file(os.path.join(workdir, MODEL_FILENAME)) and is_file(saved_config)):
         return
     try:
-        with open(saved_config) as f:
-            saved = json.load(f)["data"]
+        saved = json.loads(read_text(saved_config))["data"]
     except (OSError, ValueError, KeyError, TypeError):
         return  # not a config this project wrote: the model's own shape checks still apply
     for key in TOKENIZER_SETTINGS:

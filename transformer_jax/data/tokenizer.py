@@ -17,7 +17,7 @@ import sentencepiece as spm
 
 from transformer_jax.errors import DataError
 from transformer_jax.model.masks import PAD_ID
-from transformer_jax.run.files import write_atomically
+from transformer_jax.run.files import exists, is_file, read_bytes, write_atomically
 
 UNK_ID, BOS_ID, EOS_ID = 1, 2, 3
 MODEL_FILENAME = "tokenizer.model"
@@ -37,10 +37,9 @@ class Tokenizer:
     @classmethod
     def load(cls, path: str) -> Tokenizer:
         """Load a model file written by `train_tokenizer`."""
-        if not os.path.isfile(path):
+        if not is_file(path):
             raise DataError(f"tokenizer model {path} does not exist; train one or point to the run's workdir")
-        with open(path, "rb") as f:
-            return cls(f.read())
+        return cls(read_bytes(path))
 
     @property
     def vocab_size(self) -> int:
@@ -125,7 +124,7 @@ def load_or_train_tokenizer(workdir: str, train_pairs: Sequence[tuple[str, str]]
                             sample_size: int = 1_000_000, seed: int = 0) -> Tokenizer:
     """Reuse `<workdir>/tokenizer.model` if it exists (resume, eval); otherwise train and save it."""
     path = os.path.join(workdir, MODEL_FILENAME)
-    if os.path.exists(path):
+    if exists(path):
         return Tokenizer.load(path)
     sentences = sample_sentences(train_pairs, sample_size, seed)
     return train_tokenizer(sentences, path, vocab_size, model_type, byte_fallback)

@@ -15,6 +15,7 @@ import orbax.checkpoint as ocp
 from transformer_jax.data.tokenizer import MODEL_FILENAME, Tokenizer
 from transformer_jax.errors import CheckpointError
 from transformer_jax.model.config import TransformerConfig
+from transformer_jax.run.files import absolute, exists, is_dir, is_file, list_names, read_text
 from transformer_jax.training.checkpoint_integrity import check_shapes
 from transformer_jax.training.checkpoints import Checkpointer, best_metric_for
 
@@ -33,20 +34,19 @@ class Run:
 def open_run(workdir: str) -> Run:
     """Load `<workdir>/config.json`, the tokenizer and the checkpoint manager; fail clearly if absent."""
     config_path = os.path.join(workdir, "config.json")
-    if not os.path.isdir(workdir):
+    if not is_dir(workdir):
         raise CheckpointError(f"workdir {workdir} does not exist; pass the --workdir a training run wrote")
-    if not os.path.isfile(config_path):
-        present = ", ".join(sorted(os.listdir(workdir))) or "nothing"
+    if not is_file(config_path):
+        present = ", ".join(sorted(list_names(workdir))) or "nothing"
         raise CheckpointError(
             f"{workdir} holds no training run (no config.json; it contains: {present}); "
             "pass the --workdir given to train.py"
         )
-    with open(config_path) as f:
-        config = ml_collections.ConfigDict(json.load(f))
+    config = ml_collections.ConfigDict(json.loads(read_text(config_path)))
     tokenizer = Tokenizer.load(os.path.join(workdir, MODEL_FILENAME))
     fields = {**config.model.to_dict(), "vocab_size": tokenizer.vocab_size}
     directory = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(directory):
+    if not is_dir(directory):
         raise CheckpointError(f"no checkpoint in {directory}; train first (train.py) or pass another --workdir")
     checkpointer = Checkpointer(directory, best_metric=best_metric_for(config.training.bleu_every)[0],
                                 best_mode=best_metric_for(config.training.bleu_every)[1],
@@ -107,8 +107,8 @@ def check_param_shapes(run: Run, params: Any, step: int) -> None:
 
 def write_params(params: Any, path: str) -> None:
     """Save parameters alone (e.g. an averaged model) as an Orbax checkpoint at `path`."""
-    if os.path.exists(path):
+    if exists(path):
         raise CheckpointError(f"{path} already exists; choose another path or remove it")
     checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(os.path.abspath(path), params)
+    checkpointer.save(absolute(path), params)
     checkpointer.wait_until_finished()

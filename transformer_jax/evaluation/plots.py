@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from transformer_jax.errors import DataError
 from transformer_jax.evaluation.introspection import ATTENTION_TITLES
-from transformer_jax.run.files import write_atomically
+from transformer_jax.run.files import is_file, read_text, write_atomically
 from transformer_jax.training.metrics_log import read_records, tensorboard_writer
 
 PLOTS_DIRNAME = "plots"
@@ -155,14 +155,13 @@ def plot_learning_curves(workdir: str) -> str:
     Returns the PNG's path. Raises DataError when the run has logged no metrics yet.
     """
     metrics_path = os.path.join(workdir, "metrics.jsonl")
-    records = read_records(metrics_path) if os.path.isfile(metrics_path) else []
+    records = read_records(metrics_path) if is_file(metrics_path) else []
     if not records:
         raise DataError(f"no metrics in {metrics_path}; train first (train.py) or pass the run's --workdir")
     final_path = os.path.join(workdir, "test_final.json")
     test_bleu = None
-    if os.path.isfile(final_path):
-        with open(final_path) as f:
-            final = json.load(f)
+    if is_file(final_path):
+        final = json.loads(read_text(final_path))
         test_bleu = (int(final["step"]), float(final["bleu"]))
     figure = learning_curves_figure(records, test_bleu)
     return save_png(figure, os.path.join(workdir, PLOTS_DIRNAME, LEARNING_CURVES_FILENAME))

@@ -11,7 +11,7 @@ from transformer_jax.errors import (
     ConfigError,
     UserError,
 )
-from transformer_jax.run.files import unique_name
+from transformer_jax.run.files import is_local, make_dirs, remove, unique_name, write_atomically
 
 # Exit status of a run stopped by a user error (bad flag, config value, data, checkpoint).
 USER_ERROR_EXIT = 2
@@ -66,13 +66,16 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
 def ensure_writable_workdir(workdir: str) -> None:
     """Create `workdir` if needed; fail clearly when it cannot be written."""
     try:
-        os.makedirs(workdir, exist_ok=True)
+        make_dirs(workdir)
         # Unique per process and host: hosts sharing the workdir may run processes with equal pids.
         probe = unique_name(os.path.join(workdir, ".write_test"))
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
+        if is_local(probe):
+            with open(probe, "w") as f:
+                f.write("ok")
+        else:
+            write_atomically(probe, "ok")  # one object upload: no temporary object to leave behind
+        remove(probe)
     except OSError as error:
         raise ConfigError(
-            f"workdir {workdir} is not writable ({error.strerror}); choose another --workdir"
+            f"workdir {workdir} is not writable ({error.strerror or error}); choose another --workdir"
         ) from None

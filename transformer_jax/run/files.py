@@ -1,13 +1,20 @@
-"""Writing files so that an interrupted write never leaves a half-written or corrupted file."""
+"""The workdir's file layer: local paths and object-store URLs (`gs://bucket/run`) alike.
+
+Every read and write of a run's files goes through here (or through Orbax, which handles `gs://`
+itself), so a workdir may live on Google Cloud Storage. Local paths keep the POSIX behaviour they
+always had (atomic rename, appends); object stores go through etils `epath` (gcsfs for `gs://`).
+"""
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import uuid
 
 import jax
+from etils import epath
 
 
 def process_tag() -> str:
@@ -30,8 +37,101 @@ def unique_name(prefix: str) -> str:
     return f"{prefix}.{process_tag()}.{uuid.uuid4().hex[:8]}"
 
 
+def is_local(path: str | os.PathLike) -> bool:
+    """True for a path on this machine's file system, False for a URL such as `gs://bucket/run`."""
+    return "://" not in os.fspath(path)
+
+
+def absolute(path: str) -> str:
+    """`path` made absolute when local; a URL is already absolute and is returned as is."""
+    return os.path.abspath(path) if is_local(path) else path
+
+
+def exists(path: str) -> bool:
+    """Whether a file or directory exists at `path`."""
+    return epath.Path(path).exists()
+
+
+def is_file(path: str) -> bool:
+    """Whether `path` is a file."""
+    return epath.Path(path).is_file()
+
+
+def is_dir(path: str) -> bool:
+    """Whether `path` is a directory (on an object store: a prefix some object lies under)."""
+    return epath.Path(path).is_dir()
+
+
+def list_names(directory: str) -> list[str]:
+    """The names of the entries of `directory`."""
+    return [child.name for child in epath.Path(directory).iterdir()]
+
+
+def make_dirs(path: str) -> None:
+    """Create directory `path` and its parents if missing (object stores need none: a no-op there)."""
+    epath.Path(path).mkdir(parents=True, exist_ok=True)
+
+
+def read_text(path: str) -> str:
+    """The content of text file `path`."""
+    return epath.Path(path).read_text()
+
+
+def read_bytes(path: str) -> bytes:
+    """The content of file `path`."""
+    return epath.Path(path).read_bytes()
+
+
+def remove(path: str) -> None:
+    """Delete file `path`."""
+    if is_local(path):
+        os.remove(path)
+    else:
+        epath.Path(path).unlink()
+
+
+def move(source: str, destination: str) -> None:
+    """Move file or directory `source` to `destination` (on an object store: copy, then delete).
+
+    Objects are moved with fsspec itself: epath's rename wants the destination's parent folder to
+    exist, and an object store has folders only while objects lie under them.
+    """
+    if is_local(source):
+        shutil.move(source, destination)
+        return
+    import fsspec  # only object stores need it (etils epath uses it for them too)
+
+    filesystem, _ = fsspec.core.url_to_fs(source)
+    filesystem.mv(source, destination, recursive=True)
+
+
+def append_text(path: str, text: str) -> None:
+    """Add `text` at the end of `path` (created if missing).
+
+    Locally one `write()` in append mode, so a crash leaves at most a cut-short last line. Objects
+    cannot be appended to: the object is rewritten whole (each write replaces it atomically), which
+    costs O(file size) per call and suits small logs such as metrics.jsonl.
+    """
+    if is_local(path):
+        with open(path, "a") as f:
+            f.write(text)
+        return
+    target = epath.Path(path)
+    target.write_text((target.read_text() if target.exists() else "") + text)
+
+
 def write_atomically(path: str, content: str | bytes) -> None:
-    """Write `content` to a temporary file next to `path`, then rename it over `path`."""
+    """Write `path` so that readers see the old content or the new one, never a part.
+
+    Locally: a temporary file next to `path`, renamed over it. An object store has no rename, but
+    replaces each object atomically on upload: the content is written to `path` directly.
+    """
+    if not is_local(path):
+        if isinstance(content, bytes):
+            epath.Path(path).write_bytes(content)
+        else:
+            epath.Path(path).write_text(content)
+        return
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     temporary = unique_name(f"{path}.tmp")

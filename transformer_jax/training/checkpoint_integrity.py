@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 from collections.abc import Iterable, Iterator
 from typing import Any, Callable
 
@@ -27,6 +26,7 @@ from transformer_jax.errors import (
     CorruptCheckpointError,
     ShapeMismatchError,
 )
+from transformer_jax.run.files import exists, make_dirs, move
 
 
 def checkpoint_label(directory: str, step: int) -> str:
@@ -169,11 +169,11 @@ def set_aside(directory: str, steps: list[int]) -> None:
         for step in steps:
             destination = os.path.join(f"{directory}.corrupt", str(step))
             suffix = 0
-            while os.path.exists(destination):  # a step set aside before keeps its copy
+            while exists(destination):  # a step set aside before keeps its copy
                 suffix += 1
                 destination = os.path.join(f"{directory}.corrupt", f"{step}.{suffix}")
-            os.makedirs(os.path.dirname(destination), exist_ok=True)
-            shutil.move(os.path.join(directory, str(step)), destination)
+            make_dirs(os.path.dirname(destination))
+            move(os.path.join(directory, str(step)), destination)
             logging.warning("moved the unreadable checkpoint %s/%d to %s (inspect or delete it)",
                             directory, step, destination)
     if jax.process_count() > 1:

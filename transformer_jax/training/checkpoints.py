@@ -11,12 +11,12 @@ restore verifies them, and `restore_latest` falls back past damaged checkpoints,
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
+from transformer_jax.run.files import absolute
 from transformer_jax.training.checkpoint_integrity import (
     check_shapes,
     checkpoint_label,
@@ -53,7 +53,7 @@ class Checkpointer:
         asynchronous: bool = True,
         read_only: bool = False,
     ) -> None:
-        self.directory = os.path.abspath(directory)
+        self.directory = absolute(directory)
         self.read_only = read_only
         self.best_metric, self.best_mode = best_metric, best_mode
         policies: list[Any] = [_policies.LatestN(keep)]

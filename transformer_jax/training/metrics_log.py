@@ -12,7 +12,7 @@ import os
 import uuid
 from typing import Any, Mapping
 
-from transformer_jax.run.files import write_atomically
+from transformer_jax.run.files import append_text, exists, read_text, write_atomically
 
 
 def tensorboard_writer(workdir: str, **kwargs: Any) -> Any:
@@ -78,14 +78,13 @@ class MetricsLog:
 
 
 def _append_record(path: str, record: Mapping[str, Any]) -> None:
-    # One write() of a whole line: a crash leaves at most a cut-short last line, which readers skip.
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    # One write of a whole line: a crash leaves at most a cut-short last line, which readers skip.
+    append_text(path, json.dumps(record) + "\n")
 
 
 def _truncate_after(path: str, step: int) -> None:
     """Keep only the complete records of `path` up to `step` (a resumed run rewrites the rest)."""
-    if os.path.exists(path):
+    if exists(path):
         kept = [json.dumps(r) + "\n" for r in read_records(path) if r["step"] <= step]
         write_atomically(path, "".join(kept))
 
@@ -93,12 +92,11 @@ def _truncate_after(path: str, step: int) -> None:
 def read_records(path: str) -> list[dict[str, Any]]:
     """The complete JSON lines of `path` (a last line cut short by a crash is skipped)."""
     records = []
-    with open(path) as f:
-        for line in f:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for line in read_text(path).splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
     return records
 
 
