@@ -52,6 +52,12 @@ def _translate(params: Any, src_tokens: jax.Array, rng: jax.Array, config: Trans
     return translate_batch(params, config, src_tokens, options, rng)
 
 
+@functools.partial(jax.jit, static_argnames=("config", "smoothing"))
+def _loss_sums(params: Any, batch: dict[str, jax.Array], config: TransformerConfig, smoothing: float) -> dict:
+    """A batch's summed loss metrics; jitted once per (config, smoothing), not once per call."""
+    return eval_step(params, Transformer(config).apply, batch, smoothing)
+
+
 @functools.partial(jax.jit, static_argnames=("config", "options", "mesh"))
 def translate_rows(params: Any, src_BxS: jax.Array, rng: jax.Array, config: TransformerConfig,
                    options: DecodeOptions, mesh: Mesh) -> jax.Array:
@@ -161,8 +167,7 @@ def evaluate_split(
     results: dict[str, Any] = {"sentences": len(encoded),
                                **translation_scores(hypotheses, references, target_lang)}
     if label_smoothing is not None:
-        apply_fn = Transformer(config).apply
-        loss_step = jax.jit(lambda p, b: eval_step(p, apply_fn, b, label_smoothing))
+        loss_step = functools.partial(_loss_sums, config=config, smoothing=label_smoothing)
         results.update(evaluate_loss(loss_step, params, encoded, options.batch_size, mesh))
     return results, hypotheses
 
