@@ -7,10 +7,11 @@ GOOGLE_AUTH_TOKEN_FOR_TESTING (so TensorStore asks for no real credentials).
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 from typing import Iterator
 
 BUCKET = "test-bucket"
@@ -22,19 +23,34 @@ def emulator_env(url: str) -> dict[str, str]:
             "GOOGLE_AUTH_TOKEN_FOR_TESTING": "emulator", "GOOGLE_CLOUD_PROJECT": "test-project"}
 
 
+# The emulator runs in a child process that serves until this process has gone. In-process, its thread
+# would be stopped before tensorboardX's gs:// writers upload their event files one last time (their
+# atexit hooks and finalizers run after every test), and each such upload would retry for two minutes.
+SERVE = """
+import os, sys, time
+from gcp_storage_emulator.server import create_server
+parent = int(sys.argv[2])
+server = create_server("localhost", int(sys.argv[1]), in_memory=True, default_bucket=sys.argv[3])
+server.start()
+print("ready", flush=True)
+while os.getppid() == parent:
+    time.sleep(0.2)
+server.stop()
+"""
+
+
 @contextlib.contextmanager
 def running_emulator() -> Iterator[dict[str, str]]:
     """Start an in-memory emulator holding bucket BUCKET; yields the environment that reaches it."""
-    from gcp_storage_emulator.server import create_server
-
     with socket.socket() as probe:
         probe.bind(("localhost", 0))
         port = probe.getsockname()[1]
-    server = create_server("localhost", port, in_memory=True, default_bucket=BUCKET)
-    server.start()
-    # tensorboardX closes its writers again at exit (atexit, last registered first), uploading their
-    # event files once more: stopping the emulator after them keeps those uploads from hanging.
-    atexit.register(server.stop)
+    child = subprocess.Popen([sys.executable, "-c", SERVE, str(port), str(os.getpid()), BUCKET],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    if child.stdout.readline().strip() != "ready":
+        child.kill()
+        raise RuntimeError("the GCS emulator did not start (is gcp-storage-emulator installed?)")
+    child.stdout.close()
     yield emulator_env(f"http://localhost:{port}")
 
 

@@ -72,9 +72,11 @@ class MetricsLog:
         self._writer.flush()
 
     def close(self) -> None:
-        """Flush and close the TensorBoard writer."""
+        """Flush and close the TensorBoard writer (and let it go: tensorboardX's gs:// writer uploads again
+        when it is collected, which must happen while the store is reachable, not at interpreter exit)."""
         if self._writer is not None:
             self._writer.close()
+            self._writer = None
 
 
 def _append_record(path: str, record: Mapping[str, Any]) -> None:
