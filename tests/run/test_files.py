@@ -48,10 +48,16 @@ def test_appends_keep_earlier_lines(workdir):
 def test_move_carries_a_directory_and_its_files(workdir):
     source, destination = os.path.join(workdir, "checkpoints", "4"), os.path.join(workdir, "checkpoints.corrupt", "4")
     files.write_atomically(os.path.join(source, "data", "x"), "payload")
+    files.write_atomically(os.path.join(source, "meta"), "step 4")
+    files.write_atomically(os.path.join(workdir, "checkpoints", "6", "meta"), "step 6")
+    assert sorted(files.list_names(os.path.join(workdir, "checkpoints"))) == ["4", "6"]
     files.make_dirs(os.path.dirname(destination))
     files.move(source, destination)
     assert files.read_text(os.path.join(destination, "data", "x")) == "payload"
-    assert not files.exists(os.path.join(source, "data", "x"))
+    assert files.read_text(os.path.join(destination, "meta")) == "step 4"
+    assert not files.exists(os.path.join(source, "data", "x")) and not files.exists(source)
+    # Listings read before the move (object-store clients cache them) no longer show the moved directory.
+    assert files.list_names(os.path.join(workdir, "checkpoints")) == ["6"]
 
 
 def test_writable_workdir_check_leaves_nothing_behind(workdir):

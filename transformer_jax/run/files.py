@@ -93,16 +93,31 @@ def remove(path: str) -> None:
 def move(source: str, destination: str) -> None:
     """Move file or directory `source` to `destination` (on an object store: copy, then delete).
 
-    Objects are moved with fsspec itself: epath's rename wants the destination's parent folder to
-    exist, and an object store has folders only while objects lie under them.
+    Objects are copied one by one through epath, so that the client every other call here uses (and
+    Orbax, through epath too) sees the move: object-store clients cache directory listings, and a move
+    made through another client would leave this one listing `source` as present. epath's own rename
+    is no help: it wants the destination's parent folder to exist, and an object store has folders
+    only while objects lie under them. The bytes pass through this machine, which suits the rare,
+    small moves made here (a damaged checkpoint set aside).
     """
     if is_local(source):
         shutil.move(source, destination)
         return
-    import fsspec  # only object stores need it (etils epath uses it for them too)
+    root = epath.Path(source)
+    if root.is_file():
+        root.copy(destination)
+        root.unlink()
+        return
+    _copy_tree(root, epath.Path(destination))
+    root.rmtree()
 
-    filesystem, _ = fsspec.core.url_to_fs(source)
-    filesystem.mv(source, destination, recursive=True)
+
+def _copy_tree(source: epath.Path, destination: epath.Path) -> None:
+    for child in source.iterdir():
+        if child.is_dir():
+            _copy_tree(child, destination / child.name)
+        else:
+            child.copy(destination / child.name)
 
 
 def append_text(path: str, text: str) -> None:

@@ -1,0 +1,81 @@
+"""A whole run on `--workdir=gs://...` (a local GCS emulator): train.py, a resume past a damaged checkpoint, eval.py."""
+
+import json
+import uuid
+
+import fsspec
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from etils import epath
+from gcs_emulator import BUCKET, emulator_in_this_process
+from runs import ROOT, run_script, script_env, write_config
+
+from transformer_jax.errors import CheckpointError
+from transformer_jax.evaluation.checkpoint_selection import write_params
+from transformer_jax.run import files
+
+
+def objects_under(directory: str) -> dict[str, bytes]:
+    """{path relative to `directory`: content} of every object under `directory`."""
+    filesystem, root = fsspec.core.url_to_fs(directory)
+    return {path[len(root) + 1:]: filesystem.cat_file(path) for path in filesystem.find(root)}
+
+
+def flip_a_bit_of_the_biggest_array_file(step_dir: str) -> None:
+    arrays = objects_under(f"{step_dir}/state")
+    name = max(arrays, key=lambda key: len(arrays[key]))
+    data = bytearray(arrays[name])
+    data[len(data) // 2] ^= 0x10  # inside the stored values: only the checksum can tell
+    epath.Path(f"{step_dir}/state/{name}").write_bytes(bytes(data))
+
+
+def test_train_resume_and_eval_keep_the_whole_run_in_the_bucket(gcs_emulator, tmp_path):
+    workdir = f"gs://{BUCKET}/run-{uuid.uuid4().hex[:8]}"
+    env = script_env(**gcs_emulator)
+    config = write_config(tmp_path)
+    trained = run_script("train.py", f"--config={config}", f"--workdir={workdir}", env=env, timeout=500)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    with emulator_in_this_process(gcs_emulator):
+        assert files.list_names(f"{workdir}/checkpoints") == ["4", "6"]
+        first_timing = files.read_text(f"{workdir}/timing.jsonl").splitlines()
+        flip_a_bit_of_the_biggest_array_file(f"{workdir}/checkpoints/6")
+        damaged = objects_under(f"{workdir}/checkpoints/6")
+
+    resumed = run_script("train.py", f"--config={config}", "--config.training.num_train_steps=8",
+                         f"--workdir={workdir}", env=env, timeout=500)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"{workdir}/checkpoints/6: array" in resumed.stderr and "does not match its checksum" in resumed.stderr
+    evaluated = run_script("eval.py", f"--workdir={workdir}", "--checkpoint=average:2", env=env, timeout=500)
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "steps [6, 8]" in evaluated.stdout, evaluated.stdout
+    assert not (ROOT / "gs:").exists() and not (tmp_path / "gs:").exists(), "a gs:// path was written locally"
+
+    with emulator_in_this_process(gcs_emulator):
+        names = set(files.list_names(workdir))
+        assert {"config.json", "tokenizer.model", "metrics.jsonl", "timing.jsonl", "checkpoints", "checkpoints.corrupt",
+                "tensorboard", "test_final.json", "test_final.hyp", "eval", "plots"} <= names, names
+        assert not [name for name in names if ".tmp" in name or ".write_test" in name], names
+        # The damaged step was set aside intact, and the run went on from step 4, not from scratch: the
+        # wall-clock records of steps 1-4 are the first run's (a fresh start rewrites them).
+        assert objects_under(f"{workdir}/checkpoints.corrupt/6") == damaged
+        assert files.list_names(f"{workdir}/checkpoints") == ["6", "8"]
+        timing = files.read_text(f"{workdir}/timing.jsonl").splitlines()
+        assert timing[:4] == first_timing[:4] and [json.loads(line)["step"] for line in timing] == list(range(1, 9))
+        train_steps = [r["step"] for r in map(json.loads, files.read_text(f"{workdir}/metrics.jsonl").splitlines())
+                       if r["split"] == "train"]
+        assert train_steps == list(range(1, 9)), train_steps
+        assert json.loads(files.read_text(f"{workdir}/test_final.json"))["step"] == 8
+        results = json.loads(files.read_text(f"{workdir}/eval/test.average_2_to_8.json"))
+        assert results["steps"] == [6, 8] and results["sentences"] == 16, results
+        assert files.read_bytes(f"{workdir}/plots/learning_curves.png").startswith(b"\x89PNG")
+        assert any(name.startswith("events.out.tfevents") for name in files.list_names(f"{workdir}/tensorboard"))
+
+
+def test_averaged_parameters_are_written_to_a_bucket_once(gcs_workdir):
+    params = {"dense": {"kernel": np.arange(6, dtype=np.float32).reshape(2, 3)}}
+    write_params(params, f"{gcs_workdir}/averaged")
+    restored = ocp.StandardCheckpointer().restore(f"{gcs_workdir}/averaged")
+    np.testing.assert_array_equal(restored["dense"]["kernel"], params["dense"]["kernel"])
+    with pytest.raises(CheckpointError, match="already exists"):
+        write_params(params, f"{gcs_workdir}/averaged")
