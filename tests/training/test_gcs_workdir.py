@@ -7,27 +7,37 @@ import fsspec
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from etils import epath
 from gcs_emulator import BUCKET, emulator_in_this_process
 from runs import ROOT, run_script, script_env, write_config
 
 from transformer_jax.errors import CheckpointError
 from transformer_jax.evaluation.checkpoint_selection import write_params
-from transformer_jax.run import files
 
 
-def objects_under(directory: str) -> dict[str, bytes]:
-    """{path relative to `directory`: content} of every object under `directory`."""
-    filesystem, root = fsspec.core.url_to_fs(directory)
-    return {path[len(root) + 1:]: filesystem.cat_file(path) for path in filesystem.find(root)}
+class Bucket:
+    """What train.py and eval.py left in the bucket, read with a client that caches no listing (other
+    processes write the bucket between reads)."""
 
+    def __init__(self) -> None:
+        self.filesystem = fsspec.filesystem("gs", skip_instance_cache=True, use_listings_cache=False)
 
-def flip_a_bit_of_the_biggest_array_file(step_dir: str) -> None:
-    arrays = objects_under(f"{step_dir}/state")
-    name = max(arrays, key=lambda key: len(arrays[key]))
-    data = bytearray(arrays[name])
-    data[len(data) // 2] ^= 0x10  # inside the stored values: only the checksum can tell
-    epath.Path(f"{step_dir}/state/{name}").write_bytes(bytes(data))
+    def names(self, directory: str) -> list[str]:
+        return sorted(path.rsplit("/", 1)[-1] for path in self.filesystem.ls(directory, detail=False))
+
+    def text(self, path: str) -> str:
+        return self.filesystem.cat_file(path).decode()
+
+    def objects_under(self, directory: str) -> dict[str, bytes]:
+        """{path relative to `directory`: content} of every object under `directory`."""
+        root = directory.removeprefix("gs://")
+        return {path[len(root) + 1:]: self.filesystem.cat_file(path) for path in self.filesystem.find(root)}
+
+    def flip_a_bit_of_the_biggest_array_file(self, step_dir: str) -> None:
+        arrays = self.objects_under(f"{step_dir}/state")
+        name = max(arrays, key=lambda key: len(arrays[key]))
+        data = bytearray(arrays[name])
+        data[len(data) // 2] ^= 0x10  # inside the stored values: only the checksum can tell
+        self.filesystem.pipe_file(f"{step_dir}/state/{name}", bytes(data))
 
 
 def test_train_resume_and_eval_keep_the_whole_run_in_the_bucket(gcs_emulator, tmp_path):
@@ -37,10 +47,11 @@ def test_train_resume_and_eval_keep_the_whole_run_in_the_bucket(gcs_emulator, tm
     trained = run_script("train.py", f"--config={config}", f"--workdir={workdir}", env=env, timeout=500)
     assert trained.returncode == 0, trained.stderr[-3000:]
     with emulator_in_this_process(gcs_emulator):
-        assert files.list_names(f"{workdir}/checkpoints") == ["4", "6"]
-        first_timing = files.read_text(f"{workdir}/timing.jsonl").splitlines()
-        flip_a_bit_of_the_biggest_array_file(f"{workdir}/checkpoints/6")
-        damaged = objects_under(f"{workdir}/checkpoints/6")
+        bucket = Bucket()
+        assert bucket.names(f"{workdir}/checkpoints") == ["4", "6"]
+        first_timing = bucket.text(f"{workdir}/timing.jsonl").splitlines()
+        bucket.flip_a_bit_of_the_biggest_array_file(f"{workdir}/checkpoints/6")
+        damaged = bucket.objects_under(f"{workdir}/checkpoints/6")
 
     resumed = run_script("train.py", f"--config={config}", "--config.training.num_train_steps=8",
                          f"--workdir={workdir}", env=env, timeout=500)
@@ -52,24 +63,24 @@ def test_train_resume_and_eval_keep_the_whole_run_in_the_bucket(gcs_emulator, tm
     assert not (ROOT / "gs:").exists() and not (tmp_path / "gs:").exists(), "a gs:// path was written locally"
 
     with emulator_in_this_process(gcs_emulator):
-        names = set(files.list_names(workdir))
+        bucket = Bucket()
+        names = bucket.names(workdir)
         assert {"config.json", "tokenizer.model", "metrics.jsonl", "timing.jsonl", "checkpoints", "checkpoints.corrupt",
-                "tensorboard", "test_final.json", "test_final.hyp", "eval", "plots"} <= names, names
+                "tensorboard", "test_final.json", "test_final.hyp", "eval", "plots"} <= set(names), names
         assert not [name for name in names if ".tmp" in name or ".write_test" in name], names
         # The damaged step was set aside intact, and the run went on from step 4, not from scratch: the
         # wall-clock records of steps 1-4 are the first run's (a fresh start rewrites them).
-        assert objects_under(f"{workdir}/checkpoints.corrupt/6") == damaged
-        assert files.list_names(f"{workdir}/checkpoints") == ["6", "8"]
-        timing = files.read_text(f"{workdir}/timing.jsonl").splitlines()
+        assert bucket.objects_under(f"{workdir}/checkpoints.corrupt/6") == damaged
+        assert bucket.names(f"{workdir}/checkpoints") == ["6", "8"]
+        timing = bucket.text(f"{workdir}/timing.jsonl").splitlines()
         assert timing[:4] == first_timing[:4] and [json.loads(line)["step"] for line in timing] == list(range(1, 9))
-        train_steps = [r["step"] for r in map(json.loads, files.read_text(f"{workdir}/metrics.jsonl").splitlines())
-                       if r["split"] == "train"]
-        assert train_steps == list(range(1, 9)), train_steps
-        assert json.loads(files.read_text(f"{workdir}/test_final.json"))["step"] == 8
-        results = json.loads(files.read_text(f"{workdir}/eval/test.average_2_to_8.json"))
+        records = [json.loads(line) for line in bucket.text(f"{workdir}/metrics.jsonl").splitlines()]
+        assert [r["step"] for r in records if r["split"] == "train"] == list(range(1, 9)), records
+        assert json.loads(bucket.text(f"{workdir}/test_final.json"))["step"] == 8
+        results = json.loads(bucket.text(f"{workdir}/eval/test.average_2_to_8.json"))
         assert results["steps"] == [6, 8] and results["sentences"] == 16, results
-        assert files.read_bytes(f"{workdir}/plots/learning_curves.png").startswith(b"\x89PNG")
-        assert any(name.startswith("events.out.tfevents") for name in files.list_names(f"{workdir}/tensorboard"))
+        assert bucket.filesystem.cat_file(f"{workdir}/plots/learning_curves.png").startswith(b"\x89PNG")
+        assert any(name.startswith("events.out.tfevents") for name in bucket.names(f"{workdir}/tensorboard"))
 
 
 def test_averaged_parameters_are_written_to_a_bucket_once(gcs_workdir):
