@@ -16,6 +16,7 @@ from transformer_jax.evaluation.checkpoint_selection import checkpoint_params, o
 from transformer_jax.evaluation.translate_split import evaluate_checkpoint, format_results, translate_file
 from transformer_jax.run.cli import parse_flags, user_errors
 from transformer_jax.run.config_schema import decode_options
+from transformer_jax.run.console import quiet_console
 from transformer_jax.run.sharding import make_mesh
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The --workdir of a training run.")
@@ -51,6 +52,7 @@ def decoding_options(run_config) -> DecodeOptions:
 
 def main(argv: list[str]) -> None:
     del argv
+    quiet_console()
     with user_errors():
         if _CURVES.value or _POSITIONS.value or {_ATTENTION.value, _ATTENTION_TARGET.value} != {None}:
             for path in write_figures(_WORKDIR.value, _CHECKPOINT.value, decoding_options, attention=_ATTENTION.value,

@@ -4,7 +4,6 @@ Resumes from the newest checkpoint in --workdir. At the end, translates the test
 search and prints SacreBLEU (the signature included).
 """
 
-import logging
 import os
 
 import jax
@@ -20,6 +19,7 @@ from transformer_jax.run.cli import (
     user_errors,
 )
 from transformer_jax.run.config_schema import check_run_config, decode_options
+from transformer_jax.run.console import quiet_console
 from transformer_jax.training.loop import Trainer
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (see configs/).", lock_config=True)
@@ -35,7 +35,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def main(argv: list[str]) -> None:
     del argv
-    logging.getLogger().setLevel(logging.WARNING)
+    quiet_console()
     with user_errors():
         config, workdir = _CONFIG.value, _WORKDIR.value
         check_run_config(config)  # before any work, so a bad value leaves no trace in the workdir

@@ -1,4 +1,4 @@
-"""The log window: the steps since the last train log line, summarized into metrics.jsonl, timing.jsonl and tqdm."""
+"""The log window: the steps since the last train log line, summarized into metrics.jsonl, timing.jsonl and the bar."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any, Callable
 
 import jax
 import numpy as np
-from tqdm import tqdm
 
 from transformer_jax.training.metrics_log import MetricsLog
+from transformer_jax.training.progress import StepProgress
 
 
 def summarize_window(fetched: list[dict[str, Any]]) -> dict[str, float]:
@@ -58,20 +58,20 @@ class LogWindow:
         Only the `enabled` process (process 0) writes the log and shows the progress bar.
         """
         self.log = MetricsLog(workdir, enabled=enabled, resume_step=start)
-        self.progress = tqdm(total=num_steps, initial=start, disable=not enabled,
-                             desc="train", unit="step", dynamic_ncols=True)
+        self.progress = StepProgress(num_steps, start, enabled)
         self.schedule = schedule
         self.step_metrics = list(open_window)
         self.started = time.perf_counter()
 
     def add(self, metrics: dict[str, jax.Array]) -> None:
-        """Record the metrics of one more step."""
+        """Record the metrics of one more (dispatched) step; the bar counts it once they are ready."""
         self.step_metrics.append(metrics)
-        self.progress.update(1)
+        self.progress.dispatched(metrics["loss"])
 
     def close(self, step: int, skipped_updates: jax.Array) -> None:
         """Write the window ending at `step` (train metrics, timing, progress bar) and start an empty one."""
         fetched = jax.device_get(self.step_metrics)  # waits for the window's steps to finish
+        self.progress.poll()
         timing = window_timing(fetched, time.perf_counter() - self.started)
         summary = summarize_window(fetched)
         # Optax counts only applied updates: skipped ones did not advance the schedule.
@@ -86,6 +86,10 @@ class LogWindow:
     def restart_clock(self) -> None:
         """Time the window from now (evaluating and saving are not training time)."""
         self.started = time.perf_counter()
+
+    def resume_progress(self) -> None:
+        """Leave the pause just ended (evaluating, saving) out of the bar's rate."""
+        self.progress.resume()
 
     def finish(self) -> None:
         """Close the progress bar and the metrics log."""

@@ -23,6 +23,7 @@ from transformer_jax.run.config_schema import (
     model_config,
     write_run_config,
 )
+from transformer_jax.run.console import say
 from transformer_jax.run.sharding import (
     abstract_with_shardings,
     global_batch,
@@ -93,7 +94,7 @@ class Trainer:
             return 0, []
         step, self.state, data_state, meta = restored
         self.data.train.set_state(data_state)
-        logging.info("resumed from %s/%d", self.checkpointer.directory, step)
+        say(f"resumed from {self.checkpointer.directory}/{step}")
         return step, meta.get("open_window", [])
 
     def update(self) -> dict[str, jax.Array]:
@@ -155,6 +156,8 @@ class Trainer:
     def run(self, dev_bleu: Callable[[Any], dict[str, float]] | None = None) -> TrainState:
         """Train to `num_train_steps`, resuming where the workdir's checkpoints left off."""
         training = self.config.training
+        say(f"run directory {self.workdir}: metrics.jsonl, checkpoints/, tensorboard/ (training to step "
+            f"{training.num_train_steps})")
         start, open_window = self.restore_latest()
         self.last_saved_step = start
         is_writer = jax.process_index() == 0
@@ -175,10 +178,13 @@ class Trainer:
                     window.close(step, self.state.skipped_updates)
                     check_skip_streak(self.state, training.max_skipped_updates)
                 metrics = evaluate(step, self.state.params, window.log)
-                if step % training.checkpoint_every == 0 or metrics:
+                saves = step % training.checkpoint_every == 0 or bool(metrics)
+                if saves:
                     self.save(step, window.step_metrics, metrics)
                 if closes_window:
                     window.restart_clock()  # evaluating and saving are not training time
+                if closes_window or saves:
+                    window.resume_progress()
                 if must_stop():  # every step, the same answer on every process (see StopAgreement)
                     self.save(step, window.step_metrics)
                     cause = f"signal {stop.signal_number}" if stop.raised else "a signal to another process"

@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
+from transformer_jax.run.console import say
 from transformer_jax.training.metrics_log import MetricsLog
 
 MetricsOf = Callable[[Any], dict[str, float]]  # parameters -> metrics of the dev set
+_SHOWN = (("loss", 4), ("perplexity", 2), ("accuracy", 4), ("bleu", 2), ("chrf", 2))  # on the console, with digits
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,5 +30,8 @@ class PeriodicEval:
             metrics.update({f"dev_{k}": v for k, v in self.dev_bleu(params).items()})
         if not metrics:
             return None
-        log.write(step, "dev", {k.removeprefix("dev_"): v for k, v in metrics.items()})
+        dev = {k.removeprefix("dev_"): v for k, v in metrics.items()}
+        log.write(step, "dev", dev)
+        shown = [f"{name} {dev[name]:.{digits}f}" for name, digits in _SHOWN if name in dev]
+        say(f"step {step} dev: " + ", ".join(shown))
         return metrics

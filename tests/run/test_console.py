@@ -1,0 +1,34 @@
+"""The console of a normal run: the bar and the lines a user needs, no INFO logging, no asyncio noise at exit."""
+
+import re
+
+from runs import run_script, write_config
+
+INFO_LINE = re.compile(r"^(I\d{4} |INFO[: ])", re.M)  # absl's and Python's default formats
+
+
+def test_a_normal_run_prints_what_the_user_needs_and_verbosity_brings_info_back(tmp_path):
+    config, workdir = write_config(tmp_path), tmp_path / "run"
+    first = run_script("train.py", f"--config={config}", f"--workdir={workdir}",
+                       "--config.training.num_train_steps=3")
+    assert first.returncode == 0, first.stderr[-3000:]
+    resumed = run_script("train.py", f"--config={config}", f"--workdir={workdir}",
+                         "--config.training.num_train_steps=4")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    evaluated = run_script("eval.py", f"--workdir={workdir}")  # restores with Orbax, which logs much at INFO
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+
+    for result in (first, resumed, evaluated):
+        console = result.stdout + result.stderr
+        assert not INFO_LINE.search(console), INFO_LINE.search(console).string[-3000:]
+        assert "Event loop is closed" not in console
+    assert f"run directory {workdir}" in first.stdout
+    assert "step 3 dev: loss" in first.stdout
+    assert "test SacreBLEU" in first.stdout
+    assert f"resumed from {workdir}/checkpoints/3" in resumed.stdout
+    assert "4/4" in resumed.stderr  # the bar reached the last step
+    assert "SacreBLEU" in evaluated.stdout
+
+    verbose = run_script("eval.py", f"--workdir={workdir}", "--verbosity=0")
+    assert verbose.returncode == 0, verbose.stderr[-3000:]
+    assert INFO_LINE.search(verbose.stderr)  # Orbax's restore lines are back

@@ -1,0 +1,57 @@
+"""What train.py and eval.py print: progress bars, the few lines a user needs, and warnings only when something is wrong.
+
+By default absl and Python logging show WARNING and above, so Orbax's INFO lines stay out, and the
+"Event loop is closed" reports that asyncio clients' finalizers raise at interpreter exit (after the
+run's work is done) are dropped. absl's `--verbosity=0` (INFO) or higher brings all of it back.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+CLOSED_LOOP = "Event loop is closed"
+
+
+def _is_closed_loop(error: BaseException | None) -> bool:
+    return isinstance(error, RuntimeError) and str(error) == CLOSED_LOOP
+
+
+class _DropClosedLoop(logging.Filter):
+    """Drops asyncio's reports of callbacks that ran into a closed event loop."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (_is_closed_loop(error) or CLOSED_LOOP in record.getMessage())
+
+
+def quiet_console() -> None:
+    """Unless `--verbosity` was given: logging at WARNING, closed-event-loop reports at exit dropped.
+
+    Call it in main(), after absl parsed the flags.
+    """
+    from absl import flags
+    from absl import logging as absl_logging
+
+    if "verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present:
+        return
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    logging.getLogger().setLevel(logging.WARNING)
+    logging.getLogger("asyncio").addFilter(_DropClosedLoop())
+    previous_hook = sys.unraisablehook
+
+    def unraisable(report: Any) -> None:
+        if not _is_closed_loop(report.exc_value):
+            previous_hook(report)
+
+    sys.unraisablehook = unraisable
+
+
+def say(message: str) -> None:
+    """Print one line for the user on process 0 (above any progress bar, without breaking it)."""
+    import jax
+    from tqdm import tqdm
+
+    if jax.process_index() == 0:
+        tqdm.write(message, file=sys.stdout)
