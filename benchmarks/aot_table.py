@@ -103,7 +103,7 @@ def markdown(rows: list[dict]) -> str:
         lines.append(
             f"| {r['model']} | {where} | {r['chips']} / {r['hosts']} | {r['mesh']} "
             f"| {r['tokens_per_update']:,} ({r['rows_per_device']}) | {r['peak_gb']:.2f} of {r['hbm_gb']:.1f} GB "
-            f"| {r['xla_tflop']:.1f} / {r['analytic_tflop']:.1f} | {collectives} "
+            f"| {r['xla_tflop']:.1f} / {r['analytic_tflop']:.1f} | {collectives or 'none'} "
             f"| {r['step_ms']:.1f} ({r['compute_ms']:.1f}, {r['memory_ms']:.1f}) | {r['tokens_per_second']:,.0f} "
             f"| {r['paper_hours']:.1f} h | {r['largest_rows_per_device']} |")
     return "\n".join(lines)
