@@ -1,7 +1,8 @@
 """python -m transformer_jax.aot --config=CONFIG --topology=v5e:16x16 [--num_slices=N] [--config.KEY=VALUE ...]
 
 Compiles the run's train step, dev-loss step and beam search for the topology (libtpu: the `tpu`
-extra), prints per-device memory against the chip's HBM, FLOPs, collectives and a roofline speed,
+extra; GPUs such as --topology=h100-8: JAX's CUDA plugin, `pip install "jax[cuda12]==<jax version>"`),
+prints per-device memory against the chip's HBM, FLOPs, collectives and a roofline speed,
 and ends with "fits" (exit 0) or a "does not fit" line naming what to change (exit 1).
 """
 
@@ -9,6 +10,7 @@ import os
 import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # only compile-only devices are used; never a local accelerator
+os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # the CUDA plugin's library checks want a GPU
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -16,7 +18,8 @@ from ml_collections import config_flags  # noqa: E402
 from transformer_jax.run.cli import parse_flags, user_errors  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (see configs/).", lock_config=True)
-_TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology (v5e:16x16, v4:4x4x4, ...) or Cloud type (v5e-256).")
+_TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology (v5e:16x16, v4:4x4x4, ...), Cloud type (v5e-256) "
+                                "or GPUs of one host (h100, h100-8).")
 _SLICES = flags.DEFINE_integer("num_slices", 1, "Slices joined by the data-center network (multi-slice).")
 _HBM_GB = flags.DEFINE_float("hbm_gb", None, "Memory per device in GB instead of the chip's (e.g. to keep headroom).")
 flags.mark_flags_as_required(["config", "topology"])

@@ -3,11 +3,16 @@
 One place for these figures; the ahead-of-time report compares compiled programs against them.
 Sources (checked 2026-11-23): Google Cloud TPU system-architecture pages for v4, v5e, v5p and v6e
 (docs.cloud.google.com/tpu/docs/<version>), NVIDIA's H100 Tensor Core GPU datasheet (SXM5).
+
+A GPU also needs what XLA compiles for (compute capability, cores, shared memory, cuDNN version):
+its GpuTargetConfig, stored as text under gpu_specs/. gpu_specs/h100_sxm.txtpb is XLA's own
+xla/backends/gpu/target_config/specs/h100_sxm.txtpb (github.com/openxla/xla, Apache 2.0).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 
 GB = 10**9
 GIB = 2**30
@@ -24,6 +29,12 @@ class Chip:
     hbm_bytes_per_second: float
     tensorcores: int  # TPU TensorCores per chip (1 for a GPU)
     source: str
+    gpu_target_config: str = ""  # for a GPU: its GpuTargetConfig file under gpu_specs/
+
+    @property
+    def is_gpu(self) -> bool:
+        """True for a GPU (compiled by the CUDA plugin), False for a TPU (compiled by libtpu)."""
+        return bool(self.gpu_target_config)
 
 
 CHIPS: dict[str, Chip] = {
@@ -31,7 +42,8 @@ CHIPS: dict[str, Chip] = {
     "v5e": Chip("TPU v5e", 16 * GB, 197 * TFLOPS, 819 * GB, 1, "Cloud TPU docs: TPU v5e"),
     "v5p": Chip("TPU v5p", 95 * GB, 459 * TFLOPS, 2765 * GB, 2, "Cloud TPU docs: TPU v5p"),
     "v6e": Chip("TPU v6e (Trillium)", 32 * GB, 918 * TFLOPS, 1638 * GB, 1, "Cloud TPU docs: TPU v6e"),
-    "h100": Chip("NVIDIA H100 SXM5", 80 * GB, 989 * TFLOPS, 3350 * GB, 1, "NVIDIA H100 datasheet (dense bf16)"),
+    "h100": Chip("NVIDIA H100 SXM5", 80 * GB, 989 * TFLOPS, 3350 * GB, 1, "NVIDIA H100 datasheet (dense bf16)",
+                 gpu_target_config="h100_sxm.txtpb"),
 }
 
 # What JAX's compile-only devices report as `device_kind`, to the chip above.
@@ -47,3 +59,8 @@ def chip_for(device_kind: str) -> Chip | None:
     if key is None and "H100" in device_kind:
         key = "h100"
     return CHIPS.get(key) if key else None
+
+
+def gpu_target_config(chip: Chip) -> str:
+    """The GpuTargetConfig (protobuf text) XLA compiles for on `chip`, a GPU."""
+    return importlib.resources.files("transformer_jax.aot").joinpath("gpu_specs", chip.gpu_target_config).read_text()

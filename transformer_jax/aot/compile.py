@@ -4,7 +4,8 @@ The programs are the ones `train.py` runs, built by the same code (the model, op
 train state of `training/`, the shardings of `run/sharding.py`, the jitted steps of
 `training/jitted_steps.py`): the train step (or, with gradient accumulation, the micro-step and the
 update), the dev-loss step and beam-search decoding, each lowered against ShapeDtypeStructs that
-carry their shardings and compiled by the topology's own compiler (libtpu for TPUs).
+carry their shardings and compiled by the topology's own compiler (libtpu for TPUs, the CUDA plugin's XLA:GPU
+for GPUs).
 """
 
 from __future__ import annotations
@@ -63,7 +64,9 @@ def collectives_in(hlo_text: str) -> dict[str, tuple[int, int]]:
         if not match:
             continue
         shapes = [(dtype, dims) for dtype, dims in _SHAPE.findall(match.group(1))]
-        if match.group(3):  # an async start's result is (operands..., outputs...): count the outputs
+        if match.group(3) and match.group(2) != "all-reduce":
+            # An async start's result is (operands..., outputs...): count the outputs. (all-reduce-start,
+            # as XLA:GPU writes it, returns the outputs alone.)
             shapes = shapes[len(shapes) // 2:]
         size = sum(_DTYPE_BYTES.get(dtype, 4) * _product(dims) for dtype, dims in shapes)
         count_and_bytes = found.setdefault(match.group(2), [0, 0])
@@ -84,11 +87,22 @@ def program_of(name: str, compiled: Any) -> Program:
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    if cost is None:  # the CUDA plugin's compile-only executables carry no cost analysis
+        cost = host_cost_analysis(compiled)
     return Program(
         name, memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.alias_size_in_bytes,
         memory.temp_size_in_bytes, memory.generated_code_size_in_bytes,
         float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)), collectives_in(compiled.as_text()),
     )
+
+
+def host_cost_analysis(compiled: Any) -> dict[str, float]:
+    """XLA's HloCostAnalysis of the compiled program (optimized and partitioned: one device's), run by the host's
+    CPU client: the same FLOP count and the post-fusion bytes accessed, by the CPU's cost model of each op."""
+    from jax._src.lib import _jax  # no public API takes a compiled module to the cost analysis
+
+    module = compiled.runtime_executable().hlo_modules()[0]
+    return _jax.hlo_module_cost_analysis(jax.devices("cpu")[0].client, module)
 
 
 @dataclasses.dataclass(frozen=True)

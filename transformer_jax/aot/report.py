@@ -20,6 +20,8 @@ from transformer_jax.model.flops import train_step_flops
 # The paper's base run: 100k updates of about 25k target tokens (section 5.2).
 PAPER_STEPS = 100_000
 PAPER_TOKENS_PER_STEP = 25_000
+# What JAX's GPU client takes of device memory by default (XLA_PYTHON_CLIENT_MEM_FRACTION).
+GPU_PREALLOCATED = 0.75
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,18 +86,23 @@ def table(topology: Topology, mesh: Mesh, shapes: RunShapes, programs: list[Prog
     """The report as plain-text lines."""
     devices = len(topology.devices)
     model = shapes.model
+    gpu = topology.chip.is_gpu
+    device = "GPU" if gpu else "device"
+    where = (f"{topology.name}: {topology.chip.name}, {devices} GPU(s) on {topology.hosts} host" if gpu else
+             f"{topology.name} x {topology.num_slices} slice(s): {topology.chip.name}, "
+             f"{topology.chips} chips, {devices} devices, {topology.hosts} host processes")
     lines = [
-        f"topology        {topology.name} x {topology.num_slices} slice(s): {topology.chip.name}, "
-        f"{topology.chips} chips, {devices} devices, {topology.hosts} host processes",
+        f"topology        {where}",
         f"mesh            data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']}",
         f"model           N={model.num_layers} d_model={model.d_model} d_ff={model.d_ff} h={model.num_heads} "
-        f"vocab={model.vocab_size} dtype={model.dtype} remat={model.remat} scan_layers={model.scan_layers}",
+        f"vocab={model.vocab_size} dtype={model.dtype} remat={model.remat} scan_layers={model.scan_layers} "
+        f"attention={model.attention_backend}",
         f"batch           {shapes.rows} rows x {shapes.width} tokens per micro-step, x{accumulation} accumulation "
         f"= {accumulation * shapes.rows * shapes.width:,} target token slots per update; "
-        f"{shapes.rows / devices:g} rows per device",
+        f"{shapes.rows / devices:g} rows per {device}",
         "",
         f"{'program':<28} {'arguments':>11} {'outputs':>11} {'aliased':>11} {'temporaries':>12} {'total':>11} "
-        f"{'TFLOP/dev':>10}  collectives",
+        f"{'TFLOP/GPU' if gpu else 'TFLOP/dev':>10}  collectives",
     ]
     for p in programs:
         collectives = ", ".join(f"{op} x{count} ({_gb(size)})" for op, (count, size) in sorted(p.collectives.items()))
@@ -104,10 +111,12 @@ def table(topology: Topology, mesh: Mesh, shapes: RunShapes, programs: list[Prog
     paper_days = PAPER_STEPS * PAPER_TOKENS_PER_STEP / result.tokens_per_second / 86400
     lines += [
         "",
-        f"memory          peak {_gb(result.peak_bytes)} per device of {_gb(result.hbm_bytes)} HBM "
+        f"memory          peak {_gb(result.peak_bytes)} per {device} of {_gb(result.hbm_bytes)} HBM "
         f"({result.peak_bytes / result.hbm_bytes:.0%}): {'fits' if result.fits else 'does not fit'}",
         f"FLOPs/update    XLA {result.xla_flops / 1e12:.1f} TFLOP, analytic {result.analytic_flops / 1e12:.1f} TFLOP "
-        f"(ratio {result.xla_flops / result.analytic_flops:.2f})",
+        f"(ratio {result.xla_flops / result.analytic_flops:.2f})"
+        + ("; XLA's cost model run on this host over the optimized GPU program (the CUDA plugin gives none)"
+           if gpu else ""),
         f"roofline        compute {result.compute_seconds * 1e3:.1f} ms (FLOPs at peak), memory "
         f"{result.memory_seconds * 1e3:.1f} ms (XLA's bytes accessed at HBM bandwidth) per update",
         f"predicted       {result.step_seconds * 1e3:.1f} ms per update, {result.tokens_per_second:,.0f} target "
@@ -116,6 +125,10 @@ def table(topology: Topology, mesh: Mesh, shapes: RunShapes, programs: list[Prog
         f"paper schedule  {PAPER_STEPS:,} steps x {PAPER_TOKENS_PER_STEP:,} tokens: {paper_days * 24:.1f} hours "
         "predicted (roofline: a lower bound)",
     ]
+    if gpu and result.fits and result.peak_bytes > GPU_PREALLOCATED * result.hbm_bytes:
+        lines.append(f"note            JAX preallocates {GPU_PREALLOCATED:.0%} of GPU memory "
+                     f"({_gb(GPU_PREALLOCATED * result.hbm_bytes)}); to run this, set "
+                     "XLA_PYTHON_CLIENT_MEM_FRACTION=.95 (or XLA_PYTHON_CLIENT_PREALLOCATE=false)")
     return "\n".join(lines)
 
 

@@ -1,14 +1,20 @@
-"""A TPU slice, pod or set of slices described on a host that has none, and a mesh laid out on it.
+"""A TPU slice, pod or set of slices, or a GPU host, described on a host that has none; a mesh laid out on it.
 
 `libtpu` (the `tpu` extra: `pip install "transformer_jax[tpu]"`) describes any TPU topology to JAX as
 compile-only devices, so `jit(...).lower(...).compile()` against them produces the real TPU program.
 Topologies are named as libtpu names them (`v5e:16x16`: chips along each torus axis) or by their
 Cloud accelerator type (`v5e-256`; v4 and v5p types count TensorCores, two per chip).
+
+GPUs are named by chip and count on one host (`h100` or `h100-1`, `h100-2`, `h100-4`, `h100-8`).
+JAX's CUDA plugin (`pip install "jax[cuda12]==<the installed jax version>"`, ~5 GB) builds their
+compile-only devices from the GPU's stored target config (chips.gpu_target_config); the process must
+not look for a local GPU (JAX_PLATFORMS=cpu, which the aot command sets).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import os
 
@@ -17,7 +23,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh
 
-from transformer_jax.aot.chips import Chip, chip_for
+from transformer_jax.aot.chips import CHIPS, Chip, chip_for, gpu_target_config
 from transformer_jax.errors import ConfigError
 from transformer_jax.run.sharding import BATCH_AXES
 
@@ -40,12 +46,16 @@ def _cloud_types() -> dict[str, str]:
 
 CLOUD_TYPES = _cloud_types()
 
+# GPU machines: name -> (chip, GPUs on the one host).
+GPU_TYPES: dict[str, tuple[str, int]] = {
+    f"{chip}-{count}": (chip, count) for chip in ("h100",) for count in (1, 2, 4, 8)} | {"h100": ("h100", 1)}
+
 
 @dataclasses.dataclass(frozen=True)
 class Topology:
-    """Compile-only devices of a TPU topology and what they stand for."""
+    """Compile-only devices of a TPU topology or a GPU host, and what they stand for."""
 
-    name: str  # as libtpu names it, e.g. "v5e:16x16"
+    name: str  # as libtpu names it, e.g. "v5e:16x16"; for GPUs as GPU_TYPES does, e.g. "h100-8"
     devices: tuple[jax.Device, ...]
     chip: Chip
     num_slices: int
@@ -58,29 +68,36 @@ class Topology:
     @property
     def chips(self) -> int:
         """Physical chips (a v4 chip may show as two devices, one per TensorCore)."""
-        return len(self.devices) * self.devices[0].num_cores // self.chip.tensorcores
+        return len(self.devices) * self._cores_per_device // self.chip.tensorcores
+
+    @property
+    def _cores_per_device(self) -> int:
+        """TensorCores one JAX device stands for (1 for a GPU)."""
+        return 1 if self.chip.is_gpu else self.devices[0].num_cores
 
     @property
     def hbm_bytes_per_device(self) -> int:
         """The memory one device (one JAX device: a chip, or a TensorCore of a two-core chip) owns."""
-        return self.chip.hbm_bytes * self.devices[0].num_cores // self.chip.tensorcores
+        return self.chip.hbm_bytes * self._cores_per_device // self.chip.tensorcores
 
     @property
     def peak_flops_per_device(self) -> float:
         """Peak bf16 FLOP/s of one device."""
-        return self.chip.peak_bf16_flops * self.devices[0].num_cores / self.chip.tensorcores
+        return self.chip.peak_bf16_flops * self._cores_per_device / self.chip.tensorcores
 
     @property
     def hbm_bandwidth_per_device(self) -> float:
         """HBM bytes per second of one device."""
-        return self.chip.hbm_bytes_per_second * self.devices[0].num_cores / self.chip.tensorcores
+        return self.chip.hbm_bytes_per_second * self._cores_per_device / self.chip.tensorcores
 
 
 def describe(name: str, num_slices: int = 1) -> Topology:
-    """The topology `name` (libtpu name or Cloud type), `num_slices` copies of it joined by DCN.
+    """The topology `name` (libtpu name, Cloud type or GPU_TYPES name), `num_slices` copies of it joined by DCN.
 
-    Raises ConfigError for a missing libtpu or an unknown name.
+    Raises ConfigError for a missing libtpu or CUDA plugin, or an unknown name.
     """
+    if name in GPU_TYPES:
+        return _describe_gpus(name, num_slices)
     topology_name = CLOUD_TYPES.get(name, name)
     try:
         import libtpu  # noqa: F401  (the compiler JAX loads for TPU topologies)
@@ -97,13 +114,43 @@ def describe(name: str, num_slices: int = 1) -> Topology:
         if "INVALID_ARGUMENT" not in detail:
             raise
         raise ConfigError(f"unknown TPU topology {name!r} ({detail}); use e.g. v5e:16x16, v4:4x4x4, "
-                          f"v5p:4x4x8, v6e:8x8, or a Cloud type such as v5e-256") from None
+                          f"v5p:4x4x8, v6e:8x8, a Cloud type such as v5e-256, or GPUs: "
+                          f"{', '.join(sorted(GPU_TYPES))}") from None
     devices = tuple(described.devices)
     chip = chip_for(devices[0].device_kind)
     if chip is None:
         raise ConfigError(f"no chip data for {devices[0].device_kind!r} (topology {name!r}); "
                           "add it to transformer_jax/aot/chips.py")
     return Topology(topology_name, devices, chip, num_slices)
+
+
+def cuda_plugin_missing() -> str | None:
+    """Why GPU topologies cannot be described here (a one-line fix), or None when they can."""
+    if importlib.util.find_spec("jax_plugins") is None or importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+        return (f"compiling for GPUs needs the CUDA plugin of JAX: pip install 'jax[cuda12]=={jax.__version__}' "
+                "(about 5 GB; no GPU needed), then run with JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1")
+    if jax.config.jax_platforms != "cpu":
+        return ("compile-only GPU devices need JAX to use no local accelerator: run with JAX_PLATFORMS=cpu "
+                f"JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 (JAX_PLATFORMS is {jax.config.jax_platforms!r})")
+    return None
+
+
+def _describe_gpus(name: str, num_slices: int) -> Topology:
+    """`name`'s GPUs on one host, as compile-only devices built from the GPU's stored target config."""
+    if num_slices != 1:
+        raise ConfigError(f"--num_slices={num_slices}: GPU topologies are one host ({name}); use num_slices=1")
+    missing = cuda_plugin_missing()
+    if missing:
+        raise ConfigError(missing)
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # the CUDA libraries' checks need a GPU
+    from jax.experimental import topologies
+
+    chip_key, count = GPU_TYPES[name]
+    chip = CHIPS[chip_key]
+    # The CUDA plugin's topology is "<slices>x<hosts>x<GPUs per host>".
+    described = topologies.get_topology_desc(platform="cuda", target_config=gpu_target_config(chip),
+                                             topology=f"1x1x{count}")
+    return Topology(name, tuple(described.devices), chip, 1)
 
 
 def mesh_for(topology: Topology, data: int, fsdp: int) -> Mesh:

@@ -1,0 +1,104 @@
+"""GPU topologies for ahead-of-time compilation, checked without JAX's CUDA plugin (CI does not install it).
+
+With the plugin installed (`pip install "jax[cuda12]==<jax version>"`, JAX_PLATFORMS=cpu) the same
+tests check the compile-only devices it builds instead of the error that asks for it.
+"""
+
+import re
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from runs import ROOT, assert_one_line_error, script_env
+
+from transformer_jax.aot.chips import CHIPS, chip_for, gpu_target_config
+from transformer_jax.aot.compile import Program, RunShapes, collectives_in
+from transformer_jax.aot.report import table, verdict
+from transformer_jax.aot.topology import GPU_TYPES, Topology, cuda_plugin_missing, describe
+from transformer_jax.errors import ConfigError
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.run.sharding import BATCH_AXES
+
+GB = 10**9
+
+
+def test_gpu_names_are_one_host_of_one_to_eight_gpus():
+    assert GPU_TYPES["h100"] == ("h100", 1) and GPU_TYPES["h100-8"] == ("h100", 8)
+    assert all(CHIPS[chip].is_gpu for chip, _ in GPU_TYPES.values())
+    assert not any(chip.is_gpu for key, chip in CHIPS.items() if key != "h100")
+
+
+def test_describing_gpus_needs_the_cuda_plugin_or_builds_its_devices():
+    missing = cuda_plugin_missing()
+    if missing is None:  # a host with jax[cuda12] and JAX_PLATFORMS=cpu
+        topology = describe("h100-8")
+        assert len(topology.devices) == 8 and topology.hosts == 1 and topology.chips == 8
+        assert chip_for(topology.devices[0].device_kind) is CHIPS["h100"]
+        return
+    with pytest.raises(ConfigError) as error:
+        describe("h100-8")
+    message = str(error.value)
+    assert "\n" not in message and f"jax[cuda12]=={jax.__version__}" in message and "JAX_PLATFORMS=cpu" in message
+
+
+def test_gpu_topologies_are_one_host():
+    with pytest.raises(ConfigError, match="GPU topologies are one host"):
+        describe("h100-8", num_slices=2)
+
+
+def test_the_command_names_the_missing_plugin_in_one_line(tmp_path):
+    if cuda_plugin_missing() is None:
+        pytest.skip("the CUDA plugin is installed here: the error under test cannot occur")
+    config = tmp_path / "config.py"
+    config.write_text("from transformer_jax.run.config_schema import default_config\n\n"
+                      "def get_config():\n    return default_config()\n")
+    result = subprocess.run([sys.executable, "-m", "transformer_jax.aot", f"--config={config}", "--topology=h100-8"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300, env=script_env())
+    assert_one_line_error(result, "pip install 'jax[cuda12]==", "JAX_PLATFORMS=cpu")
+
+
+def test_the_stored_h100_target_config_matches_the_chip_table():
+    chip = CHIPS["h100"]
+    text = gpu_target_config(chip)
+    body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert body.count("{") == body.count("}") > 0 and re.search(r"^gpu_device_info \{", body, re.MULTILINE)
+
+    def field(name):
+        return re.search(rf"^\s*{name}: (\S+|\"[^\"]*\")$", body, re.MULTILINE).group(1)
+
+    assert field("core_count") == "132" and field("platform_name") == '"CUDA"'
+    assert re.search(r"cuda_compute_capability \{\s*major: 9\b", body)  # Hopper, sm_90
+    assert chip_for(field("name").strip('"')) is chip  # the device kind the compile-only devices report
+    assert abs(int(field("memory_bandwidth")) / chip.hbm_bytes_per_second - 1) < 0.01
+    assert chip.hbm_bytes <= int(field("device_memory_size")) < 1.1 * chip.hbm_bytes
+
+
+def gpu_report(peak_gb: float) -> str:
+    """The report of a one-program run whose train step needs `peak_gb` on one H100 (CPU devices stand in)."""
+    topology = Topology("h100", tuple(jax.devices("cpu")[:1]), CHIPS["h100"], 1)
+    shapes = RunShapes(TransformerConfig(vocab_size=1000, dtype="bfloat16"), rows=8, width=256, eval_rows=8,
+                       eval_width=256)
+    program = Program("train step", int(peak_gb * GB), 0, 0, 0, 0, 1e12, 1e10, {})
+    result = verdict(shapes, [program], topology, accumulation=1)
+    mesh = Mesh(np.asarray(topology.devices).reshape(1, 1), BATCH_AXES)
+    return table(topology, mesh, shapes, [program], result, accumulation=1)
+
+
+def test_the_report_speaks_of_gpus_and_of_jax_preallocation():
+    small, large = gpu_report(10), gpu_report(70)
+    assert "h100: NVIDIA H100 SXM5, 1 GPU(s) on 1 host" in small and "slice" not in small
+    assert "rows per GPU" in small and "per GPU of 80.00 GB HBM" in small and "attention=einsum" in small
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in small  # 10 GB is under JAX's 75% preallocation
+    assert "JAX preallocates 75% of GPU memory (60.00 GB)" in large and "XLA_PYTHON_CLIENT_MEM_FRACTION" in large
+
+
+def test_an_async_all_reduce_counts_all_its_outputs():
+    # XLA:GPU combines gradients into one all-reduce-start whose result is the outputs alone, not (operands, outputs).
+    hlo = "\n".join([
+        "  %ars = (f32[512,2048]{1,0}, f32[2048]{0}) all-reduce-start(f32[512,2048]{1,0} %a, f32[2048]{0} %b)",
+        "  %ard = (f32[512,2048]{1,0}, f32[2048]{0}) all-reduce-done((f32[512,2048]{1,0}, f32[2048]{0}) %ars)",
+    ])
+    assert collectives_in(hlo) == {"all-reduce": (1, (512 * 2048 + 2048) * 4)}
