@@ -111,12 +111,19 @@ def train_tokenizer(sentences: Sequence[str], model_path: str, vocab_size: int =
             model_type=model_type, byte_fallback=byte_fallback, character_coverage=character_coverage,
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
             pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
-            # A requested size larger than the corpus supports shrinks instead of failing (small corpora).
+            # A size larger than the corpus supports shrinks instead of failing: reported below.
             hard_vocab_limit=False, input_sentence_size=0, num_threads=os.cpu_count() or 1,
             logstream=quiet,
         )
+    tokenizer = Tokenizer(model.getvalue())
+    if tokenizer.vocab_size < vocab_size:  # checked before writing: a failed start leaves no tokenizer behind
+        raise DataError(
+            f"data.vocab_size={vocab_size} is more than this corpus supports: SentencePiece built only "
+            f"{tokenizer.vocab_size} pieces; set --config.data.vocab_size={tokenizer.vocab_size} (or less), "
+            "or train on more data"
+        )
     write_atomically(model_path, model.getvalue())
-    return Tokenizer(model.getvalue())
+    return tokenizer
 
 
 def load_or_train_tokenizer(workdir: str, train_pairs: Sequence[tuple[str, str]], vocab_size: int = 32_000,

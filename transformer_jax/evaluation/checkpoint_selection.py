@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any
 
@@ -15,7 +14,8 @@ import orbax.checkpoint as ocp
 from transformer_jax.data.tokenizer import MODEL_FILENAME, Tokenizer
 from transformer_jax.errors import CheckpointError
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.run.files import absolute, exists, is_dir, is_file, list_names, read_text
+from transformer_jax.run.config_schema import read_run_config
+from transformer_jax.run.files import absolute, exists, is_dir, is_file, list_names
 from transformer_jax.training.checkpoint_integrity import check_shapes
 from transformer_jax.training.checkpoints import Checkpointer, best_metric_for
 
@@ -42,7 +42,7 @@ def open_run(workdir: str) -> Run:
             f"{workdir} holds no training run (no config.json; it contains: {present}); "
             "pass the --workdir given to train.py"
         )
-    config = ml_collections.ConfigDict(json.loads(read_text(config_path)))
+    config = read_run_config(config_path)
     tokenizer = Tokenizer.load(os.path.join(workdir, MODEL_FILENAME))
     fields = {**config.model.to_dict(), "vocab_size": tokenizer.vocab_size}
     directory = os.path.join(workdir, "checkpoints")

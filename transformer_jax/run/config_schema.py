@@ -9,14 +9,16 @@ Overriding a key that does not exist fails at start-up.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from typing import Any
 
 import ml_collections
 
 from transformer_jax.decoding.options import DecodeOptions
-from transformer_jax.errors import ConfigError
+from transformer_jax.errors import CheckpointError, ConfigError
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.run.files import write_atomically
+from transformer_jax.run.files import read_text, write_atomically
 
 _DECODING = DecodeOptions()
 
@@ -130,9 +132,49 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Transfor
     return model
 
 
+RUN_CONFIG_NAME = "config.json"
+
+
 def write_run_config(config: ml_collections.ConfigDict, workdir: str) -> None:
     """Save the run's config as `<workdir>/config.json` (eval.py rebuilds the model from it)."""
-    write_atomically(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
+    write_atomically(os.path.join(workdir, RUN_CONFIG_NAME), config.to_json_best_effort(indent=2))
+
+
+def read_run_config(path: str) -> ml_collections.ConfigDict:
+    """A run's saved config (`<workdir>/config.json`) as the full schema, every saved value in place.
+
+    Raises CheckpointError naming the file when it is missing, not JSON, or not a run config.
+    """
+    repair = ("restore it, or run train.py on the workdir again with the --config it was trained with "
+              "(train.py writes config.json anew)")
+    try:
+        saved = json.loads(read_text(path))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist; pass the config.json a training run wrote") from None
+    except (ValueError, UnicodeDecodeError) as error:  # json.JSONDecodeError is a ValueError
+        raise CheckpointError(f"{path} is damaged ({str(error).splitlines()[0]}); {repair}") from None
+    config = default_config()
+    try:
+        _merge(config, saved, "")
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise CheckpointError(f"{path} is not a run config of this project ({error}); {repair}") from None
+    return config
+
+
+def _merge(config: ml_collections.ConfigDict, saved: Any, prefix: str) -> None:
+    """Set every key of the `saved` dict in `config`; a key the schema lacks or a section gone is an error."""
+    if not isinstance(saved, dict):
+        raise TypeError(f"{prefix or 'the file'} is not a JSON object")
+    for section in config.keys() if not prefix else ():
+        if section not in saved:
+            raise KeyError(f"no {section!r} section")
+    for key, value in saved.items():
+        if key not in config:
+            raise KeyError(f"unknown key {prefix}{key}")
+        if isinstance(config[key], ml_collections.ConfigDict):
+            _merge(config[key], value, f"{prefix}{key}.")
+        else:
+            config[key] = value
 
 
 def decode_options(config: ml_collections.ConfigDict) -> DecodeOptions:
