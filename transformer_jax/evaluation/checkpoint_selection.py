@@ -15,7 +15,7 @@ from transformer_jax.data.tokenizer import MODEL_FILENAME, Tokenizer
 from transformer_jax.errors import CheckpointError
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.run.config_schema import read_run_config
-from transformer_jax.run.files import absolute, exists, is_dir, is_file, list_names
+from transformer_jax.run.files import absolute, exists, is_dir, is_file, is_local, list_names
 from transformer_jax.training.checkpoint_integrity import check_shapes
 from transformer_jax.training.checkpoints import Checkpointer, best_metric_for
 
@@ -34,7 +34,9 @@ class Run:
 def open_run(workdir: str) -> Run:
     """Load `<workdir>/config.json`, the tokenizer and the checkpoint manager; fail clearly if absent."""
     config_path = os.path.join(workdir, "config.json")
-    if not is_dir(workdir):
+    if workdir and is_file(workdir):
+        raise CheckpointError(f"workdir {workdir} is a file, not a directory; pass the --workdir a training run wrote")
+    if not workdir or not is_dir(workdir):
         raise CheckpointError(f"workdir {workdir} does not exist; pass the --workdir a training run wrote")
     if not is_file(config_path):
         present = ", ".join(sorted(list_names(workdir))) or "nothing"
@@ -109,6 +111,11 @@ def write_params(params: Any, path: str) -> None:
     """Save parameters alone (e.g. an averaged model) as an Orbax checkpoint at `path`."""
     if exists(path):
         raise CheckpointError(f"{path} already exists; choose another path or remove it")
+    if is_local(path):
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        except OSError as error:
+            raise CheckpointError(f"cannot write {path} ({error.strerror or error}); choose another path") from None
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(absolute(path), params)
     checkpointer.wait_until_finished()

@@ -33,13 +33,14 @@ def user_errors() -> Iterator[None]:
 
 
 def _config_path(argv: list[str]) -> str | None:
-    """The file named by --config on the command line (before any `:argument`), or None."""
+    """The file named by the last --config on the command line (before any `:argument`), or None."""
+    path = None
     for index, arg in enumerate(argv[1:], start=1):
         if arg.startswith("--config="):
-            return arg.split("=", 1)[1].split(":", 1)[0]
-        if arg == "--config" and index + 1 < len(argv):
-            return argv[index + 1].split(":", 1)[0]
-    return None
+            path = arg.split("=", 1)[1].split(":", 1)[0]
+        elif arg == "--config" and index + 1 < len(argv):
+            path = argv[index + 1].split(":", 1)[0]
+    return path
 
 
 def _config_file_failure(path: str | None, error: Exception) -> str:
@@ -115,6 +116,8 @@ def ensure_writable_workdir(workdir: str) -> list[str]:
 
     Returns the local directories this call created, deepest first (none on an object store).
     """
+    if not workdir:
+        raise ConfigError("--workdir is empty; pass the directory for the run's checkpoints and logs")
     if is_local(workdir) and os.path.exists(workdir) and not os.path.isdir(workdir):
         raise ConfigError(f"workdir {workdir} is a file, not a directory; choose another --workdir")
     created = []

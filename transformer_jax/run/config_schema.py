@@ -89,8 +89,9 @@ POSITIVE_SETTINGS = {
     "data": ("vocab_size", "tokenizer_sample_size", "tokens_per_batch", "max_length", "eval_batch_size",
              "builtin_train_size", "builtin_dev_size", "builtin_test_size"),
     "training": ("num_train_steps", "warmup_steps", "learning_rate_scale", "accumulation_steps", "log_every",
-                 "checkpoint_every", "keep_checkpoints", "max_skipped_updates"),
+                 "checkpoint_every", "keep_checkpoints", "max_skipped_updates", "adam_eps"),
     "eval": ("beam_size", "average_last"),
+    "mesh": ("fsdp",),
 }
 NON_NEGATIVE_SETTINGS = {
     "training": ("eval_every", "bleu_every", "dev_bleu_sentences", "grad_clip_norm", "label_smoothing"),
@@ -108,8 +109,13 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not allowed(value):
                     raise ConfigError(f"{section}.{key}={value!r} must be {wording}; "
                                       f"set --config.{section}.{key} to a {wording} number")
-    if not 0.0 <= config.training.label_smoothing < 1.0:
-        raise ConfigError(f"training.label_smoothing={config.training.label_smoothing!r} must be in [0, 1)")
+    for key in ("label_smoothing", "adam_b1", "adam_b2"):
+        if not 0.0 <= config.training[key] < 1.0:
+            raise ConfigError(f"training.{key}={config.training[key]!r} must be in [0, 1); "
+                              f"set --config.training.{key} inside that range")
+    if config.mesh.data != -1 and not (isinstance(config.mesh.data, int) and config.mesh.data > 0):
+        raise ConfigError(f"mesh.data={config.mesh.data!r} must be positive, or -1 (all devices not used by "
+                          "fsdp); set --config.mesh.data")
     # The model's own checks (d_model divisible by num_heads, ...), with the vocabulary still unknown.
     model_config(config, config.model.vocab_size or config.data.vocab_size)
 
@@ -157,7 +163,8 @@ def read_run_config(path: str) -> ml_collections.ConfigDict:
     try:
         _merge(config, saved, "")
     except (KeyError, TypeError, ValueError, AttributeError) as error:
-        raise CheckpointError(f"{path} is not a run config of this project ({error}); {repair}") from None
+        detail = error.args[0] if isinstance(error, KeyError) else error
+        raise CheckpointError(f"{path} is not a run config of this project ({detail}); {repair}") from None
     return config
 
 
