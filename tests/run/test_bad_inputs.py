@@ -26,7 +26,7 @@ from runs import (
     write_config,
 )
 
-from transformer_jax.run.lock import LOCK_NAME, Owner
+from transformer_jax.run.lock import LOCK_NAME, Owner, read_owner
 from transformer_jax.training.checkpoints import Checkpointer
 from transformer_jax.training.loop import Trainer
 
@@ -269,7 +269,8 @@ def test_eval_py_rejects_bad_input_without_touching_the_run(eval_results, row):
 
 
 def test_ctrl_c_during_eval_py_says_what_was_finished_and_exits_130(setup):
-    process = subprocess.Popen(command("eval.py", f"--workdir={setup['workdir']}", "--translate=-", "--mode=greedy"),
+    # The run is owned by a training job (its lock, as the owned copy has): eval.py reads it all the same.
+    process = subprocess.Popen(command("eval.py", f"--workdir={setup['owned']}", "--translate=-", "--mode=greedy"),
                                cwd=ROOT, env=script_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
@@ -284,6 +285,7 @@ def test_ctrl_c_during_eval_py_says_what_was_finished_and_exits_130(setup):
     assert first.endswith("\n") and rest == ""  # one translation (a tiny model's may be empty), no more
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
     assert stderr.splitlines()[-1] == "interrupted: 1 translations printed above; nothing else was written"
+    assert read_owner(str(setup["owned"] / LOCK_NAME)).pid == 4242  # the owner's lock left as it was
 
 
 def test_unwritable_workdir(setup):

@@ -11,6 +11,8 @@ What is guaranteed where:
   temporary file first and `os.link`ed to `run.lock`, which fails when the name exists; on `gs://`
   the object is uploaded with the precondition `ifGenerationMatch=0` (gcsfs `mode="create"`), which
   Cloud Storage rejects when the object exists. So of two jobs starting together exactly one wins.
+  (An existing lock is read before creating one, so a second job is refused even on a store that
+  ignores the precondition, as the GCS emulator of the tests does; the race itself is then open.)
 * A lock left by a job that died (SIGKILL, a crashed host) is taken over with no manual step. On the
   owner's host the owner is dead when its pid no longer runs, or now runs another process (its start
   time differs; a rebooted host has another boot id). From another host, which cannot see the
@@ -21,8 +23,10 @@ What is guaranteed where:
   re-reading it) and then creates a new one exclusively, so two jobs taking over the same stale
   lock cannot both succeed, except on `gs://` in the instant between that re-read and the delete.
 
-With several processes (a multi-host job) process 0 takes the lock before any other process has
-written anything, and every process learns the outcome, so all of them stop when it is refused.
+With several processes (a multi-host job) process 0 takes the lock before any process has written
+anything but its write probe, and every process learns the outcome, so all of them stop when it is refused.
+A job killed in the instant between writing the lock's temporary file and linking it leaves that
+`run.lock.new.*` file behind (harmless; delete it).
 """
 
 from __future__ import annotations
