@@ -14,7 +14,7 @@ from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.evaluation.attention_plots import write_figures
 from transformer_jax.evaluation.checkpoint_selection import checkpoint_params, open_run, select_steps, write_params
 from transformer_jax.evaluation.translate_split import evaluate_checkpoint, format_results, translate_file
-from transformer_jax.run.cli import parse_flags, user_errors
+from transformer_jax.run.cli import interrupts_reported, parse_flags, user_errors
 from transformer_jax.run.config_schema import decode_options
 from transformer_jax.run.console import quiet_console
 from transformer_jax.run.sharding import make_mesh
@@ -53,7 +53,14 @@ def decoding_options(run_config) -> DecodeOptions:
 def main(argv: list[str]) -> None:
     del argv
     quiet_console()
-    with user_errors():
+    printed = [0]  # translations written to stdout so far (--translate)
+
+    def finished() -> str:
+        if _TRANSLATE.value:
+            return f"{printed[0]} translations printed above; nothing else was written"
+        return "nothing was written"
+
+    with user_errors(), interrupts_reported(finished):
         if _CURVES.value or _POSITIONS.value or {_ATTENTION.value, _ATTENTION_TARGET.value} != {None}:
             for path in write_figures(_WORKDIR.value, _CHECKPOINT.value, decoding_options, attention=_ATTENTION.value,
                                       attention_target=_ATTENTION_TARGET.value,
@@ -74,6 +81,7 @@ def main(argv: list[str]) -> None:
             else:
                 for translation in translate_file(run, checkpoint_params(run, steps), _TRANSLATE.value, options):
                     print(translation, flush=True)
+                    printed[0] += 1
         finally:
             run.checkpointer.close()
 

@@ -13,9 +13,10 @@ from ml_collections import config_flags
 from transformer_jax.evaluation.plots import plot_learning_curves
 from transformer_jax.evaluation.translate_split import evaluate_split, write_results
 from transformer_jax.run.cli import (
-    ensure_writable_workdir,
     initialize_distributed,
+    interrupts_reported,
     parse_flags,
+    training_workdir,
     user_errors,
 )
 from transformer_jax.run.config_schema import check_run_config, decode_options
@@ -33,39 +34,46 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (mu
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def train(config, workdir: str, stage: list[str]) -> None:
+    """Train (resuming), then translate and score the test split; `stage` says what is finished so far."""
+    trainer = Trainer(config, workdir)
+    data, model_config, options = trainer.data, trainer.model_config, decode_options(config)
+
+    def dev_bleu(params):
+        scores, _ = evaluate_split(params, model_config, data.dev, data.tokenizer, options,
+                                   target_lang=config.data.target_lang,
+                                   limit=config.training.dev_bleu_sentences, mesh=trainer.mesh)
+        return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
+
+    try:
+        state = trainer.run(dev_bleu)
+    finally:
+        trainer.close()
+    stage[0] = f"training finished at step {int(state.step)} (checkpoint saved); the test translation was not"
+    if state.step < config.training.num_train_steps:
+        return  # stopped early by a signal; the checkpoint is saved
+    scores, hypotheses = evaluate_split(state.params, model_config, data.test, data.tokenizer, options,
+                                        target_lang=config.data.target_lang, show_progress=True,
+                                        mesh=trainer.mesh)
+    if jax.process_index() == 0:
+        write_results(os.path.join(workdir, "test_final"), {"step": int(state.step), **scores}, hypotheses)
+        print(f"test SacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})")
+        print(f"test chrF {scores['chrf']:.2f}; tokenized compound-split BLEU (paper-style, "
+              f"not comparable with SacreBLEU) {scores['tokenized_compound_split_bleu']:.2f}")
+        print(f"learning curves: {plot_learning_curves(workdir)}")
+
+
 def main(argv: list[str]) -> None:
     del argv
     quiet_console()
-    with user_errors():
+    stage = ["nothing; training had not started (its own Ctrl-C saves a checkpoint and stops)"]
+    with user_errors(), interrupts_reported(lambda: stage[0]):
         config, workdir = _CONFIG.value, _WORKDIR.value
         check_run_config(config)  # before any work, so a bad value leaves no trace in the workdir
         if _MULTIHOST.value:
             initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
-        ensure_writable_workdir(workdir)
-        trainer = Trainer(config, workdir)
-        data, model_config, options = trainer.data, trainer.model_config, decode_options(config)
-
-        def dev_bleu(params):
-            scores, _ = evaluate_split(params, model_config, data.dev, data.tokenizer, options,
-                                       target_lang=config.data.target_lang,
-                                       limit=config.training.dev_bleu_sentences, mesh=trainer.mesh)
-            return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
-
-        try:
-            state = trainer.run(dev_bleu)
-        finally:
-            trainer.close()
-        if state.step < config.training.num_train_steps:
-            return  # stopped early by a signal; the checkpoint is saved
-        scores, hypotheses = evaluate_split(state.params, model_config, data.test, data.tokenizer, options,
-                                            target_lang=config.data.target_lang, show_progress=True,
-                                            mesh=trainer.mesh)
-        if jax.process_index() == 0:
-            write_results(os.path.join(workdir, "test_final"), {"step": int(state.step), **scores}, hypotheses)
-            print(f"test SacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})")
-            print(f"test chrF {scores['chrf']:.2f}; tokenized compound-split BLEU (paper-style, "
-                  f"not comparable with SacreBLEU) {scores['tokenized_compound_split_bleu']:.2f}")
-            print(f"learning curves: {plot_learning_curves(workdir)}")
+        with training_workdir(workdir):  # one job owns the workdir (run.lock) until it returns
+            train(config, workdir, stage)
 
 
 if __name__ == "__main__":

@@ -64,7 +64,9 @@ def test_newest_intact_skips_unreadable_steps_and_reports_them():
             raise CorruptCheckpointError(f"step {step} damaged")
         return f"state {step}"
 
-    assert newest_intact("ckpt", [6, 5, 4, 2], restore) == (4, "state 4", [6, 5])
+    step, state, unreadable = newest_intact("ckpt", [6, 5, 4, 2], restore)
+    assert (step, state, [(bad, str(error)) for bad, error in unreadable]) == (
+        4, "state 4", [(6, "step 6 damaged"), (5, "step 5 damaged")])
     assert newest_intact("ckpt", [], restore) is None
     with pytest.raises(CheckpointError, match=r"no checkpoint in ckpt can be restored \(newest: step 6 damaged\)"):
         newest_intact("ckpt", [6, 5], restore)

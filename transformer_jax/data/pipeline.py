@@ -70,8 +70,11 @@ def check_tokenizer_settings(config: ml_collections.ConfigDict, workdir: str) ->
         return
     try:
         saved = json.loads(read_text(saved_config))["data"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return  # not a config this project wrote: the model's own shape checks still apply
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        # train.py writes config.json anew; the model's own shape checks still apply.
+        logging.warning("%s is damaged (%s); it is written anew from --config", saved_config,
+                        (str(error).splitlines() or [type(error).__name__])[0])
+        return
     for key in TOKENIZER_SETTINGS:
         if key in saved and saved[key] != config.data[key]:
             raise DataError(

@@ -98,8 +98,12 @@ def _sentencepiece_errors(vocab_size: int) -> Iterator[None]:
 
 def train_tokenizer(sentences: Sequence[str], model_path: str, vocab_size: int = 32_000,
                     model_type: str = "unigram", byte_fallback: bool = True,
-                    character_coverage: float = 0.9995) -> Tokenizer:
-    """Train SentencePiece on in-memory sentences and write the model to `model_path` atomically."""
+                    character_coverage: float = 0.9995, exact_size: bool = False) -> Tokenizer:
+    """Train SentencePiece on in-memory sentences and write the model to `model_path` atomically.
+
+    A corpus too small for `vocab_size` pieces gives fewer; with `exact_size` (a run's tokenizer, whose
+    size its config states) that is a DataError instead, raised before anything is written.
+    """
     if model_type not in ("unigram", "bpe"):
         raise DataError(f"tokenizer model_type={model_type!r} is not supported; use 'unigram' or 'bpe'")
     if not sentences:
@@ -111,12 +115,19 @@ def train_tokenizer(sentences: Sequence[str], model_path: str, vocab_size: int =
             model_type=model_type, byte_fallback=byte_fallback, character_coverage=character_coverage,
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
             pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
-            # A requested size larger than the corpus supports shrinks instead of failing (small corpora).
+            # A size larger than the corpus supports shrinks instead of failing: reported below.
             hard_vocab_limit=False, input_sentence_size=0, num_threads=os.cpu_count() or 1,
             logstream=quiet,
         )
+    tokenizer = Tokenizer(model.getvalue())
+    if exact_size and tokenizer.vocab_size < vocab_size:  # before writing: a failed start leaves nothing
+        raise DataError(
+            f"data.vocab_size={vocab_size} is more than this corpus supports: SentencePiece built only "
+            f"{tokenizer.vocab_size} pieces; set --config.data.vocab_size={tokenizer.vocab_size} (or less), "
+            "or train on more data"
+        )
     write_atomically(model_path, model.getvalue())
-    return Tokenizer(model.getvalue())
+    return tokenizer
 
 
 def load_or_train_tokenizer(workdir: str, train_pairs: Sequence[tuple[str, str]], vocab_size: int = 32_000,
@@ -127,4 +138,4 @@ def load_or_train_tokenizer(workdir: str, train_pairs: Sequence[tuple[str, str]]
     if exists(path):
         return Tokenizer.load(path)
     sentences = sample_sentences(train_pairs, sample_size, seed)
-    return train_tokenizer(sentences, path, vocab_size, model_type, byte_fallback)
+    return train_tokenizer(sentences, path, vocab_size, model_type, byte_fallback, exact_size=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any
 
@@ -15,7 +14,8 @@ import orbax.checkpoint as ocp
 from transformer_jax.data.tokenizer import MODEL_FILENAME, Tokenizer
 from transformer_jax.errors import CheckpointError
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.run.files import absolute, exists, is_dir, is_file, list_names, read_text
+from transformer_jax.run.config_schema import read_run_config
+from transformer_jax.run.files import absolute, exists, is_dir, is_file, is_local, list_names
 from transformer_jax.training.checkpoint_integrity import check_shapes
 from transformer_jax.training.checkpoints import Checkpointer, best_metric_for
 
@@ -34,7 +34,9 @@ class Run:
 def open_run(workdir: str) -> Run:
     """Load `<workdir>/config.json`, the tokenizer and the checkpoint manager; fail clearly if absent."""
     config_path = os.path.join(workdir, "config.json")
-    if not is_dir(workdir):
+    if workdir and is_file(workdir):
+        raise CheckpointError(f"workdir {workdir} is a file, not a directory; pass the --workdir a training run wrote")
+    if not workdir or not is_dir(workdir):
         raise CheckpointError(f"workdir {workdir} does not exist; pass the --workdir a training run wrote")
     if not is_file(config_path):
         present = ", ".join(sorted(list_names(workdir))) or "nothing"
@@ -42,7 +44,7 @@ def open_run(workdir: str) -> Run:
             f"{workdir} holds no training run (no config.json; it contains: {present}); "
             "pass the --workdir given to train.py"
         )
-    config = ml_collections.ConfigDict(json.loads(read_text(config_path)))
+    config = read_run_config(config_path)
     tokenizer = Tokenizer.load(os.path.join(workdir, MODEL_FILENAME))
     fields = {**config.model.to_dict(), "vocab_size": tokenizer.vocab_size}
     directory = os.path.join(workdir, "checkpoints")
@@ -109,6 +111,11 @@ def write_params(params: Any, path: str) -> None:
     """Save parameters alone (e.g. an averaged model) as an Orbax checkpoint at `path`."""
     if exists(path):
         raise CheckpointError(f"{path} already exists; choose another path or remove it")
+    if is_local(path):
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        except OSError as error:
+            raise CheckpointError(f"cannot write {path} ({error.strerror or error}); choose another path") from None
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(absolute(path), params)
     checkpointer.wait_until_finished()

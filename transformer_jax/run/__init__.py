@@ -2,7 +2,8 @@
 
 `config_schema` (every run setting, its default and checks) -> `config_reference` (the README's
 table, generated) -> `sharding` (device mesh, logical-axis rules, shardings) -> `files` (atomic
-writes) -> `cli` (one-line user errors, workdir checks, multi-process start-up).
+writes) -> `lock` (one job per run directory) -> `cli` (one-line user errors, Ctrl-C, workdir checks
+and ownership, multi-process start-up).
 """
 
 from transformer_jax.run.config_schema import (

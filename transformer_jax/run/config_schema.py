@@ -9,14 +9,16 @@ Overriding a key that does not exist fails at start-up.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from typing import Any
 
 import ml_collections
 
 from transformer_jax.decoding.options import DecodeOptions
-from transformer_jax.errors import ConfigError
+from transformer_jax.errors import CheckpointError, ConfigError
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.run.files import write_atomically
+from transformer_jax.run.files import read_text, write_atomically
 
 _DECODING = DecodeOptions()
 
@@ -87,8 +89,9 @@ POSITIVE_SETTINGS = {
     "data": ("vocab_size", "tokenizer_sample_size", "tokens_per_batch", "max_length", "eval_batch_size",
              "builtin_train_size", "builtin_dev_size", "builtin_test_size"),
     "training": ("num_train_steps", "warmup_steps", "learning_rate_scale", "accumulation_steps", "log_every",
-                 "checkpoint_every", "keep_checkpoints", "max_skipped_updates"),
+                 "checkpoint_every", "keep_checkpoints", "max_skipped_updates", "adam_eps"),
     "eval": ("beam_size", "average_last"),
+    "mesh": ("fsdp",),
 }
 NON_NEGATIVE_SETTINGS = {
     "training": ("eval_every", "bleu_every", "dev_bleu_sentences", "grad_clip_norm", "label_smoothing"),
@@ -106,8 +109,13 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not allowed(value):
                     raise ConfigError(f"{section}.{key}={value!r} must be {wording}; "
                                       f"set --config.{section}.{key} to a {wording} number")
-    if not 0.0 <= config.training.label_smoothing < 1.0:
-        raise ConfigError(f"training.label_smoothing={config.training.label_smoothing!r} must be in [0, 1)")
+    for key in ("label_smoothing", "adam_b1", "adam_b2"):
+        if not 0.0 <= config.training[key] < 1.0:
+            raise ConfigError(f"training.{key}={config.training[key]!r} must be in [0, 1); "
+                              f"set --config.training.{key} inside that range")
+    if config.mesh.data != -1 and not (isinstance(config.mesh.data, int) and config.mesh.data > 0):
+        raise ConfigError(f"mesh.data={config.mesh.data!r} must be positive, or -1 (all devices not used by "
+                          "fsdp); set --config.mesh.data")
     # The model's own checks (d_model divisible by num_heads, ...), with the vocabulary still unknown.
     model_config(config, config.model.vocab_size or config.data.vocab_size)
 
@@ -130,9 +138,50 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Transfor
     return model
 
 
+RUN_CONFIG_NAME = "config.json"
+
+
 def write_run_config(config: ml_collections.ConfigDict, workdir: str) -> None:
     """Save the run's config as `<workdir>/config.json` (eval.py rebuilds the model from it)."""
-    write_atomically(os.path.join(workdir, "config.json"), config.to_json_best_effort(indent=2))
+    write_atomically(os.path.join(workdir, RUN_CONFIG_NAME), config.to_json_best_effort(indent=2))
+
+
+def read_run_config(path: str) -> ml_collections.ConfigDict:
+    """A run's saved config (`<workdir>/config.json`) as the full schema, every saved value in place.
+
+    Raises CheckpointError naming the file when it is missing, not JSON, or not a run config.
+    """
+    repair = ("restore it, or run train.py on the workdir again with the --config it was trained with "
+              "(train.py writes config.json anew)")
+    try:
+        saved = json.loads(read_text(path))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist; pass the config.json a training run wrote") from None
+    except (ValueError, UnicodeDecodeError) as error:  # json.JSONDecodeError is a ValueError
+        raise CheckpointError(f"{path} is damaged ({str(error).splitlines()[0]}); {repair}") from None
+    config = default_config()
+    try:
+        _merge(config, saved, "")
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        detail = error.args[0] if isinstance(error, KeyError) else error
+        raise CheckpointError(f"{path} is not a run config of this project ({detail}); {repair}") from None
+    return config
+
+
+def _merge(config: ml_collections.ConfigDict, saved: Any, prefix: str) -> None:
+    """Set every key of the `saved` dict in `config`; a key the schema lacks or a section gone is an error."""
+    if not isinstance(saved, dict):
+        raise TypeError(f"{prefix or 'the file'} is not a JSON object")
+    for section in config.keys() if not prefix else ():
+        if section not in saved:
+            raise KeyError(f"no {section!r} section")
+    for key, value in saved.items():
+        if key not in config:
+            raise KeyError(f"unknown key {prefix}{key}")
+        if isinstance(config[key], ml_collections.ConfigDict):
+            _merge(config[key], value, f"{prefix}{key}.")
+        else:
+            config[key] = value
 
 
 def decode_options(config: ml_collections.ConfigDict) -> DecodeOptions:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
+import traceback
 from collections.abc import Iterable, Iterator
 from typing import Any, Callable
 
@@ -119,9 +121,39 @@ def reading(where: str, advice: str = "") -> Iterator[None]:
     except ShapeMismatchError:
         raise
     except Exception as error:  # noqa: BLE001 - truncated files, bad JSON, ... all mean "unreadable"
+        _silence_abandoned_reads()
         detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
         detail = detail.split(" See full TensorStore details")[0][:200]
         raise CorruptCheckpointError(f"{where} cannot be read ({detail}){advice}") from None
+
+
+def _is_abandoned_read(unraisable: Any) -> bool:
+    """Whether an unraisable exception comes from a checkpoint read Orbax gave up (see _silence_abandoned_reads)."""
+    code = getattr(unraisable.object, "cr_code", None) or getattr(unraisable.object, "__code__", None)
+    files = [getattr(code, "co_filename", "")]
+    files += [frame.filename for frame in traceback.extract_tb(unraisable.exc_traceback)]
+    return ("Event loop is closed" in str(unraisable.exc_value)
+            or any(f"{os.sep}{package}{os.sep}" in name for name in files for package in ("orbax", "tensorstore")))
+
+
+def _silence_abandoned_reads() -> None:
+    """Keep the reads Orbax abandons after a failed one from printing tracebacks (installed once, on a failure).
+
+    When one file of a checkpoint cannot be read, Orbax closes that restore's event loop while the
+    other reads are still in flight; when collected they print "Exception ignored in ..." or
+    "Event loop is closed" tracebacks that add nothing to the one warning already logged.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "abandoned_reads_silenced", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if not _is_abandoned_read(unraisable):
+            previous(unraisable)
+
+    hook.abandoned_reads_silenced = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # "Task exception was never retrieved"
 
 
 def _all_processes_agree(ok: bool) -> bool:
@@ -133,10 +165,10 @@ def _all_processes_agree(ok: bool) -> bool:
 
 def newest_intact(
     directory: str, steps_newest_first: Iterable[int], restore: Callable[[int], Any]
-) -> tuple[int, Any, list[int]] | None:
-    """(step, restore(step), unreadable newer steps) of the first step every process restores intact.
+) -> tuple[int, Any, list[tuple[int, CheckpointError]]] | None:
+    """(step, restore(step), [(unreadable newer step, its error)]) of the first step every process restores intact.
 
-    Each unreadable step is reported. Returns None when there are no steps; raises CheckpointError
+    Returns None when there are no steps; raises CheckpointError
     when there are some but none restores.
     """
     unreadable: list[tuple[int, CheckpointError]] = []
@@ -151,10 +183,9 @@ def newest_intact(
             error = error or CorruptCheckpointError(
                 f"{checkpoint_label(directory, step)} cannot be read by another process"
             )
-            logging.warning("%s; trying the previous checkpoint", error)
             unreadable.append((step, error))
             continue
-        return step, restored, [bad for bad, _ in unreadable]
+        return step, restored, unreadable
     if unreadable:
         raise CheckpointError(
             f"no checkpoint in {directory} can be restored (newest: {unreadable[0][1]}); move the "
@@ -163,8 +194,12 @@ def newest_intact(
     return None
 
 
-def set_aside(directory: str, steps: list[int]) -> None:
-    """Move the step directories `steps` to `<directory>.corrupt/` (process 0 moves, all processes wait)."""
+def set_aside(directory: str, steps: list[int]) -> dict[int, str]:
+    """Move the step directories `steps` to `<directory>.corrupt/` (process 0 moves, all processes wait).
+
+    Returns {step: where it went} (on process 0; empty on the others).
+    """
+    moved = {}
     if jax.process_index() == 0:
         for step in steps:
             destination = os.path.join(f"{directory}.corrupt", str(step))
@@ -174,7 +209,7 @@ def set_aside(directory: str, steps: list[int]) -> None:
                 destination = os.path.join(f"{directory}.corrupt", f"{step}.{suffix}")
             make_dirs(os.path.dirname(destination))
             move(os.path.join(directory, str(step)), destination)
-            logging.warning("moved the unreadable checkpoint %s/%d to %s (inspect or delete it)",
-                            directory, step, destination)
+            moved[step] = destination
     if jax.process_count() > 1:
         multihost_utils.sync_global_devices("unreadable checkpoints set aside")
+    return moved

@@ -11,6 +11,7 @@ restore verifies them, and `restore_latest` falls back past damaged checkpoints,
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import jax
@@ -155,17 +156,22 @@ class Checkpointer:
     def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any], dict[str, Any]] | None:
         """(step, state, data_state, meta) of the newest checkpoint that restores intact; None if there is none.
 
-        Newer checkpoints that cannot be read back are reported, and the writer moves them aside to
-        `<directory>.corrupt/` (kept for inspection, and out of the way of the steps saved again).
+        Newer checkpoints that cannot be read back are reported (one warning line each), and the writer
+        moves them aside to `<directory>.corrupt/` (kept for inspection, and out of the way of the steps
+        saved again).
         When none can be restored, nothing is moved and CheckpointError says so.
         """
         found = newest_intact(self.directory, reversed(self.steps()), lambda step: self.restore(step, abstract_state))
         if found is None:
             return None
         step, (state, data_state, meta), unreadable = found
+        moved = {}
         if unreadable and not self.read_only:  # only a writer moves files; a reader (eval.py) leaves them
-            set_aside(self.directory, unreadable)
+            moved = set_aside(self.directory, [bad for bad, _ in unreadable])
             self.manager.reload()
+        for bad, error in unreadable:  # one line each: what is wrong, where it went, what is used instead
+            aside = f"; moved to {moved[bad]} (inspect or delete it)" if bad in moved else ""
+            logging.warning("%s%s; resuming from step %d", error, aside, step)
         return step, state, data_state, meta
 
     def restore_params(self, step: int) -> Any:

@@ -15,7 +15,7 @@ import jax
 import ml_collections
 
 from transformer_jax.data.pipeline import RunData, prepare_data
-from transformer_jax.errors import TrainingError
+from transformer_jax.errors import ConfigError, TrainingError
 from transformer_jax.evaluation.perplexity import evaluate_loss
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.run.config_schema import (
@@ -39,14 +39,20 @@ from transformer_jax.training.preemption import StopAgreement, StopFlag
 from transformer_jax.training.state import TrainState, create_train_state
 
 
-def check_skip_streak(state: TrainState, max_skipped_updates: int) -> None:
-    """Raise TrainingError once `max_skipped_updates` updates in a row were skipped as non-finite."""
+def check_skip_streak(state: TrainState, max_skipped_updates: int,
+                      newest_checkpoint: Callable[[], int | None] = lambda: None) -> None:
+    """Raise TrainingError once `max_skipped_updates` updates in a row were skipped as non-finite.
+
+    The message names the newest checkpoint on disk, `newest_checkpoint()` (None: there is none).
+    """
     streak = int(jax.device_get(state.longest_skip_streak))
     if streak >= max_skipped_updates:
+        kept_step = newest_checkpoint()
+        kept = (f"the last good checkpoint, step {kept_step}, is kept" if kept_step is not None
+                else "no checkpoint was written")
         raise TrainingError(
             f"{streak} updates in a row had a non-finite loss or gradient and were skipped; "
-            "lower training.learning_rate_scale or set training.grad_clip_norm (the last good "
-            "checkpoint is kept)"
+            f"lower training.learning_rate_scale or set training.grad_clip_norm ({kept})"
         )
 
 
@@ -153,12 +159,23 @@ class Trainer:
         if not self.checkpointer.save(step, self.state, self.data.train.get_state(), meta, metrics):
             logging.error("parameters at step %d are not finite: checkpoint not written", step)
 
+    def newest_checkpoint(self) -> int | None:
+        """The newest checkpoint on disk once pending saves are written (None: there is none)."""
+        self.checkpointer.wait()
+        return self.checkpointer.latest_step()
+
     def run(self, dev_bleu: Callable[[Any], dict[str, float]] | None = None) -> TrainState:
         """Train to `num_train_steps`, resuming where the workdir's checkpoints left off."""
         training = self.config.training
         say(f"run directory {self.workdir}: metrics.jsonl, checkpoints/, tensorboard/ (training to step "
             f"{training.num_train_steps})")
         start, open_window = self.restore_latest()
+        if start > training.num_train_steps:  # before config.json is rewritten with the smaller value
+            raise ConfigError(
+                f"training.num_train_steps={training.num_train_steps} is below step {start}, where the run in "
+                f"{self.workdir} already is; pass --config.training.num_train_steps={start} or more to go on, "
+                "or use a new workdir"
+            )
         self.last_saved_step = start
         is_writer = jax.process_index() == 0
         if is_writer:
@@ -176,7 +193,7 @@ class Trainer:
                 closes_window = step % training.log_every == 0 or step == training.num_train_steps
                 if closes_window:
                     window.close(step, self.state.skipped_updates)
-                    check_skip_streak(self.state, training.max_skipped_updates)
+                    check_skip_streak(self.state, training.max_skipped_updates, self.newest_checkpoint)
                 metrics = evaluate(step, self.state.params, window.log)
                 saves = step % training.checkpoint_every == 0 or bool(metrics)
                 if saves:

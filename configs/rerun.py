@@ -1,0 +1,15 @@
+"""Rerun a run's saved settings: the config.json a training run wrote, as a config.
+
+Command:  python train.py --config=configs/rerun.py:runs/demo/config.json --workdir=runs/demo_again
+          [--config.KEY=VALUE ...]
+Hardware: whatever the saved run needed.
+Expected: the same run as the one that wrote the file (resumed, when --workdir is that run's).
+A key the schema does not know, or a damaged file, is one error line naming the file.
+"""
+
+from transformer_jax.run.config_schema import read_run_config
+
+
+def get_config(config_json: str):
+    """The full run config with every value saved in `config_json` (a run's `<workdir>/config.json`)."""
+    return read_run_config(config_json)
