@@ -78,6 +78,7 @@ def default_config() -> ml_collections.ConfigDict:
     evaluation.beam_size = _DECODING.beam_size  # beam search width for test translation and eval.py (paper section 6.1)
     evaluation.alpha = _DECODING.alpha  # length penalty ((5 + len) / 6)^alpha
     evaluation.max_extra_length = _DECODING.max_extra_length  # output length limit: input length + this
+    evaluation.batch_tokens = _DECODING.batch_tokens  # source token slots per translation batch (0 = eval_batch_size sentences)
     evaluation.average_last = 5  # checkpoints averaged by eval.py --checkpoint=average (paper: 5 base, 20 big)
     return config
 
@@ -92,7 +93,7 @@ POSITIVE_SETTINGS = {
 }
 NON_NEGATIVE_SETTINGS = {
     "training": ("eval_every", "bleu_every", "dev_bleu_sentences", "grad_clip_norm", "label_smoothing"),
-    "eval": ("max_extra_length",),
+    "eval": ("max_extra_length", "batch_tokens"),
 }
 
 
@@ -136,7 +137,9 @@ def write_run_config(config: ml_collections.ConfigDict, workdir: str) -> None:
 
 
 def decode_options(config: ml_collections.ConfigDict) -> DecodeOptions:
-    """The run's decoding settings: beam search with its `eval` section, batches of `data.eval_batch_size`."""
+    """The run's decoding settings: beam search with its `eval` section, batches of `data.eval_batch_size`
+    sentences at most (and `eval.batch_tokens` source token slots; runs saved before it had none)."""
     evaluation = config.eval
     return DecodeOptions(mode="beam", beam_size=evaluation.beam_size, alpha=evaluation.alpha,
-                         max_extra_length=evaluation.max_extra_length, batch_size=config.data.eval_batch_size)
+                         max_extra_length=evaluation.max_extra_length, batch_size=config.data.eval_batch_size,
+                         batch_tokens=evaluation.get("batch_tokens", DecodeOptions.batch_tokens))
