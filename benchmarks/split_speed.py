@@ -116,7 +116,8 @@ def run(workdir: str, sentences: int = 0, rounds: int = 3, batch_tokens: tuple[i
     for name, figures in result.items():
         print(f"{name:<28} median {figures['median_s']:7.1f} s  {len(encoded) / figures['median_s']:6.1f} sentences/s"
               f"  speed-up over today {figures['speedup_over_today']:.2f}x"
-              f"  (rounds {', '.join(f'{t:.1f}' for t in figures['round_s'])} s; first call {figures['first_call_s']:.1f} s)"
+              f"  (rounds {', '.join(f'{t:.1f}' for t in figures['round_s'])} s;"
+              f" first call {figures['first_call_s']:.1f} s)"
               f"  sentences differing from today: {figures['sentences_differing_from_today']}")
     return {"workdir": workdir, "step": step, "sentences": len(encoded), "rounds": rounds,
             "batch_size": options.batch_size, "contenders": result}

@@ -70,7 +70,8 @@ def varied_model():
     config = TransformerConfig.preset("tiny", vocab_size=24, max_len=64, positional_encoding="learned",
                                       tie_output_embedding=False)
     dummy = jnp.ones((1, 4), jnp.int32)
-    params = jax.tree.map(lambda x: 1.5 * x, nn.meta.unbox(Transformer(config).init(jax.random.key(0), dummy, dummy)["params"]))
+    params = nn.meta.unbox(Transformer(config).init(jax.random.key(0), dummy, dummy)["params"])
+    params = jax.tree.map(lambda x: 1.5 * x, params)
     params["decoder"]["positional_encoding"]["position_embedding"] *= 10.0
     bias = params["decoder"]["output_projection"]["bias"]
     params["decoder"]["output_projection"]["bias"] = bias.at[EOS_ID].set(1.5)
