@@ -78,7 +78,7 @@ def default_config() -> ml_collections.ConfigDict:
     evaluation.beam_size = _DECODING.beam_size  # beam search width for test translation and eval.py (paper section 6.1)
     evaluation.alpha = _DECODING.alpha  # length penalty ((5 + len) / 6)^alpha
     evaluation.max_extra_length = _DECODING.max_extra_length  # output length limit: input length + this
-    evaluation.batch_tokens = _DECODING.batch_tokens  # source tokens per translation batch (0 = eval_batch_size sentences)
+    evaluation.batch_tokens = _DECODING.batch_tokens  # source tokens per decoding batch (0: eval_batch_size rows)
     evaluation.average_last = 5  # checkpoints averaged by eval.py --checkpoint=average (paper: 5 base, 20 big)
     return config
 
