@@ -32,6 +32,9 @@ _TEMPERATURE = flags.DEFINE_float("temperature", None, "Sampling temperature, > 
 _TOP_K = flags.DEFINE_integer("top_k", None, "Sample among the k most likely tokens; 0 = all (--mode=sample; default 0).")
 _TOP_P = flags.DEFINE_float("top_p", None, "Nucleus sampling mass in (0, 1]; 1 = all (--mode=sample; default 1).")
 _BATCH = flags.DEFINE_integer("batch_size", None, "Sentences decoded together (default: the run's data.eval_batch_size).")
+_BATCH_TOKENS = flags.DEFINE_integer(
+    "batch_tokens", None, "Source token slots per batch of a split, at most --batch_size rows (default: the run's "
+    "eval.batch_tokens; 0 = --batch_size sentences).")
 _TRANSLATE = flags.DEFINE_string("translate", None, "Translate this file ('-' = standard input) to stdout.")
 _AVERAGED = flags.DEFINE_string("write_averaged", None, "Write the --checkpoint parameters here (Orbax).")
 _ATTENTION = flags.DEFINE_string("plot_attention", None, "Plot the attention maps of this source sentence.")
@@ -47,7 +50,7 @@ def decoding_options(run_config) -> DecodeOptions:
     return decode_options(run_config).replace(
         mode=_MODE.value, beam_size=_BEAM.value, alpha=_ALPHA.value, max_extra_length=_EXTRA.value,
         seed=_SEED.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
-        batch_size=_BATCH.value)
+        batch_size=_BATCH.value, batch_tokens=_BATCH_TOKENS.value)
 
 
 def main(argv: list[str]) -> None:

@@ -1,6 +1,6 @@
 """The benchmark harness: one command, a printed table per section, and a JSON file.
 
-    python benchmarks/run.py [--quick] [--sections train,e2e,decode,options,pipeline] [--json PATH]
+    python benchmarks/run.py [--quick] [--sections train,e2e,decode,options,pipeline,split] [--json PATH]
 
 Sections:
   train    train step of ours and PyTorch's nn.Transformer (same dimensions, shared embeddings,
@@ -11,7 +11,9 @@ Sections:
            WMT-like length profile);
   decode   beam-4 and greedy sentences/s (and the key/value cache's speed-up);
   options  scan_layers / remat: compile time, XLA's temporary memory and step time;
-  pipeline the input pipeline alone (batches/s, padding efficiency).
+  pipeline the input pipeline alone (batches/s, padding efficiency);
+  split    whole-split translation of the demo run's test set (runs/demo: `make demo` first), the
+           former batching against batching by source length with a token budget (split_speed.py).
 Needs the benchmark extra for the peer: pip install -e '.[bench]' (PyTorch CPU wheel).
 """
 
@@ -39,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import decode_speed
 import end_to_end
 import input_pipeline
+import split_speed
 import train_step
 import workers
 from train_step import Case
@@ -176,8 +179,12 @@ def section_pipeline(args: argparse.Namespace, report: dict[str, Any]) -> None:
     report["pipeline"] = input_pipeline.run(1.0 if args.quick else 5.0, builtin)
 
 
+def section_split(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    report["split"] = split_speed.run("runs/demo", sentences=400 if args.quick else 0, rounds=1 if args.quick else 3)
+
+
 SECTIONS = {"train": section_train, "e2e": section_e2e, "decode": section_decode, "options": section_options,
-            "pipeline": section_pipeline}
+            "pipeline": section_pipeline, "split": section_split}
 
 
 def main() -> None:

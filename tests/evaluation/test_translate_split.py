@@ -2,6 +2,7 @@
 
 import logging
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,3 +53,57 @@ def test_too_small_vocabulary_is_a_data_error(tmp_path):
     with pytest.raises(DataError, match="raise data.vocab_size"):
         train_tokenizer(["äöü ÄÖÜ ß é è ê ñ"] * 5 + SENTENCES, str(tmp_path / "t.model"), vocab_size=200)
     assert not (tmp_path / "t.model").exists()
+
+
+class Ids:
+    """Detokenizes to every output id, padding included, so equal texts mean equal tokens."""
+
+    def decode_batch(self, ids):
+        return [" ".join(map(str, row)) for row in ids]
+
+
+@pytest.fixture(scope="module")
+def varied_model():
+    """A tiny model whose outputs end on EOS at many lengths: random weights scaled up, EOS made likelier."""
+    from transformer_jax.data.encoded import EncodedPairs, Ragged
+
+    config = TransformerConfig.preset("tiny", vocab_size=24, max_len=64, positional_encoding="learned",
+                                      tie_output_embedding=False)
+    dummy = jnp.ones((1, 4), jnp.int32)
+    params = nn.meta.unbox(Transformer(config).init(jax.random.key(0), dummy, dummy)["params"])
+    params = jax.tree.map(lambda x: 1.5 * x, params)
+    params["decoder"]["positional_encoding"]["position_embedding"] *= 10.0
+    bias = params["decoder"]["output_projection"]["bias"]
+    params["decoder"]["output_projection"]["bias"] = bias.at[EOS_ID].set(1.5)
+    rng = np.random.default_rng(0)
+    sources = [rng.integers(4, 24, size=n).tolist() + [EOS_ID] for n in rng.integers(1, 40, size=60)]
+    # Targets of unrelated lengths: the former batches grouped sentences by max(source, target).
+    targets = [[5] * n + [EOS_ID] for n in rng.integers(0, 60, size=60)]
+    return config, params, EncodedPairs(Ragged.from_lists(sources), Ragged.from_lists(targets))
+
+
+def translate_as_before(params, config, encoded, options):
+    """The former batching: batch_size sentences grouped by max(source, target) in buckets 16/32/64, PAD rows."""
+    from transformer_jax.data.batching import eval_batches, restore_order
+    from transformer_jax.evaluation.translate_split import _translate
+
+    outputs, indices, rng = [], [], jax.random.key(options.seed)
+    for batch in eval_batches(encoded, options.batch_size):
+        rng, key = jax.random.split(rng)
+        outputs += Ids().decode_batch(np.asarray(_translate(params, batch["inputs"], key, config, options)))
+        indices += batch["index"].tolist()
+    return restore_order(outputs, indices, len(encoded))
+
+
+@pytest.mark.parametrize("mode", ["beam", "greedy"])
+def test_batching_by_source_length_and_tokens_translates_as_before(varied_model, mode):
+    config, params, encoded = varied_model
+    options = DecodeOptions(mode=mode, beam_size=3, max_extra_length=8, batch_size=16)
+    before = translate_as_before(params, config, encoded, options)
+    after = translate_encoded(params, config, encoded, Ids(), options.replace(batch_tokens=128), show_progress=False)
+    strip = lambda text: text.split(" 0")[0]  # widths differ now, so the PAD after EOS does too
+    assert [strip(text) for text in after] == [strip(text) for text in before]
+    # Outputs end on EOS at many lengths (so batches stop at different steps), some run to the limit.
+    lengths = [len(strip(text).split()) for text in after]
+    ended = [strip(text).endswith(f" {EOS_ID}") or strip(text) == str(EOS_ID) for text in after]
+    assert len(set(lengths)) > 5 and 10 < sum(ended) < len(after)

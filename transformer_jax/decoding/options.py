@@ -1,4 +1,4 @@
-"""How to decode, as one typed object: mode, beam size, length penalty, length limit, sampling, batch size.
+"""How to decode, as one typed object: mode, beam size, length penalty, length limit, sampling, batch sizes.
 
 The defaults are the paper's (section 6.1): beam search with beam 4, length penalty alpha 0.6, outputs
 at most 50 tokens longer than their source. A run's `eval` section (and `data.eval_batch_size`)
@@ -40,7 +40,9 @@ class DecodeOptions:
       top_k: sample among the k most likely tokens; 0 keeps all (mode "sample").
       top_p: nucleus mass, in (0, 1]; 1 keeps all (mode "sample").
       seed: random seed of sampling (mode "sample").
-      batch_size: sentences decoded together when translating a split or a file.
+      batch_size: sentences decoded together when translating a split or a file (at most).
+      batch_tokens: when > 0, a split's batches hold about this many source token slots (rows x the
+        batch's padded source length, at most batch_size rows): long sentences go in fewer rows.
     """
 
     mode: DecodeMode = "beam"
@@ -52,6 +54,7 @@ class DecodeOptions:
     top_p: float = 1.0
     seed: int = 0
     batch_size: int = 64
+    batch_tokens: int = 0
 
     def __post_init__(self) -> None:
         require(self.mode in MODES, f"decoding mode={self.mode!r} is not one of {list(MODES)}")
@@ -59,6 +62,9 @@ class DecodeOptions:
             value = getattr(self, name)
             require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
                     f"{name}={value!r} must be a positive integer")
+        require(isinstance(self.batch_tokens, int) and not isinstance(self.batch_tokens, bool)
+                and self.batch_tokens >= 0,
+                f"batch_tokens={self.batch_tokens!r} must be 0 (batch_size sentences a batch) or a positive integer")
         require(isinstance(self.top_k, int) and self.top_k >= 0,
                 f"top_k={self.top_k!r} must be 0 (keep every token) or a positive integer")
         require(is_python_number(self.alpha) and self.alpha >= 0,

@@ -24,7 +24,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
-from transformer_jax.data.batching import eval_batches, restore_order
+from transformer_jax.data.batching import restore_order, translation_batches
 from transformer_jax.data.encoded import EncodedPairs, encode_pairs
 from transformer_jax.data.pipeline import EvalSet, eval_set, load_run_splits
 from transformer_jax.data.sources import read_lines
@@ -89,12 +89,16 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
     return jax.jit(lambda t: t, out_shardings=replicated)(tree)
 
 
-def _decode_batch(params: Any, src_BxS: np.ndarray, rng: jax.Array, config: TransformerConfig,
-                  options: DecodeOptions, mesh: Mesh | None) -> np.ndarray:
-    """[B, L] output ids of one batch on the host: split over `mesh` by rows, or on the default device."""
+def _dispatch_batch(params: Any, src_BxS: np.ndarray, rng: jax.Array, config: TransformerConfig,
+                    options: DecodeOptions, mesh: Mesh | None) -> jax.Array:
+    """Start decoding one batch ([B, L] output ids, not waited for): split over `mesh` by rows, or on one device."""
     if mesh is None:
-        return np.asarray(_translate(params, src_BxS, rng, config, options))
-    ids_BxL = translate_rows(params, place_rows(src_BxS, mesh), rng, config, options, mesh)
+        return _translate(params, src_BxS, rng, config, options)
+    return translate_rows(params, place_rows(src_BxS, mesh), rng, config, options, mesh)
+
+
+def _fetch_ids(ids_BxL: jax.Array) -> np.ndarray:
+    """A dispatched batch's [B, L] output ids on this host (gathered from every process)."""
     if ids_BxL.is_fully_addressable:
         return np.asarray(ids_BxL)
     return np.asarray(multihost_utils.process_allgather(ids_BxL, tiled=True))
@@ -130,21 +134,36 @@ def translate_encoded(
     if mesh is not None:
         # Without logical-axis boxes nothing inside the shard_map asks for a sharding.
         params = replicate(nn.meta.unbox(params), mesh)
+    # A source that is only EOS was an empty line: its translation is empty, keeping lines aligned.
+    empty = encoded.source.lengths <= 1
+    batches = translation_batches(encoded, options.batch_size, options.batch_tokens, items=np.flatnonzero(~empty),
+                                  row_multiple=mesh.size if split_rows else 1)
+    # The search's own settings: batch sizes only choose the shapes, so they do not make another program.
+    search_options = options.replace(batch_size=DecodeOptions.batch_size, batch_tokens=DecodeOptions.batch_tokens)
     rng = jax.random.key(options.seed)
     outputs: list[str] = []
     indices: list[int] = []
+    pending: tuple[jax.Array, np.ndarray] | None = None
     with tqdm(total=len(encoded), unit="sent", desc="translate", disable=not show_progress) as progress:
-        for batch in eval_batches(encoded, options.batch_size, row_multiple=mesh.size if split_rows else 1):
-            src = fit_to_model(batch["inputs"], config.max_len)
-            rng, key = jax.random.split(rng)
-            ids = _decode_batch(params, src, key, config, options, mesh if split_rows else None)
-            outputs.extend(" ".join(text.splitlines()) for text in tokenizer.decode_batch(ids))
-            indices.extend(batch["index"].tolist())
-            progress.update(int((batch["index"] >= 0).sum()))
-    ordered = restore_order(outputs, indices, len(encoded))
-    # A source that is only EOS was an empty line: its translation is empty, keeping lines aligned.
-    empty = encoded.source.lengths <= 1
-    return ["" if is_empty else text for text, is_empty in zip(ordered, empty)]
+        progress.update(int(empty.sum()))
+        # One batch in flight: the next is dispatched before the last one's ids are fetched and detokenized.
+        for batch in [*batches, None]:
+            started = None
+            if batch is not None:
+                rng, key = jax.random.split(rng)
+                src = fit_to_model(batch["inputs"], config.max_len)
+                started = (_dispatch_batch(params, src, key, config, search_options, mesh if split_rows else None),
+                           batch["index"])
+            if pending is not None:
+                ids, index = _fetch_ids(pending[0]), pending[1]
+                outputs.extend(" ".join(text.splitlines()) for text in tokenizer.decode_batch(ids[index >= 0]))
+                indices.extend(index[index >= 0].tolist())
+                progress.update(int((index >= 0).sum()))
+            pending = started
+    for position in np.flatnonzero(empty):
+        outputs.append("")
+        indices.append(int(position))
+    return restore_order(outputs, indices, len(encoded))
 
 
 def evaluate_split(

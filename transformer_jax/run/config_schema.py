@@ -80,6 +80,7 @@ def default_config() -> ml_collections.ConfigDict:
     evaluation.beam_size = _DECODING.beam_size  # beam search width for test translation and eval.py (paper section 6.1)
     evaluation.alpha = _DECODING.alpha  # length penalty ((5 + len) / 6)^alpha
     evaluation.max_extra_length = _DECODING.max_extra_length  # output length limit: input length + this
+    evaluation.batch_tokens = _DECODING.batch_tokens  # source tokens per decoding batch (0: eval_batch_size rows)
     evaluation.average_last = 5  # checkpoints averaged by eval.py --checkpoint=average (paper: 5 base, 20 big)
     return config
 
@@ -95,7 +96,7 @@ POSITIVE_SETTINGS = {
 }
 NON_NEGATIVE_SETTINGS = {
     "training": ("eval_every", "bleu_every", "dev_bleu_sentences", "grad_clip_norm", "label_smoothing"),
-    "eval": ("max_extra_length",),
+    "eval": ("max_extra_length", "batch_tokens"),
 }
 
 
@@ -185,7 +186,9 @@ def _merge(config: ml_collections.ConfigDict, saved: Any, prefix: str) -> None:
 
 
 def decode_options(config: ml_collections.ConfigDict) -> DecodeOptions:
-    """The run's decoding settings: beam search with its `eval` section, batches of `data.eval_batch_size`."""
+    """The run's decoding settings: beam search with its `eval` section, batches of `data.eval_batch_size`
+    sentences at most (and `eval.batch_tokens` source token slots; runs saved before it had none)."""
     evaluation = config.eval
     return DecodeOptions(mode="beam", beam_size=evaluation.beam_size, alpha=evaluation.alpha,
-                         max_extra_length=evaluation.max_extra_length, batch_size=config.data.eval_batch_size)
+                         max_extra_length=evaluation.max_extra_length, batch_size=config.data.eval_batch_size,
+                         batch_tokens=evaluation.get("batch_tokens", DecodeOptions.batch_tokens))

@@ -1,0 +1,137 @@
+"""Whole-split translation: wall time of translating a trained run's test split, before and after
+batching by source length with a token budget (a section of benchmarks/run.py, or run alone).
+
+    python benchmarks/split_speed.py [--workdir=runs/demo] [--sentences=0] [--rounds=3] [--batch_tokens=256]
+
+The model is a trained run's last checkpoint (by default the demo's: `make demo` writes runs/demo),
+so sentences end on EOS, or run on to the length limit, as a real evaluation's do. Contenders, timed
+in alternating rounds on the same sentences with the run's decoding settings (beam 4, alpha 0.6):
+- "today": the former path, kept here as the peer: batches of `batch_size` sentences grouped by
+  max(source, target) length, in buckets 16/32/64/128/256, the last batch padded with PAD rows, each
+  batch fetched before the next is dispatched;
+- "by source": `translate_encoded` with batch_size sentences a batch (sorted and bucketed by source
+  length only, padding rows repeating a sentence, one batch in flight);
+- "by source, N tokens": the same with a budget of N source token slots per batch.
+Each contender translates once before the rounds (compiles every shape it uses; timed apart); the
+figures are medians over the rounds, and the sentences that differ from "today" are counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from transformer_jax.data.batching import eval_batches, restore_order
+from transformer_jax.data.encoded import EncodedPairs
+from transformer_jax.data.pipeline import eval_set, load_run_splits
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.decoding.options import DecodeOptions
+from transformer_jax.evaluation.checkpoint_selection import checkpoint_params, open_run
+from transformer_jax.evaluation.translate_split import _translate, fit_to_model, translate_encoded
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.run.config_schema import decode_options
+
+Translator = Callable[[], list[str]]
+
+
+def translate_today(params: Any, config: TransformerConfig, encoded: EncodedPairs, tokenizer: Tokenizer,
+                    options: DecodeOptions) -> list[str]:
+    """The former `translate_encoded` on one device: batches by max(source, target), fetched one by one."""
+    rng = jax.random.key(options.seed)
+    outputs, indices = [], []
+    for batch in eval_batches(encoded, options.batch_size):
+        rng, key = jax.random.split(rng)
+        ids = np.asarray(_translate(params, fit_to_model(batch["inputs"], config.max_len), key, config, options))
+        outputs.extend(" ".join(text.splitlines()) for text in tokenizer.decode_batch(ids))
+        indices.extend(batch["index"].tolist())
+    ordered = restore_order(outputs, indices, len(encoded))
+    return ["" if length <= 1 else text for text, length in zip(ordered, encoded.source.lengths)]
+
+
+def contenders(params: Any, config: TransformerConfig, encoded: EncodedPairs, tokenizer: Tokenizer,
+               options: DecodeOptions, batch_tokens: list[int]) -> dict[str, Translator]:
+    """Name -> a call translating `encoded` one way."""
+    def ours(tokens: int) -> Translator:
+        return lambda: translate_encoded(params, config, encoded, tokenizer, options.replace(batch_tokens=tokens),
+                                         show_progress=False)
+
+    result = {"today": lambda: translate_today(params, config, encoded, tokenizer, options.replace(batch_tokens=0)),
+              "by source": ours(0)}
+    result.update({f"by source, {tokens} tokens": ours(tokens) for tokens in batch_tokens})
+    return result
+
+
+def measure(translators: dict[str, Translator], rounds: int) -> dict[str, Any]:
+    """First-call and per-round wall times of each translator, alternating; outputs compared with "today"."""
+    first, outputs = {}, {}
+    for name, translate in translators.items():
+        start = time.perf_counter()
+        outputs[name] = translate()
+        first[name] = time.perf_counter() - start
+        print(f"  {name:<28} first call (with compiles) {first[name]:7.1f} s", flush=True)
+    times: dict[str, list[float]] = {name: [] for name in translators}
+    for round_index in range(rounds):
+        names = list(translators) if round_index % 2 == 0 else list(translators)[::-1]
+        for name in names:
+            start = time.perf_counter()
+            translators[name]()
+            times[name].append(time.perf_counter() - start)
+        print("  round " + str(round_index + 1) + ": " + ", ".join(f"{n} {times[n][-1]:.1f} s" for n in translators),
+              flush=True)
+    reference = outputs["today"]
+    return {name: {"first_call_s": first[name], "round_s": times[name], "median_s": statistics.median(times[name]),
+                   "speedup_over_today": statistics.median(times["today"]) / statistics.median(times[name]),
+                   "sentences_differing_from_today": sum(a != b for a, b in zip(outputs[name], reference))}
+            for name in translators}
+
+
+def run(workdir: str, sentences: int = 0, rounds: int = 3, batch_tokens: tuple[int, ...] = (256,)) -> dict[str, Any]:
+    """Translate the test split of `workdir`'s run (its first `sentences`; 0: all) with every contender."""
+    if not os.path.isfile(os.path.join(workdir, "config.json")):
+        raise SystemExit(f"{workdir} holds no trained run; train one first (make demo) or pass --workdir")
+    trained = open_run(workdir)
+    try:
+        step = trained.checkpointer.steps()[-1]
+        params = checkpoint_params(trained, [step])
+    finally:
+        trained.checkpointer.close()
+    pairs = load_run_splits(trained.config.data, trained.config.training.seed, ("test",))["test"]
+    encoded = eval_set(pairs, trained.tokenizer).encoded
+    if sentences:
+        encoded = encoded.select(np.arange(min(sentences, len(encoded))))
+    options = decode_options(trained.config)
+    print(f"{workdir} step {step}: {len(encoded)} test sentences, {options.describe()}, "
+          f"batch_size {options.batch_size}; {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs", flush=True)
+    result = measure(contenders(params, trained.model_config, encoded, trained.tokenizer, options, list(batch_tokens)),
+                     rounds)
+    for name, figures in result.items():
+        print(f"{name:<28} median {figures['median_s']:7.1f} s  {len(encoded) / figures['median_s']:6.1f} sentences/s"
+              f"  speed-up over today {figures['speedup_over_today']:.2f}x"
+              f"  (rounds {', '.join(f'{t:.1f}' for t in figures['round_s'])} s;"
+              f" first call {figures['first_call_s']:.1f} s)"
+              f"  sentences differing from today: {figures['sentences_differing_from_today']}")
+    return {"workdir": workdir, "step": step, "sentences": len(encoded), "rounds": rounds,
+            "batch_size": options.batch_size, "contenders": result}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workdir", default="runs/demo", help="a trained run (make demo writes runs/demo)")
+    parser.add_argument("--sentences", type=int, default=0, help="translate the first N test sentences (0: all)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
+    parser.add_argument("--batch_tokens", default="256", help="comma-separated token budgets to time")
+    args = parser.parse_args()
+    run(args.workdir, args.sentences, args.rounds, tuple(int(t) for t in args.batch_tokens.split(",")))
+
+
+if __name__ == "__main__":
+    main()
