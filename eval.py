@@ -4,6 +4,7 @@
                  [--beam_size=4 --alpha=0.6 --max_extra_length=50] [--mode=beam|greedy|sample]
   python eval.py --workdir=DIR --translate=FILE|-        # translate text line by line
   python eval.py --workdir=DIR --checkpoint=average:5 --write_averaged=PATH
+  python eval.py --workdir=DIR [--checkpoint=...] --export=ctranslate2:OUT   # a CTranslate2 model directory
   python eval.py --workdir=DIR --plot_attention="the dog jumped over the wall" [--plot_attention_target=TEXT]
   python eval.py --workdir=DIR --plot_positional_encoding --plot_curves   # PNGs under DIR/plots/
 """
@@ -14,6 +15,7 @@ from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.evaluation.attention_plots import write_figures
 from transformer_jax.evaluation.checkpoint_selection import checkpoint_params, open_run, select_steps, write_params
 from transformer_jax.evaluation.translate_split import evaluate_checkpoint, format_results, translate_file
+from transformer_jax.export import export_run, export_target
 from transformer_jax.run.cli import interrupts_reported, parse_flags, user_errors
 from transformer_jax.run.config_schema import decode_options
 from transformer_jax.run.console import quiet_console
@@ -37,6 +39,8 @@ _BATCH_TOKENS = flags.DEFINE_integer(
     "eval.batch_tokens; 0 = --batch_size sentences).")
 _TRANSLATE = flags.DEFINE_string("translate", None, "Translate this file ('-' = standard input) to stdout.")
 _AVERAGED = flags.DEFINE_string("write_averaged", None, "Write the --checkpoint parameters here (Orbax).")
+_EXPORT = flags.DEFINE_string(
+    "export", None, "FORMAT:DIR: write the --checkpoint model for another runtime (ctranslate2), tokenizer beside it.")
 _ATTENTION = flags.DEFINE_string("plot_attention", None, "Plot the attention maps of this source sentence.")
 _ATTENTION_TARGET = flags.DEFINE_string(
     "plot_attention_target", None, "Target for --plot_attention (default: the model's translation).")
@@ -70,15 +74,19 @@ def main(argv: list[str]) -> None:
                                       positional_encoding=_POSITIONS.value, curves=_CURVES.value):
                 print(f"wrote {path}")
             return
+        target = export_target(_EXPORT.value) if _EXPORT.value else None  # checked before any work
         run = open_run(_WORKDIR.value)
         try:
             options = decoding_options(run.config)
-            if not (_AVERAGED.value or _TRANSLATE.value):
+            if not (_AVERAGED.value or _TRANSLATE.value or target):
                 print(format_results(evaluate_checkpoint(run, _CHECKPOINT.value, _SPLIT.value, options,
                                                         mesh=make_mesh())))
                 return
             steps = select_steps(run.checkpointer, _CHECKPOINT.value, run.config.eval.average_last)
-            if _AVERAGED.value:
+            if target:
+                directory = export_run(run, checkpoint_params(run, steps), target)
+                print(f"wrote steps {steps} as a {target.format} model to {directory}")
+            elif _AVERAGED.value:
                 write_params(checkpoint_params(run, steps), _AVERAGED.value)
                 print(f"wrote the parameters of steps {steps} to {_AVERAGED.value}")
             else:

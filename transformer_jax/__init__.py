@@ -6,6 +6,7 @@ The package, by what a reader comes for:
   data/        corpora, SentencePiece, batching; the built-in synthetic corpus in data/builtin/
   training/    loss, schedule and Adam, train step, the loop, checkpoints
   evaluation/  SacreBLEU/chrF, translating splits, checkpoint selection and averaging, plots
+  export/      a trained model for other runtimes (CTranslate2)
   run/         run config schema and reference, CLI helpers, device mesh
   aot/         compiling a run for TPU topologies on a host without them
   errors.py    UserError, the root of every error a user can cause

@@ -11,8 +11,8 @@ import time
 import jax
 import numpy as np
 import pytest
-
 from runs import assert_one_line_error, write_config
+
 from transformer_jax.training.checkpoints import Checkpointer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -74,6 +74,38 @@ def test_eval_translates_standard_input_line_by_line(trained):
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""  # empty input line -> empty output
+
+
+def test_eval_exports_a_ctranslate2_model_that_scores_as_ours(trained, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    import sentencepiece as spm
+
+    from transformer_jax import Transformer
+    from transformer_jax.evaluation.checkpoint_selection import checkpoint_params, open_run, select_steps
+
+    _, workdir, _ = trained
+    out = tmp_path / "ct2"
+    result = run("eval.py", f"--workdir={workdir}", f"--export=ctranslate2:{out}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"model to {out}" in result.stdout
+    translator = ctranslate2.Translator(str(out), device="cpu")
+    pieces = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model"))
+    source, target = pieces.encode(["the dog sleeps .", "I see the cat ."], out_type=str)
+    ct2_log_probs = translator.score_batch([source], [target])[0].log_probs  # target tokens, then EOS
+
+    loaded = open_run(str(workdir))
+    params = checkpoint_params(loaded, select_steps(loaded.checkpointer, "latest"))
+    loaded.checkpointer.close()
+    src = np.array([pieces.piece_to_id(source) + [pieces.eos_id()]])
+    tgt = np.array(pieces.piece_to_id(target) + [pieces.eos_id()])
+    tgt_in = np.r_[pieces.bos_id(), tgt[:-1]][None]
+    logits = np.array(Transformer(loaded.model_config).apply({"params": params}, src, tgt_in))
+    logits[..., [pieces.pad_id(), pieces.bos_id()]] = -np.inf  # never emitted by our decoding
+    ours = np.asarray(jax.nn.log_softmax(logits[0]))[np.arange(len(tgt)), tgt]
+    np.testing.assert_allclose(ct2_log_probs, ours, atol=1e-4)
+
+    again = run("eval.py", f"--workdir={workdir}", f"--export=ctranslate2:{out}")
+    assert_one_line_error(again, "not empty")
 
 
 def test_eval_errors_name_the_problem_and_what_exists(trained, tmp_path):

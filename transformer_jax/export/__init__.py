@@ -1,0 +1,57 @@
+"""Exporting a trained model to other inference runtimes (today: CTranslate2).
+
+  export_target("ctranslate2:DIR")   parse and check eval.py's --export value before any work
+  export_run(run, params, target)    write the run's model (and its SentencePiece model) there
+  export_ctranslate2(params, config, vocabulary, DIR)   the library call, for any parameters
+
+The runtime's own package is imported only when exporting, so this package stays light.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import TYPE_CHECKING, Any
+
+from transformer_jax.errors import ConfigError
+from transformer_jax.export.ctranslate2 import check_output_directory, export_ctranslate2, import_ctranslate2
+
+if TYPE_CHECKING:
+    from transformer_jax.evaluation.checkpoint_selection import Run
+
+FORMATS = ("ctranslate2",)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportTarget:
+    """Where and as what to export: `format` (one of FORMATS) and a local output `directory`."""
+
+    format: str
+    directory: str
+
+
+def export_target(value: str) -> ExportTarget:
+    """Parse FORMAT:DIR; fail with a ConfigError on an unknown format, a non-empty DIR or a missing runtime."""
+    fmt, separator, directory = value.partition(":")
+    if not separator or not directory:
+        raise ConfigError(f"--export={value} is not FORMAT:DIR; e.g. --export=ctranslate2:model_ct2")
+    if fmt not in FORMATS:
+        raise ConfigError(f"--export format {fmt!r} is unknown; choose one of {list(FORMATS)}")
+    check_output_directory(directory)
+    import_ctranslate2()
+    return ExportTarget(fmt, directory)
+
+
+def export_run(run: Run, params: Any, target: ExportTarget) -> str:
+    """Write `params` of `run` as `target` asks, with the run's tokenizer beside it; returns the directory."""
+    from transformer_jax.data.tokenizer import MODEL_FILENAME
+    from transformer_jax.run.files import read_bytes
+
+    tokenizer = run.tokenizer
+    vocabulary = [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
+    tokenizer_model = read_bytes(os.path.join(run.workdir, MODEL_FILENAME))
+    return export_ctranslate2(params, run.model_config, vocabulary, target.directory,
+                              extra_files={MODEL_FILENAME: tokenizer_model})
+
+
+__all__ = ["FORMATS", "ExportTarget", "export_ctranslate2", "export_run", "export_target"]
