@@ -48,6 +48,7 @@ def default_config() -> ml_collections.ConfigDict:
     data.tokens_per_batch = 25_000  # padded token budget per batch and side (source or target)
     data.max_length = 256  # longest training pair in tokens (dev/test are never filtered)
     data.pack = True  # pack several pairs per row (segment ids); False: length buckets (more shapes, more padding)
+    data.row_width = 0  # packed rows' width in tokens (0 = chosen from the corpus; longer pairs get rows of their own)
     data.eval_batch_size = _DECODING.batch_size  # sentences per dev/test batch (rows, padded)
 
     config.training = training = ml_collections.ConfigDict()
@@ -91,6 +92,7 @@ POSITIVE_SETTINGS = {
     "eval": ("beam_size", "average_last"),
 }
 NON_NEGATIVE_SETTINGS = {
+    "data": ("row_width",),
     "training": ("eval_every", "bleu_every", "dev_bleu_sentences", "grad_clip_norm", "label_smoothing"),
     "eval": ("max_extra_length",),
 }
