@@ -60,7 +60,8 @@ def test_chunked_encoding_equals_encoding_at_once_and_the_saved_arrays_load_for_
     path = str(tmp_path / "train_encoded.npz")
     save_encoded(path, chunked, key="tokenizer A")
     loaded = load_encoded(path, "tokenizer A")
-    assert all(np.array_equal(getattr(loaded.source, f), getattr(whole.source, f)) for f in ("values", "starts", "lengths"))
+    assert all(np.array_equal(getattr(loaded.source, field), getattr(whole.source, field))
+               for field in ("values", "starts", "lengths"))
     assert np.array_equal(loaded.target.values, whole.target.values)
     assert load_encoded(path, "tokenizer B") is None  # made with another tokenizer or other data: encode again
     with open(path, "r+b") as f:

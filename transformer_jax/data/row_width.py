@@ -11,9 +11,15 @@ they use. The width is chosen by pricing one epoch at each candidate width:
               + STEP_OVERHEAD_FLOPS (the optimizer update and dispatch, the same for every step),
 
 where batches(W) comes from first-fit packing a sample of the corpus at that width (so padding waste
-is counted) and pairs longer than W go to rows of their own (batching.py). The two constants were
-measured on CPU train steps of the same token budget at widths 32..256 (benchmarks/run.py, section
-"widths", checks the choice against real step times).
+is counted) and pairs longer than W go to rows of their own (batching.py).
+
+SCORE_COST is measured, on 2 shared CPU cores, from train steps of one token budget (4,096) at several
+widths (d_model 256, N=3, vocab 8,000): rows of 32 vs 256 tokens took 20.2 s vs 37.8 s a step (a
+loaded machine, 2 alternating rounds) for 189 vs 215 GFLOP and 4.7M vs 37.7M scores: about 4,800
+FLOP-equivalents per score; the same model on a real 12-token corpus ran 22% faster with rows of 96
+than of 256 tokens, about 1,000. The elementwise passes over [rows, heads, W, W] (masks, softmax and
+their gradients) run far below the matmul rate. 2,000 sits between the two; the choice is flat near
+its optimum, and benchmarks/run.py --sections widths checks it against real steps.
 """
 
 from __future__ import annotations
@@ -25,8 +31,8 @@ from transformer_jax.data.encoded import EncodedPairs
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.flops import train_step_flops
 
-# FLOP-equivalents of the elementwise work per attention score (mask, softmax and its gradient).
-SCORE_COST = 20.0
+# FLOP-equivalents of the elementwise work per attention score (mask, softmax and its gradient); see above.
+SCORE_COST = 2000.0
 # FLOP-equivalents per parameter of what every step pays whatever its shape (the Adam update).
 STEP_OVERHEAD_PER_PARAMETER = 10.0
 SMALLEST_WIDTH = 16
