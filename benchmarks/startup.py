@@ -87,6 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=1_000_000)
     parser.add_argument("--vocab", type=int, default=32_000)
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated, from: " + ", ".join(MODES))
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--workdir", default=None, help=argparse.SUPPRESS)
@@ -109,7 +110,7 @@ def main() -> None:
         print(f"wrote {args.pairs:,} pairs and a tokenizer in {time.perf_counter() - start:.0f} s", flush=True)
         results = []
         workdirs = {}
-        for mode in MODES:
+        for mode in [m for m in MODES if m in args.modes.split(",") or m == "tiny corpus"]:
             data_dir = tiny if mode == "tiny corpus" else big
             if mode != "chunked, resume":  # the resume reuses the first run's workdir
                 workdirs[mode] = os.path.join(root, mode.replace(" ", "_").replace(",", ""))

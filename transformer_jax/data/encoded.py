@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import itertools
+import os
 import zipfile
 from collections.abc import Sequence
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
 from transformer_jax.errors import DataError
-from transformer_jax.run.files import is_file, read_bytes, write_atomically
+from transformer_jax.run.files import is_file, is_local, read_bytes, unique_name, write_atomically
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,11 +95,26 @@ def concatenate(parts: Sequence[Ragged]) -> Ragged:
 
 
 def save_encoded(path: str, corpus: EncodedPairs, key: str) -> None:
-    """Write a corpus's flat arrays and the `key` they were made for (tokenizer and data settings), atomically."""
-    buffer = io.BytesIO()
-    np.savez(buffer, key=np.asarray(key), source_values=corpus.source.values, source_lengths=corpus.source.lengths,
-             target_values=corpus.target.values, target_lengths=corpus.target.lengths)
-    write_atomically(path, buffer.getvalue())
+    """Write a corpus's flat arrays and the `key` they were made for (tokenizer and data settings), atomically.
+
+    Locally the arrays stream into a temporary file renamed over `path` (no second copy in memory).
+    """
+    arrays = {"key": np.asarray(key), "source_values": corpus.source.values, "source_lengths": corpus.source.lengths,
+              "target_values": corpus.target.values, "target_lengths": corpus.target.lengths}
+    if not is_local(path):
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        write_atomically(path, buffer.getvalue())
+        return
+    temporary = unique_name(f"{path}.tmp")
+    try:
+        with open(temporary, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
 
 
 def load_encoded(path: str, key: str) -> EncodedPairs | None:
@@ -106,7 +122,7 @@ def load_encoded(path: str, key: str) -> EncodedPairs | None:
     if not is_file(path):
         return None
     try:
-        with np.load(io.BytesIO(read_bytes(path))) as saved:
+        with np.load(path if is_local(path) else io.BytesIO(read_bytes(path))) as saved:
             if str(saved["key"]) != key:
                 return None
             sides = [(saved[f"{side}_values"], saved[f"{side}_lengths"]) for side in ("source", "target")]

@@ -8,7 +8,7 @@ they use. The width is chosen by pricing one epoch at each candidate width:
   cost(W) = batches(W) x step_cost(rows(W), W) + the long pairs' batches at their own width,
   step_cost = matmul FLOPs (linear layers ∝ tokens, attention scores ∝ rows x W^2)
               + SCORE_COST x score elements (the elementwise work per score: mask, softmax, dropout)
-              + STEP_OVERHEAD_FLOPS (the optimizer update and dispatch, the same for every step),
+              + STEP_OVERHEAD_PER_PARAMETER x parameters (the optimizer update, the same every step),
 
 where batches(W) comes from first-fit packing a sample of the corpus at that width (so padding waste
 is counted) and pairs longer than W go to rows of their own (batching.py).
