@@ -8,8 +8,8 @@ length filter, choosing the row width, planning the first epoch) each in a fresh
 its wall time and peak resident memory (VmHWM):
   tiny corpus          1,000 pairs, same tokenizer: the floor (imports, tokenizer, dev/test);
   whole-corpus lists   encoding as before: every sentence's id list held, then flattened (no cache);
-  chunked, first run   encoding in chunks of 50,000 pairs, then saving the arrays to the workdir;
-  chunked, resume      the same workdir again: the saved arrays are read, the text is not encoded.
+  chunked first run    encoding in chunks of 50,000 pairs, then saving the arrays to the workdir;
+  chunked resume       the same workdir again: the saved arrays are read, the text is not encoded.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-MODES = ("tiny corpus", "whole-corpus lists", "chunked, first run", "chunked, resume")
+MODES = ("tiny corpus", "whole-corpus lists", "chunked first run", "chunked resume")
 
 
 def write_corpus(directory: str, num_pairs: int, seed: int = 0) -> None:
@@ -112,11 +112,11 @@ def main() -> None:
         workdirs = {}
         for mode in [m for m in MODES if m in args.modes.split(",") or m == "tiny corpus"]:
             data_dir = tiny if mode == "tiny corpus" else big
-            if mode != "chunked, resume":  # the resume reuses the first run's workdir
+            if mode != "chunked resume":  # the resume reuses the first run's workdir
                 workdirs[mode] = os.path.join(root, mode.replace(" ", "_").replace(",", ""))
                 os.makedirs(workdirs[mode])
                 shutil.copy(tokenizer_path, workdirs[mode])
-            workdir = workdirs["chunked, first run" if mode == "chunked, resume" else mode]
+            workdir = workdirs["chunked first run" if mode == "chunked resume" else mode]
             result = measure(mode, data_dir, workdir, args.vocab)
             results.append(result)
             above = (result["peak_rss_bytes"] - results[0]["peak_rss_bytes"]) / 2**20
