@@ -55,7 +55,7 @@ def child(mode: str, data_dir: str, workdir: str, vocab: int) -> None:
     from transformer_jax.run.config_schema import default_config
 
     if mode == "whole-corpus lists":  # the encoding this revision replaced, and no saved arrays
-        def encode_at_once(pairs, tokenizer):
+        def encode_at_once(pairs, tokenizer, **_):
             sides = []
             for side in (0, 1):
                 ids = tokenizer.encode_batch([pair[side] for pair in pairs])

@@ -50,6 +50,9 @@ def test_chunked_encoding_equals_encoding_at_once_and_the_saved_arrays_load_for_
     pairs = [(f"sentence number {i} " * (i % 5), f"Satz Nummer {i}") for i in range(103)]
     tokenizer = train_tokenizer([text for pair in pairs for text in pair], str(tmp_path / "t.model"), vocab_size=300)
     whole, chunked = encode_pairs(pairs, tokenizer, chunk_size=1_000), encode_pairs(pairs, tokenizer, chunk_size=10)
+    consumed = list(pairs)
+    assert np.array_equal(encode_pairs(consumed, tokenizer, chunk_size=10, consume=True).target.values,
+                          whole.target.values) and consumed == []
     for side in ("source", "target"):
         expected = Ragged.from_lists([ids + [EOS_ID] for ids in tokenizer.encode_batch([p[side == "target"]
                                                                                       for p in pairs])])

@@ -26,8 +26,8 @@ def test_a_resume_reads_the_encoded_corpus_instead_of_encoding_the_training_text
     assert first.train.get_state()["layout"]["row_width"] == first.train.row_width
     encoded = []
     real_encode = pipeline.encode_pairs
-    monkeypatch.setattr(pipeline, "encode_pairs", lambda pairs, tokenizer: encoded.append(len(pairs))
-                        or real_encode(pairs, tokenizer))
+    monkeypatch.setattr(pipeline, "encode_pairs", lambda pairs, tokenizer, **options: encoded.append(len(pairs))
+                        or real_encode(pairs, tokenizer, **options))
     again = pipeline.prepare_data(tiny_config(), workdir)
     assert encoded == [16, 16]  # dev and test only
     assert again.train.row_width == first.train.row_width

@@ -58,17 +58,25 @@ class EncodedPairs:
         return EncodedPairs(self.source.select(indices), self.target.select(indices))
 
 
-def encode_pairs(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, chunk_size: int = 50_000) -> EncodedPairs:
+def encode_pairs(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, chunk_size: int = 50_000,
+                 consume: bool = False) -> EncodedPairs:
     """Tokenize (source, target) pairs once into flat int32 arrays, appending EOS to each side.
 
     Encoded `chunk_size` pairs at a time, each chunk turned into arrays at once: the peak memory is
     the final arrays plus one chunk's Python id lists (a whole corpus's lists take ~10x its arrays).
+    With `consume`, `pairs` (a list) is emptied chunk by chunk, so the text and the arrays are never
+    both whole in memory.
     """
     chunks: tuple[list[Ragged], list[Ragged]] = ([], [])
-    for start in range(0, len(pairs), chunk_size):
+    start = 0
+    while start < len(pairs):
         chunk = pairs[start:start + chunk_size]
         for side, parts in enumerate(chunks):
             parts.append(_with_eos(tokenizer.encode_batch([pair[side] for pair in chunk])))
+        if consume:
+            del pairs[:chunk_size], chunk  # type: ignore[attr-defined]
+        else:
+            start += chunk_size
     return EncodedPairs(*(concatenate(parts) for parts in chunks))
 
 

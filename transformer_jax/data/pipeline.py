@@ -182,8 +182,7 @@ def prepare_data(
         if dropped:
             logging.warning("dropped %d training pairs with an empty side", dropped)
         tokenizer = shared_tokenizer(config, workdir, train_pairs, process_index, process_count)
-        train = encode_pairs(train_pairs, tokenizer)
-        del train_pairs  # the text is no longer needed: only the arrays stay
+        train = encode_pairs(train_pairs, tokenizer, consume=True)  # the text goes as the arrays grow
         if process_index == 0:
             save_encoded(os.path.join(workdir, ENCODED_FILENAME), train, encoded_corpus_key(data, config.training.seed,
                                                                                         tokenizer))
