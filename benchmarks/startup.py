@@ -121,7 +121,8 @@ def main() -> None:
             results.append(result)
             above = (result["peak_rss_bytes"] - results[0]["peak_rss_bytes"]) / 2**20
             print(f"{mode:<20} {result['pairs']:>9,} pairs  start-up {result['seconds']:6.1f} s  peak RSS "
-                  f"{result['peak_rss_bytes'] / 2**20:7,.0f} MiB  ({above:+7,.0f} MiB over the tiny corpus)", flush=True)
+                  f"{result['peak_rss_bytes'] / 2**20:7,.0f} MiB  ({above:+7,.0f} MiB over the tiny corpus)",
+                  flush=True)
 
 
 if __name__ == "__main__":
