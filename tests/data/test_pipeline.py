@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from transformer_jax.data import pipeline
-from transformer_jax.errors import DataError
-from transformer_jax.run.config_schema import default_config
+from transformer_jax.errors import ConfigError
+from transformer_jax.run.config_schema import check_run_config, default_config
 
 
 def tiny_config():
@@ -41,10 +41,10 @@ def test_a_resume_reads_the_encoded_corpus_instead_of_encoding_the_training_text
     assert len(pipeline.prepare_data(other, workdir).train.corpus) <= 500 and encoded[0] == 500
 
 
-def test_an_explicit_row_width_is_used_and_one_wider_than_max_length_is_an_error(tmp_path):
+def test_an_explicit_row_width_is_used_and_one_wider_than_max_length_is_a_config_error(tmp_path):
     config = tiny_config()
     config.data.row_width = 24
     assert pipeline.prepare_data(config, str(tmp_path)).train.widths()[0] == 24
     config.data.row_width = 65
-    with pytest.raises(DataError, match="row_width=65 is wider than data.max_length=64"):
-        pipeline.prepare_data(config, str(tmp_path))
+    with pytest.raises(ConfigError, match="row_width=65 is wider than data.max_length=64"):
+        check_run_config(config)

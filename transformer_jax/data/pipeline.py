@@ -115,11 +115,8 @@ def training_row_width(config: ml_collections.ConfigDict, train: EncodedPairs, v
                        row_multiple: int) -> int:
     """data.row_width, or (0) the width chosen from the training corpus for this model; at most max_length."""
     data = config.data
-    if data.row_width > data.max_length:
-        raise DataError(f"data.row_width={data.row_width} is wider than data.max_length={data.max_length}; "
-                        "lower it, or set 0 to choose it from the corpus")
     if data.row_width or not data.pack:
-        return data.row_width or data.max_length
+        return min(data.row_width or data.max_length, data.max_length)
     width = choose_row_width(train, model_config(config, vocab_size), data.tokens_per_batch, data.max_length,
                              row_multiple)
     logging.info("packed rows of %d tokens (chosen from the corpus; data.max_length=%d)", width, data.max_length)

@@ -108,6 +108,9 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not allowed(value):
                     raise ConfigError(f"{section}.{key}={value!r} must be {wording}; "
                                       f"set --config.{section}.{key} to a {wording} number")
+    if config.data.row_width > config.data.max_length:
+        raise ConfigError(f"data.row_width={config.data.row_width} is wider than data.max_length="
+                          f"{config.data.max_length}; lower it, or set 0 to choose it from the corpus")
     if not 0.0 <= config.training.label_smoothing < 1.0:
         raise ConfigError(f"training.label_smoothing={config.training.label_smoothing!r} must be in [0, 1)")
     # The model's own checks (d_model divisible by num_heads, ...), with the vocabulary still unknown.
