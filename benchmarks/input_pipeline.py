@@ -19,11 +19,15 @@ from transformer_jax.data.encoded import EncodedPairs, Ragged
 from transformer_jax.data.tokenizer import EOS_ID
 
 
-def wmt_like_corpus(num_pairs: int, seed: int = 0) -> EncodedPairs:
-    """Random ids with WMT-like lengths: lognormal source lengths, targets about 10% longer."""
+def wmt_like_corpus(num_pairs: int, seed: int = 0, median: float = 23, longest: int = 256) -> EncodedPairs:
+    """Random ids with WMT-like lengths: lognormal source lengths, targets about 10% longer.
+
+    The defaults give a mean of about 27 tokens, at most 256; `median=10` gives short sentences
+    (mean about 12 tokens, like a small EN-DE corpus of everyday sentences).
+    """
     rng = np.random.default_rng(seed)
-    source_lengths = np.clip(rng.lognormal(np.log(23), 0.55, num_pairs), 2, 256).astype(int)
-    target_lengths = np.clip(source_lengths * rng.lognormal(0.1, 0.15, num_pairs), 2, 256).astype(int)
+    source_lengths = np.clip(rng.lognormal(np.log(median), 0.55, num_pairs), 2, longest).astype(int)
+    target_lengths = np.clip(source_lengths * rng.lognormal(0.1, 0.15, num_pairs), 2, longest).astype(int)
     return EncodedPairs(*(_random_ids(rng, lengths) for lengths in (source_lengths, target_lengths)))
 
 

@@ -1,6 +1,6 @@
 """The benchmark harness: one command, a printed table per section, and a JSON file.
 
-    python benchmarks/run.py [--quick] [--sections train,e2e,decode,options,pipeline,split] [--json PATH]
+    python benchmarks/run.py [--quick] [--sections train,e2e,widths,decode,options,pipeline,split] [--json PATH]
 
 Sections:
   train    train step of ours and PyTorch's nn.Transformer (same dimensions, shared embeddings,
@@ -9,6 +9,9 @@ Sections:
            ratio ours/peer, and peak memory (RSS on CPU, device memory on GPU);
   e2e      end-to-end training throughput with the input pipeline and padding (built-in corpus and a
            WMT-like length profile);
+  widths   packed rows of max_length (the old default), the row width chosen from the corpus, and length
+           buckets, on a short-sentence and a WMT-like length profile, alternating rounds: real target
+           tokens/s, the ratio to rows of max_length, and the share of attention scores wasted;
   decode   beam-4 and greedy sentences/s (and the key/value cache's speed-up);
   options  scan_layers / remat: compile time, XLA's temporary memory and step time;
   pipeline the input pipeline alone (batches/s, padding efficiency);
@@ -119,6 +122,33 @@ def section_e2e(args: argparse.Namespace, report: dict[str, Any]) -> None:
     report["e2e"] = rows
 
 
+SHORT_SENTENCES = TransformerConfig(vocab_size=8000, num_layers=3, d_model=256, d_ff=1024, num_heads=4, max_len=256)
+
+
+def section_widths(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """Packed rows of max_length against the width chosen from the corpus and length buckets."""
+    rounds, steps = (2, 1) if args.quick else (args.rounds, args.steps)
+    short = input_pipeline.wmt_like_corpus(34_000, median=10)
+    wmt = input_pipeline.wmt_like_corpus(100_000 if not ON_GPU else 1_000_000)
+    cases = [("short sentences (mean 12), d_model 256, N=3, 4,096 tokens", SHORT_SENTENCES, short, 4_096)]
+    if ON_GPU:
+        cases.append(("WMT-like (mean 27), base bf16, 25,000 tokens", BASE.replace(dtype="bfloat16"), wmt, 25_000))
+    else:  # the base model's CPU steps take minutes on a shared 2-core machine: the small model
+        cases.append(("WMT-like (mean 27), small model, vocab 32,000, 4,096 tokens", SMALL.replace(vocab_size=32000),
+                      wmt, 4_096))
+    rows = {}
+    for name, config, corpus, tokens in cases:
+        result = end_to_end.compare_widths(config, corpus, tokens, 256, rounds, steps)
+        rows[name] = result
+        print(f"{name} (max_length 256, chosen row width {result['chosen_width']}):")
+        for mode in end_to_end.WIDTH_MODES:
+            r = result[mode]
+            print(f"  {mode:<20} widths {','.join(map(str, r['widths'])):<28} {r['real_target_tokens_per_s']:>8,.0f} "
+                  f"real target tok/s  x{r['ratio_over_max_length_rows']:.2f} (median of rounds)  attention "
+                  f"wasted {r['wasted_attention']:.1%}", flush=True)
+    report["widths"] = rows
+
+
 def section_decode(args: argparse.Namespace, report: dict[str, Any]) -> None:
     result = decode_speed.run(repeats=2 if args.quick else 3, with_reference=not args.quick)
     for name, r in result["decoders"].items():
@@ -183,8 +213,8 @@ def section_split(args: argparse.Namespace, report: dict[str, Any]) -> None:
     report["split"] = split_speed.run("runs/demo", sentences=400 if args.quick else 0, rounds=1 if args.quick else 3)
 
 
-SECTIONS = {"train": section_train, "e2e": section_e2e, "decode": section_decode, "options": section_options,
-            "pipeline": section_pipeline, "split": section_split}
+SECTIONS = {"train": section_train, "e2e": section_e2e, "widths": section_widths, "decode": section_decode,
+            "options": section_options, "pipeline": section_pipeline, "split": section_split}
 
 
 def main() -> None:

@@ -6,8 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from runs import tiny_run_config
 
+from runs import tiny_run_config
 from transformer_jax import TransformerConfig
 
 

@@ -12,8 +12,8 @@ import jax
 import numpy as np
 import pytest
 from jax.sharding import Mesh
-from runs import ROOT, assert_one_line_error, script_env
 
+from runs import ROOT, assert_one_line_error, script_env
 from transformer_jax.aot.chips import CHIPS, chip_for, gpu_target_config
 from transformer_jax.aot.compile import Program, RunShapes, collectives_in
 from transformer_jax.aot.report import table, verdict

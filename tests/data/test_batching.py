@@ -44,13 +44,19 @@ def corpus():
     return synthetic_corpus(3_000, mean_length=27, max_length=128)
 
 
+# Batching modes: length buckets, packed rows of max_length, and packed rows of 48 tokens (pairs
+# longer than 48 in rows of their own, 128 wide: two shapes).
+MODES = {"buckets": {"pack": False}, "rows of max_length": {"pack": True},
+         "narrow rows": {"pack": True, "row_width": 48}}
+
+
 def one_epoch(iterator):
     return [next(iterator) for _ in range(len(iterator.plan(iterator.epoch)))]
 
 
-@pytest.mark.parametrize("pack", [False, True])
-def test_an_epoch_holds_every_pair_once_within_the_token_budget(corpus, pack):
-    iterator = batching.BatchIterator(corpus, tokens_per_batch=2_048, max_length=128, pack=pack, row_multiple=4)
+@pytest.mark.parametrize("mode", MODES)
+def test_an_epoch_holds_every_pair_once_within_the_token_budget(corpus, mode):
+    iterator = batching.BatchIterator(corpus, tokens_per_batch=2_048, max_length=128, row_multiple=4, **MODES[mode])
     batches = one_epoch(iterator)
     assert sorted(i for b in batches for i in pair_ids(b)) == list(range(len(corpus)))
     assert sorted(i for b in batches for i in pair_ids(b, "targets")) == list(range(len(corpus)))
@@ -61,6 +67,13 @@ def test_an_epoch_holds_every_pair_once_within_the_token_budget(corpus, pack):
         assert batch["targets"].shape == batch["target_inputs"].shape == (rows, length)
         assert all(v.dtype == np.int32 for v in batch.values())
     assert len({b["inputs"].shape for b in batches}) <= len(batching.length_buckets(128))
+    if mode == "narrow rows":  # pairs up to 48 tokens in 48-wide rows, the longer ones in rows of 128
+        assert {b["inputs"].shape for b in batches} == {(40, 48), (16, 128)}
+        longest = {width: max(max(len(corpus.source[i]), len(corpus.target[i])) for b in batches
+                              if b["inputs"].shape[1] == width for i in pair_ids(b)) for width in (48, 128)}
+        assert longest[48] == 48 and longest[128] > 48
+        wide = [pair_ids(b) for b in batches if b["inputs"].shape[1] == 128]
+        assert min(map(len, wide[:-1])) > 16  # the long pairs are packed too, several to a row
 
 
 def test_rows_hold_the_right_pair_with_eos_and_shifted_targets(corpus):
@@ -75,9 +88,10 @@ def test_rows_hold_the_right_pair_with_eos_and_shifted_targets(corpus):
         assert not batch["inputs"][row, len(source):].any() and not batch["targets"][row, len(target):].any()
 
 
-def test_packed_segments_start_with_bos_and_never_attend_to_each_other(corpus):
-    iterator = batching.BatchIterator(corpus, tokens_per_batch=4_096, max_length=128, pack=True)
-    batch = next(iterator)
+@pytest.mark.parametrize("row_width", [None, 48])
+def test_packed_segments_start_with_bos_and_never_attend_to_each_other(corpus, row_width):
+    iterator = batching.BatchIterator(corpus, tokens_per_batch=4_096, max_length=128, pack=True, row_width=row_width)
+    batch = next(b for b in iterator if b["inputs"].shape[1] == (row_width or 128))
     segments, positions = batch["targets_segmentation"], batch["targets_position"]
     assert segments.max() > 1  # rows really hold several pairs
     starts = (positions == 0) & (segments > 0)
@@ -91,7 +105,7 @@ def test_packed_segments_start_with_bos_and_never_attend_to_each_other(corpus):
                                           masks.causal_mask(segments.shape[1])))[:, 0]
     same_pair = segments[:, :, None] == segments[:, None, :]
     assert not mask[~same_pair].any()
-    for row in range(3):
+    for row in np.flatnonzero(segments.max(1) >= 2)[:3]:
         query = np.flatnonzero(segments[row] == 2)[-1]  # the last token of the second pair
         assert mask[row, query].nonzero()[0].tolist() == np.flatnonzero(segments[row] == 2).tolist()
     cross = np.asarray(masks.segment_mask(jnp.asarray(segments), jnp.asarray(batch["inputs_segmentation"])))[:, 0]
@@ -119,9 +133,9 @@ def test_padding_efficiency_on_wmt_like_lengths(capsys):
     assert efficiencies[False] >= 0.7
 
 
-@pytest.mark.parametrize("pack", [False, True])
-def test_host_shards_are_disjoint_cover_the_epoch_and_agree_on_shapes(corpus, pack):
-    shards = [batching.BatchIterator(corpus, 2_048, 128, pack=pack, seed=3, process_index=p, process_count=3)
+@pytest.mark.parametrize("mode", MODES)
+def test_host_shards_are_disjoint_cover_the_epoch_and_agree_on_shapes(corpus, mode):
+    shards = [batching.BatchIterator(corpus, 2_048, 128, seed=3, process_index=p, process_count=3, **MODES[mode])
               for p in range(3)]
     epochs = [one_epoch(shard) for shard in shards]
     assert len({len(epoch) for epoch in epochs}) == 1  # same number of steps everywhere
@@ -132,10 +146,10 @@ def test_host_shards_are_disjoint_cover_the_epoch_and_agree_on_shapes(corpus, pa
     assert sorted(ids[0] + ids[1] + ids[2]) == list(range(len(corpus)))
 
 
-@pytest.mark.parametrize("pack", [False, True])
-def test_restoring_the_state_at_step_k_gives_the_same_next_batches(corpus, pack):
+@pytest.mark.parametrize("mode", MODES)
+def test_restoring_the_state_at_step_k_gives_the_same_next_batches(corpus, mode):
     def make():
-        return batching.BatchIterator(corpus, 2_048, 128, pack=pack, seed=5)
+        return batching.BatchIterator(corpus, 2_048, 128, seed=5, **MODES[mode])
 
     reference = make()
     epoch_length = len(reference.plan(0))
@@ -181,6 +195,10 @@ def test_a_state_resumes_only_where_the_epochs_are_planned_alike(corpus):
         resumed(2_560, 128, row_multiple=2)
     with pytest.raises(DataError, match="data.pack True -> False"):
         resumed(2_000, 128, pack=False, row_multiple=2)
+    # Another row width: the message names it and the setting that gives the checkpoint's rows back.
+    with pytest.raises(DataError, match=r"would be 40x48, 14x128 \(data.row_width 128 -> 48\).*row_width=128\)"):
+        resumed(2_000, 128, row_multiple=2, row_width=48)
+    assert resumed(2_000, 128, row_multiple=2, row_width=128).get_state()["position"] == 3
     # A state saved before the layout was recorded resumes as before, unchecked.
     del state["layout"]
     assert resumed(2_000, 128, row_multiple=1).get_state()["position"] == 3

@@ -8,6 +8,8 @@ from transformer_jax.data.encoded import (
     Ragged,
     encode_pairs,
     filter_by_length,
+    load_encoded,
+    save_encoded,
 )
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, train_tokenizer
 from transformer_jax.errors import DataError
@@ -42,3 +44,29 @@ def test_length_filter_drops_long_pairs_and_counts_them():
     assert dropped == 1 and [filtered.source[i].tolist() for i in range(2)] == [[5, EOS_ID], [7, EOS_ID]]
     with pytest.raises(DataError, match="max_length=1"):
         filter_by_length(corpus, 1)
+
+
+def test_chunked_encoding_equals_encoding_at_once_and_the_saved_arrays_load_for_their_key_only(tmp_path):
+    pairs = [(f"sentence number {i} " * (i % 5), f"Satz Nummer {i}") for i in range(103)]
+    tokenizer = train_tokenizer([text for pair in pairs for text in pair], str(tmp_path / "t.model"), vocab_size=300)
+    whole, chunked = encode_pairs(pairs, tokenizer, chunk_size=1_000), encode_pairs(pairs, tokenizer, chunk_size=10)
+    consumed = list(pairs)
+    assert np.array_equal(encode_pairs(consumed, tokenizer, chunk_size=10, consume=True).target.values,
+                          whole.target.values) and consumed == []
+    for side in ("source", "target"):
+        expected = Ragged.from_lists([ids + [EOS_ID] for ids in tokenizer.encode_batch([p[side == "target"]
+                                                                                      for p in pairs])])
+        for corpus in (whole, chunked):
+            got = getattr(corpus, side)
+            assert [got[i].tolist() for i in range(len(pairs))] == [expected[i].tolist() for i in range(len(pairs))]
+            assert np.array_equal(got.values, expected.values) and got.values.dtype == np.int32
+    path = str(tmp_path / "train_encoded.npz")
+    save_encoded(path, chunked, key="tokenizer A")
+    loaded = load_encoded(path, "tokenizer A")
+    assert all(np.array_equal(getattr(loaded.source, field), getattr(whole.source, field))
+               for field in ("values", "starts", "lengths"))
+    assert np.array_equal(loaded.target.values, whole.target.values)
+    assert load_encoded(path, "tokenizer B") is None  # made with another tokenizer or other data: encode again
+    with open(path, "r+b") as f:
+        f.truncate(100)  # a file cut short is not trusted either
+    assert load_encoded(path, "tokenizer A") is None

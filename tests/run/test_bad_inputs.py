@@ -15,6 +15,7 @@ import subprocess
 import jax
 import numpy as np
 import pytest
+
 from runs import (
     ROOT,
     assert_one_line_error,
@@ -25,7 +26,6 @@ from runs import (
     tiny_run_config,
     write_config,
 )
-
 from transformer_jax.run.lock import LOCK_NAME, Owner, read_owner
 from transformer_jax.training.checkpoints import Checkpointer
 from transformer_jax.training.loop import Trainer

@@ -11,8 +11,8 @@ import time
 import jax
 import numpy as np
 import pytest
-from runs import assert_one_line_error, write_config
 
+from runs import assert_one_line_error, write_config
 from transformer_jax.training.checkpoints import Checkpointer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]

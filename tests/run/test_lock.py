@@ -8,8 +8,8 @@ import sys
 import time
 
 import pytest
-from runs import assert_one_line_error, free_port, script_env, start_script, write_config
 
+from runs import assert_one_line_error, free_port, script_env, start_script, write_config
 from transformer_jax.run import lock as run_lock
 from transformer_jax.run.lock import LOCK_NAME, Owner, RunLock, WorkdirLockedError, read_owner
 from transformer_jax.training.checkpoints import Checkpointer

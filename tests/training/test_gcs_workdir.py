@@ -8,8 +8,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 from gcs_emulator import BUCKET, emulator_in_this_process
-from runs import ROOT, run_script, script_env, write_config
 
+from runs import ROOT, run_script, script_env, write_config
 from transformer_jax.errors import CheckpointError
 from transformer_jax.evaluation.checkpoint_selection import write_params
 

@@ -4,8 +4,11 @@ Every epoch is planned up front by a pure function of (seed, epoch): a seeded pe
 corpus, then either
 - bucketing: pairs grouped by length; a batch of bucket length L holds tokens_per_batch // L rows,
   so every batch has about the same number of token slots (the paper's batching), or
-- packing: pairs placed first-fit into rows of max_length tokens, several pairs to a row, with
-  segment ids and positions; one static shape for the whole run.
+- packing: pairs placed first-fit into rows of `row_width` tokens, several pairs to a row, with
+  segment ids and positions; pairs longer than the row width (up to max_length) are packed into rows
+  of their own, as wide as the longest pair, in batches of their own: one or two static shapes.
+  `max_length` is the length filter; the row width is a separate setting (see row_width.py, which
+  chooses it from the corpus).
 Shapes come from a small fixed set, so `jit` compiles once per bucket. Rows of each global batch are
 dealt out to the processes in contiguous blocks (process p gets the p-th block), so every process gets
 the same number of steps with the same shapes, the shards are disjoint and cover the epoch, and the
@@ -106,21 +109,18 @@ def plan_buckets(corpus: EncodedPairs, rng: np.random.Generator, tokens_per_batc
                         batch_rows, batch_lengths)
 
 
-def plan_packed(corpus: EncodedPairs, rng: np.random.Generator, tokens_per_batch: int, length: int,
-                row_multiple: int, open_rows: int = 16) -> EpochPlan:
-    """Pairs placed first-fit into rows of `length` tokens (both sides), keeping `open_rows` rows open."""
-    permutation = rng.permutation(len(corpus))
-    source_lengths = corpus.source.lengths[permutation].tolist()
-    target_lengths = corpus.target.lengths[permutation].tolist()
-    if max(max(source_lengths), max(target_lengths)) > length:
-        raise DataError(f"a training pair is longer than the packed row length {length}; "
-                        "filter the corpus with max_length first")
-    placement = np.zeros((len(permutation), 4), dtype=np.int64)  # row, source/target offset, segment
+def first_fit(source_lengths: Sequence[int], target_lengths: Sequence[int], width: int,
+              open_rows: int = 16) -> tuple[np.ndarray, int]:
+    """Place pairs in order, first-fit, into rows of `width` tokens (both sides), keeping `open_rows` open.
+
+    Returns each pair's (row, source offset, target offset, segment) [N, 4] and the number of rows.
+    """
+    placement = np.zeros((len(source_lengths), 4), dtype=np.int64)
     rows: list[list[int]] = []  # open rows: [row id, source used, target used, segments]
     next_row = 0
     for i, (source_length, target_length) in enumerate(zip(source_lengths, target_lengths)):
         for row in rows:
-            if row[1] + source_length <= length and row[2] + target_length <= length:
+            if row[1] + source_length <= width and row[2] + target_length <= width:
                 break
         else:
             if len(rows) == open_rows:
@@ -132,11 +132,44 @@ def plan_packed(corpus: EncodedPairs, rng: np.random.Generator, tokens_per_batch
         placement[i] = (row[0], row[1], row[2], row[3])
         row[1] += source_length
         row[2] += target_length
-    per_batch = _rows_per_batch(tokens_per_batch, length, row_multiple)
-    num_batches = -(-next_row // per_batch)
-    return _finish_plan(permutation, placement[:, 0] // per_batch, placement[:, 0] % per_batch,
-                        placement[:, 1], placement[:, 2], placement[:, 3],
-                        np.full(num_batches, per_batch), np.full(num_batches, length))
+    return placement, next_row
+
+
+def plan_packed(corpus: EncodedPairs, rng: np.random.Generator, tokens_per_batch: int, length: int,
+                row_multiple: int, open_rows: int = 16, long_length: int | None = None) -> EpochPlan:
+    """Pairs placed first-fit into rows of `length` tokens (both sides), keeping `open_rows` rows open.
+
+    With `long_length`, pairs longer than `length` are packed into rows of their own, `long_length`
+    tokens wide, in batches of their own (two shapes); the batches of both widths are shuffled together.
+    """
+    permutation = rng.permutation(len(corpus))
+    longest = np.maximum(corpus.source.lengths, corpus.target.lengths)[permutation]
+    widest = long_length or length
+    if longest.max() > widest:
+        raise DataError(f"a training pair is longer than the packed row length {widest}; "
+                        "filter the corpus with max_length first")
+    fits = longest <= length
+    groups = [(permutation, length)] if fits.all() else [(permutation[fits], length), (permutation[~fits], widest)]
+    items, placements, batch_ids, batch_rows, batch_lengths = [], [], [], [], []
+    for members, width in groups:
+        placement, num_rows = first_fit(corpus.source.lengths[members].tolist(),
+                                        corpus.target.lengths[members].tolist(), width, open_rows)
+        per_batch = _rows_per_batch(tokens_per_batch, width, row_multiple)
+        batch_ids.append(len(batch_rows) + placement[:, 0] // per_batch)
+        placement[:, 0] %= per_batch
+        items.append(members)
+        placements.append(placement)
+        num_batches = -(-num_rows // per_batch)
+        batch_rows += [per_batch] * num_batches
+        batch_lengths += [width] * num_batches
+    batches, placement = np.concatenate(batch_ids), np.concatenate(placements)
+    batch_rows, batch_lengths = np.asarray(batch_rows), np.asarray(batch_lengths)
+    if len(groups) > 1:  # mix the two widths through the epoch (one width: the order of rows, as always)
+        new_id = rng.permutation(len(batch_rows))
+        batches = new_id[batches]
+        batch_rows, batch_lengths = batch_rows[np.argsort(new_id)], batch_lengths[np.argsort(new_id)]
+    return _finish_plan(np.concatenate(items), batches, placement[:, 0], placement[:, 1], placement[:, 2],
+                        placement[:, 3], batch_rows, batch_lengths)
 
 
 def packed_batch_shape(tokens_per_batch: int, max_length: int, row_multiple: int = 1) -> tuple[int, int]:
@@ -208,13 +241,19 @@ class BatchIterator:
 
     def __init__(self, corpus: EncodedPairs, tokens_per_batch: int, max_length: int, pack: bool = True,
                  buckets: Sequence[int] | None = None, row_multiple: int = 1, seed: int = 0,
-                 process_index: int = 0, process_count: int = 1, num_epochs: int | None = None):
+                 process_index: int = 0, process_count: int = 1, num_epochs: int | None = None,
+                 row_width: int | None = None):
         if not 0 <= process_index < process_count:
             raise DataError(f"process_index={process_index} is outside [0, process_count={process_count})")
         if len(corpus) == 0:
             raise DataError("the training corpus is empty; check the training data")
         self.corpus, self.tokens_per_batch, self.max_length, self.pack = corpus, tokens_per_batch, max_length, pack
         self.buckets = tuple(buckets) if buckets else length_buckets(max_length)
+        # Packed rows: `row_width` (default max_length); longer pairs get rows as wide as the longest
+        # pair rounded up to 8 (at most max_length), so a corpus far below max_length never pays for it.
+        self.row_width = min(row_width or max_length, max_length)
+        longest = int(max(corpus.source.lengths.max(), corpus.target.lengths.max())) if len(corpus) else 0
+        self.long_width = min(max_length, -(-longest // 8) * 8) if longest > self.row_width else None
         # Each global batch's rows are dealt out to the processes, so rows must divide evenly.
         self.row_multiple = math.lcm(row_multiple, process_count)
         self.devices = row_multiple  # as given: recorded in the state to explain a change of layout
@@ -228,20 +267,22 @@ class BatchIterator:
         if self._plan is None or self._plan[0] != epoch:
             rng = np.random.default_rng([self.seed, epoch])
             if self.pack:
-                plan = plan_packed(self.corpus, rng, self.tokens_per_batch, self.max_length, self.row_multiple)
+                plan = plan_packed(self.corpus, rng, self.tokens_per_batch, self.row_width, self.row_multiple,
+                                   long_length=self.long_width)
             else:
                 plan = plan_buckets(self.corpus, rng, self.tokens_per_batch, self.buckets, self.row_multiple)
             self._plan = (epoch, plan)
         return self._plan[1]
 
     def shapes(self) -> list[tuple[int, int]]:
-        """The (rows, length) shapes this process's batches can take: one per bucket used."""
-        if self.pack:
-            lengths = [self.max_length]
-        else:
-            lengths = [b for b in self.buckets if b <= self.max_length]
+        """The (rows, length) shapes this process's batches can take: one per row width or bucket used."""
+        lengths = self.widths() if self.pack else [b for b in self.buckets if b <= self.max_length]
         return [(_rows_per_batch(self.tokens_per_batch, b, self.row_multiple) // self.process_count, b)
                 for b in lengths]
+
+    def widths(self) -> list[int]:
+        """Packed row widths: the row width, then the long pairs' width when some pair exceeds it."""
+        return [self.row_width] + ([self.long_width] if self.long_width else [])
 
     def __iter__(self) -> BatchIterator:
         return self
@@ -262,12 +303,13 @@ class BatchIterator:
         Two iterators plan identical epochs exactly when `pack` and `batch_shapes` (the global
         [rows, length] of every bucket) agree; the other entries name the settings for messages.
         """
-        lengths = [self.max_length] if self.pack else list(self.buckets)
+        lengths = self.widths() if self.pack else list(self.buckets)
         # The rows of _rows_per_batch, without its error: a state is saved whatever the buckets.
         shapes = [[self.tokens_per_batch // length // self.row_multiple * self.row_multiple, length]
                   for length in lengths]
         return {"pack": self.pack, "batch_shapes": shapes, "tokens_per_batch": self.tokens_per_batch,
-                "max_length": self.max_length, "devices": self.devices, "process_count": self.process_count}
+                "max_length": self.max_length, "row_width": self.row_width if self.pack else None,
+                "devices": self.devices, "process_count": self.process_count}
 
     def get_state(self) -> dict[str, object]:
         """Position of the next batch and what the epoch plans depend on, JSON-serializable."""
@@ -288,7 +330,7 @@ class BatchIterator:
 
     # How each setting of the layout is named in the error of a changed plan.
     _LAYOUT_NAMES = {"devices": "devices", "process_count": "processes", "tokens_per_batch": "data.tokens_per_batch",
-                     "max_length": "data.max_length", "pack": "data.pack"}
+                     "max_length": "data.max_length", "row_width": "data.row_width", "pack": "data.pack"}
 
     @classmethod
     def _check_same_plan(cls, saved: dict[str, object], current: dict[str, object]) -> None:
@@ -298,10 +340,15 @@ class BatchIterator:
         changes = [f"{label} {saved[key]} -> {current[key]}" for key, label in cls._LAYOUT_NAMES.items()
                    if key in saved and saved[key] != current[key]]
         shapes = lambda layout: ", ".join(f"{rows}x{length}" for rows, length in layout["batch_shapes"])
+        # Packed rows of another width (e.g. a checkpoint from before the width was chosen from the
+        # corpus, with rows of max_length): name the setting that brings them back.
+        width = saved["batch_shapes"][0][1] if saved["pack"] and saved["batch_shapes"] else None
+        hint = (f" (--config.data.row_width={width})" if current["pack"] and current["batch_shapes"]
+                and width != current["batch_shapes"][0][1] else "")
         raise DataError(
             f"cannot resume the data position: the checkpoint's batches are {shapes(saved)} (rows x tokens), "
             f"this run's would be {shapes(current)} ({'; '.join(changes) or 'other buckets'}); resume with "
-            "the checkpoint's device count and data settings, or start a new workdir"
+            f"the checkpoint's device count and data settings{hint}, or start a new workdir"
         )
 
 

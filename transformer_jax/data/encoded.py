@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import io
+import itertools
+import os
+import zipfile
 from collections.abc import Sequence
 
 import numpy as np
 
 from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
 from transformer_jax.errors import DataError
+from transformer_jax.run.files import is_file, is_local, read_bytes, unique_name, write_atomically
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,13 +58,86 @@ class EncodedPairs:
         return EncodedPairs(self.source.select(indices), self.target.select(indices))
 
 
-def encode_pairs(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer) -> EncodedPairs:
-    """Tokenize (source, target) pairs once into flat int32 arrays, appending EOS to each side."""
-    sides = []
-    for side in (0, 1):
-        ids = tokenizer.encode_batch([pair[side] for pair in pairs])
-        sides.append(Ragged.from_lists([sequence + [EOS_ID] for sequence in ids]))
-    return EncodedPairs(*sides)
+def encode_pairs(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, chunk_size: int = 50_000,
+                 consume: bool = False) -> EncodedPairs:
+    """Tokenize (source, target) pairs once into flat int32 arrays, appending EOS to each side.
+
+    Encoded `chunk_size` pairs at a time, each chunk turned into arrays at once: the peak memory is
+    the final arrays plus one chunk's Python id lists (a whole corpus's lists take ~10x its arrays).
+    With `consume`, `pairs` (a list) is emptied chunk by chunk, so the text and the arrays are never
+    both whole in memory.
+    """
+    chunks: tuple[list[Ragged], list[Ragged]] = ([], [])
+    start = 0
+    while start < len(pairs):
+        chunk = pairs[start:start + chunk_size]
+        for side, parts in enumerate(chunks):
+            parts.append(_with_eos(tokenizer.encode_batch([pair[side] for pair in chunk])))
+        if consume:
+            del pairs[:chunk_size], chunk  # type: ignore[attr-defined]
+        else:
+            start += chunk_size
+    return EncodedPairs(*(concatenate(parts) for parts in chunks))
+
+
+def _with_eos(sequences: list[list[int]]) -> Ragged:
+    """Flat arrays of id lists, each followed by EOS."""
+    lengths = np.fromiter(map(len, sequences), dtype=np.int64, count=len(sequences)) + 1
+    ends = np.cumsum(lengths)
+    values = np.full(int(ends[-1]) if len(ends) else 0, EOS_ID, dtype=np.int32)
+    is_token = np.ones(len(values), dtype=bool)
+    is_token[ends - 1] = False
+    values[is_token] = np.fromiter(itertools.chain.from_iterable(sequences), dtype=np.int32,
+                                   count=int(lengths.sum() - len(lengths)))
+    return Ragged(values, ends - lengths, lengths.astype(np.int32))
+
+
+def concatenate(parts: Sequence[Ragged]) -> Ragged:
+    """One Ragged holding the sequences of `parts` in order (each part's values contiguous)."""
+    if not parts:
+        return Ragged(np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int32))
+    lengths = np.concatenate([part.lengths for part in parts])
+    starts = np.cumsum(lengths, dtype=np.int64) - lengths
+    values = np.concatenate([part.values for part in parts])
+    return Ragged(values, starts, lengths)
+
+
+def save_encoded(path: str, corpus: EncodedPairs, key: str) -> None:
+    """Write a corpus's flat arrays and the `key` they were made for (tokenizer and data settings), atomically.
+
+    Locally the arrays stream into a temporary file renamed over `path` (no second copy in memory).
+    """
+    arrays = {"key": np.asarray(key), "source_values": corpus.source.values, "source_lengths": corpus.source.lengths,
+              "target_values": corpus.target.values, "target_lengths": corpus.target.lengths}
+    if not is_local(path):
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        write_atomically(path, buffer.getvalue())
+        return
+    temporary = unique_name(f"{path}.tmp")
+    try:
+        with open(temporary, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+
+
+def load_encoded(path: str, key: str) -> EncodedPairs | None:
+    """The corpus saved at `path` for this `key`; None when there is none, or it was made for another key."""
+    if not is_file(path):
+        return None
+    try:
+        with np.load(path if is_local(path) else io.BytesIO(read_bytes(path))) as saved:
+            if str(saved["key"]) != key:
+                return None
+            sides = [(saved[f"{side}_values"], saved[f"{side}_lengths"]) for side in ("source", "target")]
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+        return None  # unreadable (e.g. cut short): encode again
+    return EncodedPairs(*(Ragged(values, np.cumsum(lengths, dtype=np.int64) - lengths, lengths)
+                          for values, lengths in sides))
 
 
 def filter_by_length(corpus: EncodedPairs, max_length: int) -> tuple[EncodedPairs, int]:

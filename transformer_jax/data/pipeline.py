@@ -10,7 +10,8 @@ import os
 import ml_collections
 
 from transformer_jax.data.batching import BatchIterator
-from transformer_jax.data.encoded import EncodedPairs, encode_pairs, filter_by_length
+from transformer_jax.data.encoded import EncodedPairs, encode_pairs, filter_by_length, load_encoded, save_encoded
+from transformer_jax.data.row_width import choose_row_width
 from transformer_jax.data.sources import Pair, drop_empty_pairs, load_splits
 from transformer_jax.data.tokenizer import (
     MODEL_FILENAME,
@@ -18,7 +19,8 @@ from transformer_jax.data.tokenizer import (
     load_or_train_tokenizer,
 )
 from transformer_jax.errors import DataError
-from transformer_jax.run.files import is_file, read_text
+from transformer_jax.run.config_schema import model_config
+from transformer_jax.run.files import is_file, is_local, read_text
 
 
 @dataclasses.dataclass
@@ -112,6 +114,55 @@ def eval_set(pairs: list[Pair], tokenizer: Tokenizer) -> EvalSet:
     return EvalSet(pairs, encode_pairs(pairs, tokenizer))
 
 
+def training_row_width(config: ml_collections.ConfigDict, train: EncodedPairs, vocab_size: int,
+                       row_multiple: int) -> int:
+    """data.row_width, or (0) the width chosen from the training corpus for this model; at most max_length."""
+    data = config.data
+    if data.row_width or not data.pack:
+        return min(data.row_width or data.max_length, data.max_length)
+    width = choose_row_width(train, model_config(config, vocab_size), data.tokens_per_batch, data.max_length,
+                             row_multiple)
+    logging.info("packed rows of %d tokens (chosen from the corpus; data.max_length=%d)", width, data.max_length)
+    return width
+
+
+# The training split, tokenized (empty pairs dropped, not yet filtered by length), kept for resumes.
+ENCODED_FILENAME = "train_encoded.npz"
+
+
+def encoded_corpus_key(data: ml_collections.ConfigDict, seed: int, tokenizer: Tokenizer) -> str:
+    """What the encoded training corpus depends on: the tokenizer's model, the source and its files."""
+    key = {"tokenizer": tokenizer.fingerprint, "source": data.source, "path": data.path,
+           "source_lang": data.source_lang, "target_lang": data.target_lang, "tfds_train_name": data.tfds_train_name,
+           "tfds_data_dir": data.tfds_data_dir}
+    if data.source == "builtin":
+        key.update(builtin_train_size=data.builtin_train_size, seed=seed)
+    if data.source in ("text", "tsv") and data.path and is_local(data.path) and os.path.isdir(data.path):
+        # The training files' sizes and modification times: an edited corpus is encoded again.
+        key["files"] = sorted((entry.name, entry.stat().st_size, entry.stat().st_mtime_ns)
+                              for entry in os.scandir(data.path) if entry.name.startswith("train"))
+    return json.dumps(key, sort_keys=True)
+
+
+def cached_training_corpus(config: ml_collections.ConfigDict, workdir: str
+                           ) -> tuple[EncodedPairs | None, dict[str, list[Pair]], Tokenizer | None]:
+    """On a resume: the workdir's encoded training corpus (made with its tokenizer and these data
+    settings) and the dev/test splits, without reading or encoding the training text again.
+
+    (None, {}, None) when there is no tokenizer yet or no encoded corpus made for these settings.
+    """
+    check_tokenizer_settings(config, workdir)
+    if not is_file(os.path.join(workdir, MODEL_FILENAME)):
+        return None, {}, None
+    tokenizer = Tokenizer.load(os.path.join(workdir, MODEL_FILENAME))
+    key = encoded_corpus_key(config.data, config.training.seed, tokenizer)
+    train = load_encoded(os.path.join(workdir, ENCODED_FILENAME), key)
+    if train is None:
+        return None, {}, None
+    logging.info("read the encoded training corpus from %s (%d pairs)", ENCODED_FILENAME, len(train))
+    return train, load_run_splits(config.data, config.training.seed, ("dev", "test")), tokenizer
+
+
 def prepare_data(
     config: ml_collections.ConfigDict,
     workdir: str,
@@ -124,12 +175,18 @@ def prepare_data(
     `row_multiple` (the number of devices the batch is split over) divides every batch's rows.
     """
     data = config.data
-    splits = load_run_splits(data, config.training.seed, ("train", "dev", "test"))
-    train_pairs, dropped = drop_empty_pairs(splits["train"])
-    if dropped:
-        logging.warning("dropped %d training pairs with an empty side", dropped)
-    tokenizer = shared_tokenizer(config, workdir, train_pairs, process_index, process_count)
-    train, too_long = filter_by_length(encode_pairs(train_pairs, tokenizer), data.max_length)
+    train, splits, tokenizer = cached_training_corpus(config, workdir)
+    if train is None:
+        splits = load_run_splits(data, config.training.seed, ("train", "dev", "test"))
+        train_pairs, dropped = drop_empty_pairs(splits.pop("train"))
+        if dropped:
+            logging.warning("dropped %d training pairs with an empty side", dropped)
+        tokenizer = shared_tokenizer(config, workdir, train_pairs, process_index, process_count)
+        train = encode_pairs(train_pairs, tokenizer, consume=True)  # the text goes as the arrays grow
+        if process_index == 0:
+            save_encoded(os.path.join(workdir, ENCODED_FILENAME), train, encoded_corpus_key(data, config.training.seed,
+                                                                                        tokenizer))
+    train, too_long = filter_by_length(train, data.max_length)
     if too_long:
         logging.warning("dropped %d training pairs longer than max_length=%d", too_long, data.max_length)
     if data.tokens_per_batch < data.max_length * row_multiple:
@@ -142,6 +199,7 @@ def prepare_data(
         tokens_per_batch=data.tokens_per_batch,
         max_length=data.max_length,
         pack=data.pack,
+        row_width=training_row_width(config, train, tokenizer.vocab_size, row_multiple),
         row_multiple=row_multiple,
         seed=config.training.seed,
         process_index=process_index,

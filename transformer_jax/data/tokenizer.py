@@ -8,6 +8,7 @@ representable: characters outside the vocabulary become byte pieces instead of <
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -28,6 +29,8 @@ class Tokenizer:
 
     def __init__(self, model_proto: bytes):
         self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
+        # Names this model's ids: a corpus encoded with it (the workdir's cache) is valid only for it.
+        self.fingerprint = hashlib.sha256(model_proto).hexdigest()[:16]
         ids = (self._processor.pad_id(), self._processor.unk_id(), self._processor.bos_id(),
                self._processor.eos_id())
         if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):

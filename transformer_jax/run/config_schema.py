@@ -50,6 +50,7 @@ def default_config() -> ml_collections.ConfigDict:
     data.tokens_per_batch = 25_000  # padded token budget per batch and side (source or target)
     data.max_length = 256  # longest training pair in tokens (dev/test are never filtered)
     data.pack = True  # pack several pairs per row (segment ids); False: length buckets (more shapes, more padding)
+    data.row_width = 0  # packed rows' width in tokens (0 = chosen from the corpus; longer pairs get rows of their own)
     data.eval_batch_size = _DECODING.batch_size  # sentences per dev/test batch (rows, padded)
 
     config.training = training = ml_collections.ConfigDict()
@@ -95,6 +96,7 @@ POSITIVE_SETTINGS = {
     "mesh": ("fsdp",),
 }
 NON_NEGATIVE_SETTINGS = {
+    "data": ("row_width",),
     "training": ("eval_every", "bleu_every", "dev_bleu_sentences", "grad_clip_norm", "label_smoothing"),
     "eval": ("max_extra_length", "batch_tokens"),
 }
@@ -110,6 +112,9 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not allowed(value):
                     raise ConfigError(f"{section}.{key}={value!r} must be {wording}; "
                                       f"set --config.{section}.{key} to a {wording} number")
+    if config.data.row_width > config.data.max_length:
+        raise ConfigError(f"data.row_width={config.data.row_width} is wider than data.max_length="
+                          f"{config.data.max_length}; lower it, or set 0 to choose it from the corpus")
     for key in ("label_smoothing", "adam_b1", "adam_b2"):
         if not 0.0 <= config.training[key] < 1.0:
             raise ConfigError(f"training.{key}={config.training[key]!r} must be in [0, 1); "

@@ -1,0 +1,50 @@
+"""prepare_data: the row width from the corpus, and the encoded training corpus kept for resumes."""
+
+import os
+
+import numpy as np
+import pytest
+
+from transformer_jax.data import pipeline
+from transformer_jax.errors import ConfigError
+from transformer_jax.run.config_schema import check_run_config, default_config
+
+
+def tiny_config():
+    config = default_config()
+    config.data.update(source="builtin", builtin_train_size=600, builtin_dev_size=16, builtin_test_size=16,
+                       vocab_size=500, tokenizer_sample_size=1200, tokens_per_batch=1_024, max_length=64)
+    config.model.update(num_layers=1, d_model=32, d_ff=64, num_heads=2, max_len=128)
+    return config
+
+
+def test_a_resume_reads_the_encoded_corpus_instead_of_encoding_the_training_text(tmp_path, monkeypatch):
+    workdir = str(tmp_path)
+    first = pipeline.prepare_data(tiny_config(), workdir)
+    assert os.path.exists(os.path.join(workdir, pipeline.ENCODED_FILENAME))
+    assert first.train.pack and first.train.row_width <= 64
+    assert first.train.get_state()["layout"]["row_width"] == first.train.row_width
+    encoded = []
+    real_encode = pipeline.encode_pairs
+    monkeypatch.setattr(pipeline, "encode_pairs", lambda pairs, tokenizer, **options: encoded.append(len(pairs))
+                        or real_encode(pairs, tokenizer, **options))
+    again = pipeline.prepare_data(tiny_config(), workdir)
+    assert encoded == [16, 16]  # dev and test only
+    assert again.train.row_width == first.train.row_width
+    for _ in range(3):
+        expected, got = next(first.train), next(again.train)
+        assert all(np.array_equal(got[key], expected[key]) for key in expected)
+    # Other data settings (here another built-in corpus): the saved arrays are not used.
+    other = tiny_config()
+    other.data.builtin_train_size = 500
+    encoded.clear()
+    assert len(pipeline.prepare_data(other, workdir).train.corpus) <= 500 and encoded[0] == 500
+
+
+def test_an_explicit_row_width_is_used_and_one_wider_than_max_length_is_a_config_error(tmp_path):
+    config = tiny_config()
+    config.data.row_width = 24
+    assert pipeline.prepare_data(config, str(tmp_path)).train.widths()[0] == 24
+    config.data.row_width = 65
+    with pytest.raises(ConfigError, match="row_width=65 is wider than data.max_length=64"):
+        check_run_config(config)
