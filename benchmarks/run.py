@@ -9,7 +9,8 @@ Sections:
            ratio ours/peer, and peak memory (RSS on CPU, device memory on GPU);
   e2e      end-to-end training throughput with the input pipeline and padding (built-in corpus and a
            WMT-like length profile);
-  decode   beam-4 and greedy sentences/s (and the key/value cache's speed-up);
+  decode   beam-4 and greedy sentences/s against an earlier revision's decoding, alternating in
+           worker processes (and the key/value cache's speed-up);
   options  scan_layers / remat: compile time, XLA's temporary memory and step time;
   pipeline the input pipeline alone (batches/s, padding efficiency).
 Needs the benchmark extra for the peer: pip install -e '.[bench]' (PyTorch CPU wheel).
@@ -117,12 +118,9 @@ def section_e2e(args: argparse.Namespace, report: dict[str, Any]) -> None:
 
 
 def section_decode(args: argparse.Namespace, report: dict[str, Any]) -> None:
-    result = decode_speed.run(repeats=2 if args.quick else 3, with_reference=not args.quick)
-    for name, r in result["decoders"].items():
-        print(f"{name:<48} {r['sentences_per_s']:>8.1f} sentences/s  ({r['seconds']:.2f} s, compile {r['compile_s']:.1f} s)")
-    if "cache_speedup" in result:
-        print(f"key/value cache speed-up for beam search: {result['cache_speedup']:.1f}x; same beams: "
-              f"{result['same_beams_as_reference']}")
+    result = decode_speed.run(repeats=2 if args.quick else 3, with_reference=not args.quick,
+                              rounds=3 if args.quick else 5)
+    decode_speed.print_summary(result)
     report["decode"] = result
 
 

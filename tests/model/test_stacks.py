@@ -126,8 +126,9 @@ def test_scanned_cached_decoding_equals_full_forward(tiny_config, token_batch):
     # Each kind of state in its own collection; every layer's leaves gain a leading layer axis.
     layers, (batch, length), kv = config.num_layers, tgt_in.shape, (config.num_heads, config.head_dim)
     assert decoding_state_shapes(state) == {
-        "cache/decoder/layers/self_attention/cached_key": (layers, batch, length, *kv),
-        "cache/decoder/layers/self_attention/cached_value": (layers, batch, length, *kv),
+        "cache/decoder/beam_slots": (batch, length),
+        "slot_cache/decoder/layers/self_attention/cached_key": (layers, batch, 1, length, *kv),
+        "slot_cache/decoder/layers/self_attention/cached_value": (layers, batch, 1, length, *kv),
         "encoder_cache/decoder/layers/cross_attention/key": (layers, batch, src.shape[1], *kv),
         "encoder_cache/decoder/layers/cross_attention/value": (layers, batch, src.shape[1], *kv),
         "decode_step/decoder/layers/self_attention/cache_index": (layers,),

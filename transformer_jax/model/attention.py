@@ -18,14 +18,17 @@ from transformer_jax.model.masks import combine_masks
 # Masked logits are set to this large finite negative (not -inf) so no row can produce NaN.
 MASK_VALUE = float(jnp.finfo(jnp.float32).min)
 
-# Decoding state lives in three collections, one per kind, so no code has to tell them apart by name:
-# self-attention keys/values (one row per hypothesis, reordered by beam search), encoder-decoder
-# keys/values (one row per sentence, shared by its beams), and the step counters (shared by all).
+# Decoding state lives in four collections, one per kind, so no code has to tell them apart by name:
+# the per-hypothesis table of which beam slot holds each earlier position's keys/values (the only
+# state beam search reorders: [B*N, L] integers), the self-attention keys/values stored by sentence,
+# beam slot and position ([B, N, L, H, K]: each written once, never moved), the encoder-decoder
+# keys/values (one row per sentence, shared by its beams) and the step counters (shared by all).
 HYPOTHESIS_CACHE = "cache"
+SLOT_CACHE = "slot_cache"
 ENCODER_CACHE = "encoder_cache"
 DECODE_STEP = "decode_step"
 # Pass as `mutable=` to the decoding call that creates the cache.
-DECODING_COLLECTIONS = (HYPOTHESIS_CACHE, ENCODER_CACHE, DECODE_STEP)
+DECODING_COLLECTIONS = (HYPOTHESIS_CACHE, SLOT_CACHE, ENCODER_CACHE, DECODE_STEP)
 
 
 def attention_weights(
@@ -98,6 +101,17 @@ def fold_beams_into_queries(
     return q_BxNTxHxK, mask.reshape(batch, mask_heads, beams * length, kv_len)
 
 
+def beam_slot_rows(
+    cache_BxNxLxHxK: jax.Array, slots_BxNxL: jax.Array
+) -> jax.Array:
+    """[B, N, L, H, K] with row (b, n, l) = cache row (b, slots[b, n, l], l): each hypothesis' history."""
+    batch, beams, length = slots_BxNxL.shape
+    rows_BxNL = (slots_BxNxL * length + jnp.arange(length)).reshape(batch, beams * length)
+    flat_BxNLxHxK = cache_BxNxLxHxK.reshape((batch, beams * length) + cache_BxNxLxHxK.shape[3:])
+    gathered = jnp.take_along_axis(flat_BxNLxHxK, rows_BxNL[:, :, None, None], axis=1)
+    return gathered.reshape(cache_BxNxLxHxK.shape)
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -106,9 +120,10 @@ class MultiHeadAttention(nn.Module):
     `inputs_kv` it is encoder-decoder (cross) attention.
 
     With `decode=True` it keeps decoding state in the `DECODING_COLLECTIONS`:
-      * self-attention appends the new position's key/value to a [B, max_len, H, K] cache each step
-        (collection 'cache'), at its step counter (collection 'decode_step'); the cache length is the
-        query length of the call that creates it;
+      * self-attention writes the new position's key/value into a [B, N, L, H, K] cache each step
+        (collection 'slot_cache'), in each hypothesis' own beam slot, at its step counter
+        (collection 'decode_step'), and reads each hypothesis' history through the `beam_slots`
+        table its caller keeps; L is the query length of the call that creates the cache;
       * cross-attention projects the encoder output to keys/values once, when the cache is created
         (collection 'encoder_cache'), and reuses them at every later step. Queries may carry N
         hypotheses (beams) per sentence, [B*N, T, ...] against [B, S, ...] encoder keys/values: the
@@ -144,23 +159,55 @@ class MultiHeadAttention(nn.Module):
         inputs_kv: jax.Array | None = None,
         mask: jax.Array | None = None,
         *,
+        beam_slots: jax.Array | None = None,
         deterministic: bool = True,
     ) -> jax.Array:
-        """[B, T, d_model] queries (and [B, S, d_model] keys/values) -> [B, T, d_model]."""
+        """[B, T, d_model] queries (and [B, S, d_model] keys/values) -> [B, T, d_model].
+
+        `beam_slots` ([B, N, L] ints, decoding self-attention only) says which beam slot of its
+        sentence holds each position's keys/values for each of the B*N query rows.
+        """
         is_cross = inputs_kv is not None
+        stepping = self.decode and (
+            self.has_variable(ENCODER_CACHE, "key") if is_cross else self.has_variable(SLOT_CACHE, "cached_key"))
         q_BxTxHxK = self._projection("query")(inputs_q)
         # No key bias: it adds the same q.b to every logit of a query, which the softmax cancels,
         # so it would be a parameter with an identically zero gradient.
         key_proj, value_proj = self._projection("key", use_bias=False), self._projection("value")
-        if self.decode and is_cross:
+        if stepping and is_cross:
+            out_BxTxHxK = self._cross_step(q_BxTxHxK, mask)
+        elif stepping:
+            out_BxTxHxK = self._self_step(q_BxTxHxK, key_proj(inputs_q), value_proj(inputs_q), mask, beam_slots)
+        else:
+            out_BxTxHxK = self._full_attention(
+                q_BxTxHxK, key_proj, value_proj, inputs_q, inputs_kv, mask, beam_slots, deterministic)
+        # Concatenate the heads and project back: [B, T, H, K] -> [B, T, d_model].
+        return nn.DenseGeneral(
+            features=self.d_model,
+            axis=(-2, -1),
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=nn.with_logical_partitioning(
+                nn.initializers.xavier_uniform(), ("heads", "kv", "embed")
+            ),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+            name="out",
+        )(out_BxTxHxK)
+
+    def _full_attention(
+        self, q_BxTxHxK: jax.Array, key_proj: nn.Module, value_proj: nn.Module, inputs_q: jax.Array,
+        inputs_kv: jax.Array | None, mask: jax.Array | None, beam_slots: jax.Array | None,
+        deterministic: bool,
+    ) -> jax.Array:
+        """Attention of all T queries, [B, T, H, K]; with `decode`, it also creates the decoding state."""
+        if self.decode and inputs_kv is not None:
             k_BxSxHxK, v_BxSxHxK = self._cross_kv(key_proj, value_proj, inputs_kv)
             q_BxTxHxK, mask = fold_beams_into_queries(q_BxTxHxK, mask, k_BxSxHxK.shape[0])
         else:
-            source = inputs_kv if is_cross else inputs_q
+            source = inputs_q if inputs_kv is None else inputs_kv
             k_BxSxHxK, v_BxSxHxK = key_proj(source), value_proj(source)
             if self.decode:
-                k_BxSxHxK, v_BxSxHxK, mask = self._append_to_cache(k_BxSxHxK, v_BxSxHxK, mask)
-
+                self._create_slot_cache(k_BxSxHxK, beam_slots)
         dropout_active = self.attention_dropout_rate > 0.0 and not deterministic
         if dropout_active or self.backend == "einsum":
             weights_BxHxTxS = attention_weights(q_BxTxHxK, k_BxSxHxK, mask)
@@ -177,52 +224,77 @@ class MultiHeadAttention(nn.Module):
                 q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, backend=self.backend
             )
         # Undo any beam folding ([B, N*T, H, K] -> [B*N, T, H, K]; otherwise a no-op).
-        out_BxTxHxK = out_BxTxHxK.reshape(inputs_q.shape[:2] + out_BxTxHxK.shape[2:])
-        # Concatenate the heads and project back: [B, T, H, K] -> [B, T, d_model].
-        return nn.DenseGeneral(
-            features=self.d_model,
-            axis=(-2, -1),
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            kernel_init=nn.with_logical_partitioning(
-                nn.initializers.xavier_uniform(), ("heads", "kv", "embed")
-            ),
-            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-            name="out",
-        )(out_BxTxHxK)
+        return out_BxTxHxK.reshape(inputs_q.shape[:2] + out_BxTxHxK.shape[2:])
 
     def _cross_kv(
         self, key_proj: nn.Module, value_proj: nn.Module, inputs_kv: jax.Array
     ) -> tuple[jax.Array, jax.Array]:
-        """Encoder keys/values from the cache; projected (once) when the cache is created."""
-        if self.has_variable(ENCODER_CACHE, "key"):
-            return self.get_variable(ENCODER_CACHE, "key"), self.get_variable(ENCODER_CACHE, "value")
+        """Projects the encoder keys/values into the cache (once, when the cache is created)."""
         k_BxSxHxK, v_BxSxHxK = key_proj(inputs_kv), value_proj(inputs_kv)
         self.put_variable(ENCODER_CACHE, "key", k_BxSxHxK)
         self.put_variable(ENCODER_CACHE, "value", v_BxSxHxK)
         return k_BxSxHxK, v_BxSxHxK
 
-    def _append_to_cache(
-        self, k_BxTxHxK: jax.Array, v_BxTxHxK: jax.Array, mask: jax.Array | None
-    ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-        """Write this step's key/value at the cache index; attend to positions written so far.
+    def _create_slot_cache(self, k_BNxLxHxK: jax.Array, beam_slots: jax.Array | None) -> None:
+        """Zero keys/values [B, N, L, H, K] (L: the creating call's query length) and the step counter."""
+        batch_beams, length = k_BNxLxHxK.shape[:2]
+        batch, beams = (batch_beams, 1) if beam_slots is None else beam_slots.shape[:2]
+        shape = (batch, beams, length) + k_BNxLxHxK.shape[2:]
+        self.variable(SLOT_CACHE, "cached_key", jnp.zeros, shape, k_BNxLxHxK.dtype)
+        self.variable(SLOT_CACHE, "cached_value", jnp.zeros, shape, k_BNxLxHxK.dtype)
+        self.variable(DECODE_STEP, "cache_index", lambda: jnp.array(0, jnp.int32))
 
-        The call that creates the cache passes the whole (dummy) target, which sets the cache length.
+    def _cross_step(self, q_BNx1xHxK: jax.Array, mask: jax.Array | None) -> jax.Array:
+        """One position of encoder-decoder attention against the cached encoder keys/values."""
+        k_BxSxHxK = self.get_variable(ENCODER_CACHE, "key")
+        v_BxSxHxK = self.get_variable(ENCODER_CACHE, "value")
+        _one_position(q_BNx1xHxK)
+        q_BxNxHxK, mask = fold_beams_into_queries(q_BNx1xHxK, mask, k_BxSxHxK.shape[0])
+        return self._attend(q_BxNxHxK, k_BxSxHxK, v_BxSxHxK, mask).reshape(q_BNx1xHxK.shape)
+
+    def _attend(self, q_BxTxHxK: jax.Array, k_BxSxHxK: jax.Array, v_BxSxHxK: jax.Array,
+                mask: jax.Array | None) -> jax.Array:
+        """Inference attention by the configured backend, [B, T, H, K]."""
+        if self.backend == "einsum":
+            weights_BxHxTxS = attention_weights(q_BxTxHxK, k_BxSxHxK, mask)
+            return jnp.einsum("bhts,bshk->bthk", weights_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
+        return scaled_dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, backend=self.backend)
+
+    def _self_step(
+        self, q_BNx1xHxK: jax.Array, k_BNx1xHxK: jax.Array, v_BNx1xHxK: jax.Array, mask: jax.Array | None,
+        beam_slots: jax.Array | None,
+    ) -> jax.Array:
+        """Writes this position's key/value in each hypothesis' own beam slot; attends to its history.
+
+        Beam search never moves the cache: it reorders the small `beam_slots` table instead, and
+        each hypothesis reads its ancestors' keys/values through it.
         """
-        is_initialized = self.has_variable(HYPOTHESIS_CACHE, "cached_key")
-        cached_key = self.variable(
-            HYPOTHESIS_CACHE, "cached_key", jnp.zeros, k_BxTxHxK.shape, k_BxTxHxK.dtype)
-        cached_value = self.variable(
-            HYPOTHESIS_CACHE, "cached_value", jnp.zeros, v_BxTxHxK.shape, v_BxTxHxK.dtype)
-        cache_index = self.variable(DECODE_STEP, "cache_index", lambda: jnp.array(0, jnp.int32))
-        if not is_initialized:
-            return k_BxTxHxK, v_BxTxHxK, mask
-        if k_BxTxHxK.shape[1] != 1:
-            raise ValueError(f"decoding feeds one position per step, got {k_BxTxHxK.shape[1]}")
+        cached_key = self.variable(SLOT_CACHE, "cached_key")
+        cached_value = self.variable(SLOT_CACHE, "cached_value")
+        cache_index = self.variable(DECODE_STEP, "cache_index")
+        batch, beams, length = cached_key.value.shape[:3]
         index = cache_index.value
-        k_BxLxHxK = jax.lax.dynamic_update_slice_in_dim(cached_key.value, k_BxTxHxK, index, axis=1)
-        v_BxLxHxK = jax.lax.dynamic_update_slice_in_dim(cached_value.value, v_BxTxHxK, index, axis=1)
-        cached_key.value, cached_value.value = k_BxLxHxK, v_BxLxHxK
+        kv = k_BNx1xHxK.shape[2:]
+        k_BxNxLxHxK = jax.lax.dynamic_update_slice_in_dim(
+            cached_key.value, _one_position(k_BNx1xHxK).reshape((batch, beams, 1) + kv), index, axis=2)
+        v_BxNxLxHxK = jax.lax.dynamic_update_slice_in_dim(
+            cached_value.value, _one_position(v_BNx1xHxK).reshape((batch, beams, 1) + kv), index, axis=2)
+        cached_key.value, cached_value.value = k_BxNxLxHxK, v_BxNxLxHxK
         cache_index.value = index + 1
-        written_1x1x1xL = (jnp.arange(k_BxLxHxK.shape[1]) <= index)[None, None, None, :]
-        return k_BxLxHxK, v_BxLxHxK, combine_masks(mask, written_1x1x1xL)
+        if beams > 1:
+            if beam_slots is None:
+                raise ValueError("decoding N > 1 hypotheses per sentence needs their beam_slots")
+            k_BxNxLxHxK = beam_slot_rows(k_BxNxLxHxK, beam_slots)
+            v_BxNxLxHxK = beam_slot_rows(v_BxNxLxHxK, beam_slots)
+        # [B, N, L, H, K] -> [B*N, L, H, K]: the one-position query of each hypothesis against its history.
+        k_BNxLxHxK = k_BxNxLxHxK.reshape((batch * beams, length) + kv)
+        v_BNxLxHxK = v_BxNxLxHxK.reshape((batch * beams, length) + kv)
+        written_1x1x1xL = (jnp.arange(length) <= index)[None, None, None, :]
+        return self._attend(q_BNx1xHxK, k_BNxLxHxK, v_BNxLxHxK, combine_masks(mask, written_1x1x1xL))
+
+
+def _one_position(x_BxTxHxK: jax.Array) -> jax.Array:
+    """[B, 1, H, K] -> [B, H, K]; decoding feeds one position per step."""
+    if x_BxTxHxK.shape[1] != 1:
+        raise ValueError(f"decoding feeds one position per step, got {x_BxTxHxK.shape[1]}")
+    return x_BxTxHxK[:, 0]
