@@ -34,7 +34,7 @@ def test_cached_step_log_probs_equal_the_full_forward_pass_for_every_beam(model,
 
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_only_the_beam_slot_table_is_per_hypothesis_and_the_caches_are_stored_by_slot(model, scan_layers):
-    """Beam search reorders B*N*L integers per step, never the [B, N, L, H, K] keys/values."""
+    """Beam search reorders B*N*L integers per step, never the keys/values stored by beam slot."""
     params, config, src = model
     config = config.replace(scan_layers=scan_layers)
     params = scanned_layout(params) if scan_layers else params
@@ -47,8 +47,10 @@ def test_only_the_beam_slot_table_is_per_hypothesis_and_the_caches_are_stored_by
     layers, stacks = ((config.num_layers,), 1) if scan_layers else ((), config.num_layers)
     caches = jax.tree.leaves(state.shared["slot_cache"])
     assert len(caches) == 2 * stacks  # self-attention keys and values; no encoder keys/values
-    kv = (config.num_heads, config.head_dim)
-    assert {x.shape for x in caches} == {layers + (src.shape[0], beams, length) + kv}
+    # Keys [B, H, K, L*N] and values [B, H, L*N, K]: the layouts the attention dots read.
+    batch, heads, head_dim = src.shape[0], config.num_heads, config.head_dim
+    assert {x.shape for x in caches} == {layers + (batch, heads, head_dim, length * beams),
+                                         layers + (batch, heads, length * beams, head_dim)}
     # Step counters: one per self-attention and the decoder's position.
     counters = jax.tree.leaves(state.shared["decode_step"])
     assert sorted(x.shape for x in counters) == sorted([()] + [layers] * stacks)

@@ -21,8 +21,12 @@ MASK_VALUE = float(jnp.finfo(jnp.float32).min)
 # Decoding state lives in four collections, one per kind, so no code has to tell them apart by name:
 # the per-hypothesis table of which beam slot holds each earlier position's keys/values (the only
 # state beam search reorders: [B*N, L] integers), the self-attention keys/values stored by sentence,
-# beam slot and position ([B, N, L, H, K]: each written once, never moved), the encoder-decoder
-# keys/values (one row per sentence, shared by its beams) and the step counters (shared by all).
+# beam slot and position (each written once, never moved), the encoder-decoder keys/values (one row
+# per sentence, shared by its beams) and the step counters (shared by all). The caches are stored in
+# the layouts the attention dots read with the (B, H) batch axes first, keys as [.., K, S] and values
+# as [.., S, K], so no step transposes or copies them: self-attention keys [B, H, K, L*N], values
+# [B, H, L*N, K] (position-major, so a step writes one contiguous run of N slots); encoder-decoder
+# keys [B, H, K, S], values [B, H, S, K].
 HYPOTHESIS_CACHE = "cache"
 SLOT_CACHE = "slot_cache"
 ENCODER_CACHE = "encoder_cache"
@@ -101,15 +105,52 @@ def fold_beams_into_queries(
     return q_BxNTxHxK, mask.reshape(batch, mask_heads, beams * length, kv_len)
 
 
-def beam_slot_rows(
-    cache_BxNxLxHxK: jax.Array, slots_BxNxL: jax.Array
+def cached_attention(
+    q_BxHxNxK: jax.Array, k_BxHxKxS: jax.Array, v_BxHxSxK: jax.Array, mask: jax.Array
 ) -> jax.Array:
-    """[B, N, L, H, K] with row (b, n, l) = cache row (b, slots[b, n, l], l): each hypothesis' history."""
+    """Decoding attention on caches in their stored layouts, [B, H, N, K] (N queries per sentence).
+
+    `mask` ([B|1, H|1, N, S] boolean) leaves at least one key per query (the first position).
+    """
+    q_BxHxNxK = q_BxHxNxK / jnp.sqrt(q_BxHxNxK.shape[-1]).astype(q_BxHxNxK.dtype)
+    logits_BxHxNxS = jnp.einsum("bhnk,bhks->bhns", q_BxHxNxK, k_BxHxKxS).astype(jnp.float32)
+    weights_BxHxNxS = jax.nn.softmax(jnp.where(mask, logits_BxHxNxS, MASK_VALUE), axis=-1)
+    return jnp.einsum("bhns,bhsk->bhnk", weights_BxHxNxS.astype(v_BxHxSxK.dtype), v_BxHxSxK)
+
+
+def heads_first(x_BNx1xHxK: jax.Array, batch: int) -> jax.Array:
+    """[B*N, 1, H, K] one-position rows -> [B, H, N, K]: the N hypotheses of a sentence side by side."""
+    batch_beams, length, heads, head_dim = x_BNx1xHxK.shape
+    if length != 1:
+        raise ValueError(f"decoding feeds one position per step, got {length}")
+    return x_BNx1xHxK.reshape(batch, batch_beams // batch, heads, head_dim).transpose(0, 2, 1, 3)
+
+
+def heads_last(x_BxHxNxK: jax.Array) -> jax.Array:
+    """[B, H, N, K] -> [B*N, 1, H, K], the inverse of `heads_first`."""
+    batch, heads, beams, head_dim = x_BxHxNxK.shape
+    return x_BxHxNxK.transpose(0, 2, 1, 3).reshape(batch * beams, 1, heads, head_dim)
+
+
+def history_mask(slots_BxNxL: jax.Array, index: jax.Array) -> jax.Array:
+    """[B, 1, N, L*N]: query n may read slot m's position l iff slots[b, n, l] == m and l <= index.
+
+    The key axis is the self-attention cache's (position, slot) pair flattened, position-major.
+    """
     batch, beams, length = slots_BxNxL.shape
-    rows_BxNL = (slots_BxNxL * length + jnp.arange(length)).reshape(batch, beams * length)
-    flat_BxNLxHxK = cache_BxNxLxHxK.reshape((batch, beams * length) + cache_BxNxLxHxK.shape[3:])
-    gathered = jnp.take_along_axis(flat_BxNLxHxK, rows_BxNL[:, :, None, None], axis=1)
-    return gathered.reshape(cache_BxNxLxHxK.shape)
+    own_BxNxLxM = slots_BxNxL[:, :, :, None] == jnp.arange(beams)
+    written_BxNxLxM = own_BxNxLxM & (jnp.arange(length) <= index)[:, None]
+    return written_BxNxLxM.reshape(batch, 1, beams, length * beams)
+
+
+def fold_step_mask(mask: jax.Array | None, batch: int, slots: int) -> jax.Array | None:
+    """A caller's [B*N, H|1, 1, S'] step mask -> [B, H|1, N, S' * slots] (each key repeated per slot), or None."""
+    if mask is None:
+        return None
+    batch_beams, mask_heads, _, kv_len = mask.shape
+    beams = batch_beams // batch
+    mask = mask.reshape(batch, beams, mask_heads, kv_len).transpose(0, 2, 1, 3)
+    return jnp.repeat(mask, slots, axis=-1)
 
 
 class MultiHeadAttention(nn.Module):
@@ -120,7 +161,7 @@ class MultiHeadAttention(nn.Module):
     `inputs_kv` it is encoder-decoder (cross) attention.
 
     With `decode=True` it keeps decoding state in the `DECODING_COLLECTIONS`:
-      * self-attention writes the new position's key/value into a [B, N, L, H, K] cache each step
+      * self-attention writes the new position's key/value into the slot cache each step
         (collection 'slot_cache'), in each hypothesis' own beam slot, at its step counter
         (collection 'decode_step'), and reads each hypothesis' history through the `beam_slots`
         table its caller keeps; L is the query length of the call that creates the cache;
@@ -231,34 +272,30 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[jax.Array, jax.Array]:
         """Projects the encoder keys/values into the cache (once, when the cache is created)."""
         k_BxSxHxK, v_BxSxHxK = key_proj(inputs_kv), value_proj(inputs_kv)
-        self.put_variable(ENCODER_CACHE, "key", k_BxSxHxK)
-        self.put_variable(ENCODER_CACHE, "value", v_BxSxHxK)
+        self.put_variable(ENCODER_CACHE, "key", k_BxSxHxK.transpose(0, 2, 3, 1))  # [B, H, K, S]
+        self.put_variable(ENCODER_CACHE, "value", v_BxSxHxK.transpose(0, 2, 1, 3))  # [B, H, S, K]
         return k_BxSxHxK, v_BxSxHxK
 
     def _create_slot_cache(self, k_BNxLxHxK: jax.Array, beam_slots: jax.Array | None) -> None:
-        """Zero keys/values [B, N, L, H, K] (L: the creating call's query length) and the step counter."""
-        batch_beams, length = k_BNxLxHxK.shape[:2]
+        """Zero keys [B, H, K, L*N] and values [B, H, L*N, K] (L: the creating call's query length)."""
+        batch_beams, length, heads, head_dim = k_BNxLxHxK.shape
         batch, beams = (batch_beams, 1) if beam_slots is None else beam_slots.shape[:2]
-        shape = (batch, beams, length) + k_BNxLxHxK.shape[2:]
-        self.variable(SLOT_CACHE, "cached_key", jnp.zeros, shape, k_BNxLxHxK.dtype)
-        self.variable(SLOT_CACHE, "cached_value", jnp.zeros, shape, k_BNxLxHxK.dtype)
+        dtype = k_BNxLxHxK.dtype
+        self.variable(SLOT_CACHE, "cached_key", jnp.zeros, (batch, heads, head_dim, length * beams), dtype)
+        self.variable(SLOT_CACHE, "cached_value", jnp.zeros, (batch, heads, length * beams, head_dim), dtype)
         self.variable(DECODE_STEP, "cache_index", lambda: jnp.array(0, jnp.int32))
 
     def _cross_step(self, q_BNx1xHxK: jax.Array, mask: jax.Array | None) -> jax.Array:
-        """One position of encoder-decoder attention against the cached encoder keys/values."""
-        k_BxSxHxK = self.get_variable(ENCODER_CACHE, "key")
-        v_BxSxHxK = self.get_variable(ENCODER_CACHE, "value")
-        _one_position(q_BNx1xHxK)
-        q_BxNxHxK, mask = fold_beams_into_queries(q_BNx1xHxK, mask, k_BxSxHxK.shape[0])
-        return self._attend(q_BxNxHxK, k_BxSxHxK, v_BxSxHxK, mask).reshape(q_BNx1xHxK.shape)
+        """One position of encoder-decoder attention against the cached encoder keys/values.
 
-    def _attend(self, q_BxTxHxK: jax.Array, k_BxSxHxK: jax.Array, v_BxSxHxK: jax.Array,
-                mask: jax.Array | None) -> jax.Array:
-        """Inference attention by the configured backend, [B, T, H, K]."""
-        if self.backend == "einsum":
-            weights_BxHxTxS = attention_weights(q_BxTxHxK, k_BxSxHxK, mask)
-            return jnp.einsum("bhts,bshk->bthk", weights_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
-        return scaled_dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, backend=self.backend)
+        The N beams of a sentence are its N queries against its one copy of the keys/values.
+        """
+        k_BxHxKxS = self.get_variable(ENCODER_CACHE, "key")
+        v_BxHxSxK = self.get_variable(ENCODER_CACHE, "value")
+        batch = k_BxHxKxS.shape[0]
+        mask = fold_step_mask(mask, batch, 1)
+        mask = jnp.ones((1, 1, 1, 1), bool) if mask is None else mask
+        return heads_last(cached_attention(heads_first(q_BNx1xHxK, batch), k_BxHxKxS, v_BxHxSxK, mask))
 
     def _self_step(
         self, q_BNx1xHxK: jax.Array, k_BNx1xHxK: jax.Array, v_BNx1xHxK: jax.Array, mask: jax.Array | None,
@@ -266,35 +303,30 @@ class MultiHeadAttention(nn.Module):
     ) -> jax.Array:
         """Writes this position's key/value in each hypothesis' own beam slot; attends to its history.
 
-        Beam search never moves the cache: it reorders the small `beam_slots` table instead, and
-        each hypothesis reads its ancestors' keys/values through it.
+        Beam search never moves the cache: it reorders the small `beam_slots` table instead. Each
+        query attends to all N slots' keys of its sentence, [N*L] of them, masked to the ones its
+        ancestors wrote (`history_mask`): N times the (small) attention arithmetic of a gather of
+        each hypothesis' history, but no [B*N, L, H, K] copy of every layer's cache each step.
         """
         cached_key = self.variable(SLOT_CACHE, "cached_key")
         cached_value = self.variable(SLOT_CACHE, "cached_value")
         cache_index = self.variable(DECODE_STEP, "cache_index")
-        batch, beams, length = cached_key.value.shape[:3]
+        batch, heads, head_dim, keys = cached_key.value.shape
         index = cache_index.value
-        kv = k_BNx1xHxK.shape[2:]
-        k_BxNxLxHxK = jax.lax.dynamic_update_slice_in_dim(
-            cached_key.value, _one_position(k_BNx1xHxK).reshape((batch, beams, 1) + kv), index, axis=2)
-        v_BxNxLxHxK = jax.lax.dynamic_update_slice_in_dim(
-            cached_value.value, _one_position(v_BNx1xHxK).reshape((batch, beams, 1) + kv), index, axis=2)
-        cached_key.value, cached_value.value = k_BxNxLxHxK, v_BxNxLxHxK
+        q_BxHxNxK = heads_first(q_BNx1xHxK, batch)
+        beams = q_BxHxNxK.shape[2]
+        k_BxHxNxK, v_BxHxNxK = heads_first(k_BNx1xHxK, batch), heads_first(v_BNx1xHxK, batch)
+        # Position `index` of the N slots is the contiguous run index*N .. index*N + N - 1. The
+        # updated caches feed the dots as they are (no reshape), so XLA updates them in place.
+        k_BxHxKxLN = jax.lax.dynamic_update_slice_in_dim(
+            cached_key.value, k_BxHxNxK.transpose(0, 1, 3, 2), index * beams, axis=3)
+        v_BxHxLNxK = jax.lax.dynamic_update_slice_in_dim(cached_value.value, v_BxHxNxK, index * beams, axis=2)
+        cached_key.value, cached_value.value = k_BxHxKxLN, v_BxHxLNxK
         cache_index.value = index + 1
-        if beams > 1:
-            if beam_slots is None:
+        if beam_slots is None:
+            if beams > 1:
                 raise ValueError("decoding N > 1 hypotheses per sentence needs their beam_slots")
-            k_BxNxLxHxK = beam_slot_rows(k_BxNxLxHxK, beam_slots)
-            v_BxNxLxHxK = beam_slot_rows(v_BxNxLxHxK, beam_slots)
-        # [B, N, L, H, K] -> [B*N, L, H, K]: the one-position query of each hypothesis against its history.
-        k_BNxLxHxK = k_BxNxLxHxK.reshape((batch * beams, length) + kv)
-        v_BNxLxHxK = v_BxNxLxHxK.reshape((batch * beams, length) + kv)
-        written_1x1x1xL = (jnp.arange(length) <= index)[None, None, None, :]
-        return self._attend(q_BNx1xHxK, k_BNxLxHxK, v_BNxLxHxK, combine_masks(mask, written_1x1x1xL))
-
-
-def _one_position(x_BxTxHxK: jax.Array) -> jax.Array:
-    """[B, 1, H, K] -> [B, H, K]; decoding feeds one position per step."""
-    if x_BxTxHxK.shape[1] != 1:
-        raise ValueError(f"decoding feeds one position per step, got {x_BxTxHxK.shape[1]}")
-    return x_BxTxHxK[:, 0]
+            beam_slots = jnp.zeros((batch, 1, keys), jnp.int32)
+        history = combine_masks(fold_step_mask(mask, batch, beams), history_mask(beam_slots, index))
+        out_BxHxNxK = cached_attention(q_BxHxNxK, k_BxHxKxLN, v_BxHxLNxK, history)
+        return heads_last(out_BxHxNxK)
