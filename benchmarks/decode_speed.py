@@ -1,17 +1,26 @@
-"""Decoding speed: beam-4 and greedy sentences/s with the key/value cache, and the cache's speed-up
-over a beam search that reruns the whole prefix every step (a section of benchmarks/run.py).
+"""Decoding speed: beam-4 and greedy sentences/s of this tree against an earlier revision's decoding
+(run side by side, alternating), and the key/value cache's speed-up over a beam search that reruns
+the whole prefix every step (a section of benchmarks/run.py; alone: python benchmarks/decode_speed.py).
 
-Both decoders run the same beam search (`beam_search_loop`, beam 4, alpha 0.6) on the same randomly
-initialized model (d_model 256, 3 layers, d_ff 1024, 4 heads, vocabulary 8000) and the same 32
-source sentences of 25 tokens; EOS is disabled so that every output is 50 tokens long (25 + 25). The
-reference step runs `Transformer.__call__` on the whole prefix padded to 50 every step; the cached
-step feeds one position and reuses the encoder output and its keys/values. Compilation is timed
-apart. The reference takes about a minute on 2 CPU cores.
+All decoders run the same search (`beam_search_loop`, beam 4, alpha 0.6, or `token_loop` greedy) on
+the same randomly initialized model (d_model 256, 3 layers, d_ff 1024, 4 heads, vocabulary 8000) and
+the same 32 source sentences of 25 tokens; EOS is disabled so that every output is 50 tokens long
+(25 + 25). "before" is the decoding code of BASELINE_REVISION (before the beam-slot cache), extracted
+with `git archive` and imported in its own worker process; "ours" is this tree, also in a worker.
+Rounds alternate between the two (one decode of the 32 sentences each); the figures are medians.
+The reference step runs `Transformer.__call__` on the whole prefix padded to 50 every step; it takes
+about a minute on 2 CPU cores. Compilation is timed apart.
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,16 +29,26 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax import Transformer, TransformerConfig
-from transformer_jax.decoding.beam_search import beam_search_loop
-from transformer_jax.decoding.cache import cached_step, prefix_step
-from transformer_jax.decoding.lengths import max_output_lengths
-from transformer_jax.decoding.sampling import greedy_choice, token_loop
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if __name__ == "__main__" and os.environ.get("DECODE_SPEED_TREE"):
+    sys.path.insert(0, os.environ["DECODE_SPEED_TREE"])  # a worker of an earlier revision
+
+import workers  # noqa: E402
+
+from transformer_jax import Transformer, TransformerConfig  # noqa: E402
+from transformer_jax.decoding.beam_search import beam_search_loop  # noqa: E402
+from transformer_jax.decoding.cache import cached_step, prefix_step  # noqa: E402
+from transformer_jax.decoding.lengths import max_output_lengths  # noqa: E402
+from transformer_jax.decoding.sampling import greedy_choice, token_loop  # noqa: E402
 
 CONFIG = TransformerConfig(vocab_size=8000, num_layers=3, d_model=256, d_ff=1024, num_heads=4, max_len=128)
 NUM_SENTENCES, SOURCE_LENGTH, EXTRA_LENGTH = 32, 25, 25
 BEAM_SIZE, ALPHA = 4, 0.6
 NO_EOS = -1  # no token has this id, so every hypothesis runs to its maximum length
+# The last revision whose beam search reordered every layer's whole self-attention cache each step.
+BASELINE_REVISION = "bfce298"
+DECODERS = {"beam": f"beam {BEAM_SIZE}, key/value cache", "greedy": "greedy, key/value cache"}
 
 
 def beam_decoder(make_step: Callable) -> Callable:
@@ -59,6 +78,14 @@ def greedy_decoder() -> Callable:
     return jax.jit(decode)
 
 
+def inputs() -> tuple[Any, jax.Array]:
+    """The benchmark's parameters and [32, 25] source ids (the same in every process)."""
+    rng = np.random.default_rng(0)
+    src = jnp.asarray(rng.integers(4, CONFIG.vocab_size, (NUM_SENTENCES, SOURCE_LENGTH)), jnp.int32)
+    params = jax.jit(Transformer(CONFIG).init)(jax.random.key(0), src[:, :2], src[:, :2])["params"]
+    return params, src
+
+
 def measure(decoder: Callable, params: Any, src: jax.Array, repeats: int) -> dict[str, Any]:
     """Compile time, then the median wall time of `repeats` runs (and the last output)."""
     start = time.perf_counter()
@@ -74,24 +101,118 @@ def measure(decoder: Callable, params: Any, src: jax.Array, repeats: int) -> dic
             "sentences_per_s": NUM_SENTENCES / seconds, "output": output}
 
 
-def run(repeats: int = 3, with_reference: bool = True) -> dict[str, Any]:
-    """Beam-4 and greedy sentences/s with the cache (and the full-prefix reference when asked)."""
-    rng = np.random.default_rng(0)
-    src = jnp.asarray(rng.integers(4, CONFIG.vocab_size, (NUM_SENTENCES, SOURCE_LENGTH)), jnp.int32)
-    params = jax.jit(Transformer(CONFIG).init)(jax.random.key(0), src[:, :2], src[:, :2])["params"]
-    results = {
-        f"beam {BEAM_SIZE}, key/value cache": measure(beam_decoder(cached_step), params, src, repeats),
-        "greedy, key/value cache": measure(greedy_decoder(), params, src, repeats),
-    }
-    summary: dict[str, Any] = {}
+def worker_main(kind: str) -> None:
+    """A worker process decoding with whichever transformer_jax it imports (see `compare`)."""
+    params, src = inputs()
+    decoder = beam_decoder(cached_step) if kind == "beam" else greedy_decoder()
+    outputs: list[Any] = []
+
+    def build() -> Callable[[], Any]:
+        compiled = decoder.lower(params, src).compile()
+
+        def step() -> None:
+            outputs[:] = [jax.block_until_ready(compiled(params, src))]
+
+        return step
+
+    def describe() -> dict[str, Any]:
+        tokens = np.asarray(outputs[0][0] if kind == "beam" else outputs[0])
+        return {"tokens_sha256": hashlib.sha256(tokens.tobytes()).hexdigest()}
+
+    workers.serve(build, lambda: {"peak_rss_bytes": workers.peak_rss_bytes()}, describe)
+
+
+def baseline_tree(revision: str, directory: str) -> str | None:
+    """`transformer_jax` of `revision` extracted under `directory`; None when git cannot give it."""
+    archive = subprocess.run(["git", "-C", REPO, "archive", revision, "transformer_jax"], capture_output=True)
+    if archive.returncode != 0:
+        print(f"no baseline: git archive {revision} failed ({archive.stderr.decode().strip()})")
+        return None
+    subprocess.run(["tar", "-x", "-C", directory], input=archive.stdout, check=True)
+    return directory
+
+
+def compare(kind: str, trees: dict[str, str], rounds: int) -> dict[str, Any]:
+    """Alternating rounds of one decode per contender, each in its own worker process."""
+    started = {}
+    for name, tree in trees.items():
+        env = dict(os.environ, DECODE_SPEED_TREE=tree, PYTHONPATH=tree)
+        command = [sys.executable, os.path.abspath(__file__), f"--worker={kind}"]
+        started[name] = workers.Worker(command, env)
+    try:
+        times: dict[str, list[float]] = {name: [] for name in trees}
+        for _ in range(rounds):
+            for name, worker in started.items():
+                times[name].append(worker.seconds_per_step(1))
+        digests = {name: worker.describe()["tokens_sha256"] for name, worker in started.items()}
+    finally:
+        for worker in started.values():
+            worker.close()
+    result: dict[str, Any] = {}
+    for name in trees:
+        seconds = statistics.median(times[name])
+        result[name] = {"seconds": seconds, "sentences_per_s": NUM_SENTENCES / seconds,
+                        "compile_s": started[name].ready["compile_s"], "round_seconds": times[name]}
+    if "before" in trees:
+        result["speedup"] = result["before"]["seconds"] / result["ours"]["seconds"]
+        result["round_speedups"] = [b / o for b, o in zip(times["before"], times["ours"])]
+        result["same_tokens_as_before"] = digests["before"] == digests["ours"]
+    return result
+
+
+def run(repeats: int = 3, with_reference: bool = True, baseline: str | None = BASELINE_REVISION,
+        rounds: int = 5) -> dict[str, Any]:
+    """Beam-4 and greedy sentences/s, ours against `baseline` (a git revision; None: ours alone)."""
+    summary: dict[str, Any] = {"baseline_revision": baseline, "rounds": rounds}
+    with tempfile.TemporaryDirectory() as directory:
+        trees = {"ours": REPO}
+        before = baseline_tree(baseline, directory) if baseline else None
+        if before:
+            trees = {"before": before, "ours": REPO}
+        summary["decoders"] = {kind: compare(kind, trees, rounds) for kind in DECODERS}
     if with_reference:
+        params, src = inputs()
+        cached = measure(beam_decoder(cached_step), params, src, repeats)
         reference = measure(beam_decoder(prefix_step), params, src, 1)
-        cached = results[f"beam {BEAM_SIZE}, key/value cache"]
-        results[f"beam {BEAM_SIZE}, full forward on the prefix"] = reference
+        summary["reference"] = {k: v for k, v in reference.items() if k != "output"}
         summary["cache_speedup"] = reference["seconds"] / cached["seconds"]
         summary["same_beams_as_reference"] = bool(np.array_equal(cached["output"][0], reference["output"][0]))
-    summary["decoders"] = {name: {k: v for k, v in r.items() if k != "output"} for name, r in results.items()}
     summary["shape"] = {"sentences": NUM_SENTENCES, "source_length": SOURCE_LENGTH,
                         "output_length": SOURCE_LENGTH + EXTRA_LENGTH, "d_model": CONFIG.d_model,
                         "layers": CONFIG.num_layers, "vocab_size": CONFIG.vocab_size}
     return summary
+
+
+def print_summary(result: dict[str, Any]) -> None:
+    """The decode section's table: sentences/s before and ours, and the ratio."""
+    for kind, row in result["decoders"].items():
+        ours = row["ours"]
+        line = f"{DECODERS[kind]:<32} ours {ours['sentences_per_s']:7.1f} sentences/s ({ours['seconds']:.2f} s)"
+        if "before" in row:
+            before = row["before"]
+            line += (f" | before ({result['baseline_revision']}) {before['sentences_per_s']:7.1f} sentences/s"
+                     f" | ours/before {row['speedup']:.2f}x (rounds {min(row['round_speedups']):.2f}-"
+                     f"{max(row['round_speedups']):.2f}; same tokens: {row['same_tokens_as_before']})")
+        print(line, flush=True)
+    if "cache_speedup" in result:
+        reference = result["reference"]
+        print(f"{'beam 4, full forward on the prefix':<32} {reference['sentences_per_s']:7.1f} sentences/s; "
+              f"key/value cache speed-up {result['cache_speedup']:.1f}x; same beams: "
+              f"{result['same_beams_as_reference']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per decoder")
+    parser.add_argument("--baseline", default=BASELINE_REVISION, help="git revision to compare with ('' for none)")
+    parser.add_argument("--reference", action="store_true", help="also time the full-prefix reference")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker_main(args.worker)
+        return
+    print_summary(run(with_reference=args.reference, baseline=args.baseline or None, rounds=args.rounds))
+
+
+if __name__ == "__main__":
+    main()

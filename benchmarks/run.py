@@ -12,7 +12,8 @@ Sections:
   widths   packed rows of max_length (the old default), the row width chosen from the corpus, and length
            buckets, on a short-sentence and a WMT-like length profile, alternating rounds: real target
            tokens/s, the ratio to rows of max_length, and the share of attention scores wasted;
-  decode   beam-4 and greedy sentences/s (and the key/value cache's speed-up);
+  decode   beam-4 and greedy sentences/s against an earlier revision's decoding, alternating in
+           worker processes (and the key/value cache's speed-up);
   options  scan_layers / remat: compile time, XLA's temporary memory and step time;
   pipeline the input pipeline alone (batches/s, padding efficiency);
   split    whole-split translation of the demo run's test set (runs/demo: `make demo` first), the
@@ -150,12 +151,9 @@ def section_widths(args: argparse.Namespace, report: dict[str, Any]) -> None:
 
 
 def section_decode(args: argparse.Namespace, report: dict[str, Any]) -> None:
-    result = decode_speed.run(repeats=2 if args.quick else 3, with_reference=not args.quick)
-    for name, r in result["decoders"].items():
-        print(f"{name:<48} {r['sentences_per_s']:>8.1f} sentences/s  ({r['seconds']:.2f} s, compile {r['compile_s']:.1f} s)")
-    if "cache_speedup" in result:
-        print(f"key/value cache speed-up for beam search: {result['cache_speedup']:.1f}x; same beams: "
-              f"{result['same_beams_as_reference']}")
+    result = decode_speed.run(repeats=2 if args.quick else 3, with_reference=not args.quick,
+                              rounds=3 if args.quick else 5)
+    decode_speed.print_summary(result)
     report["decode"] = result
 
 

@@ -21,8 +21,9 @@ PREFIX = "@@ "  # marks protocol lines on the worker's stdout (libraries may pri
 class Worker:
     """The client side: start a worker, time steps on it, read its peak memory."""
 
-    def __init__(self, command: list[str]) -> None:
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+    def __init__(self, command: list[str], env: dict[str, str] | None = None) -> None:
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+                                        env=env)
         self.ready = self._reply()  # {"compile_s": ...} once built, compiled and warmed up
 
     def _reply(self) -> dict[str, Any]:
@@ -42,6 +43,9 @@ class Worker:
     def memory(self) -> dict[str, Any]:
         return self._ask("memory")
 
+    def describe(self) -> dict[str, Any]:
+        return self._ask("describe")
+
     def close(self) -> None:
         self.process.stdin.close()
         self.process.wait(timeout=60)
@@ -56,8 +60,12 @@ def peak_rss_bytes() -> int:
     raise RuntimeError("no VmHWM in /proc/self/status (Linux only)")
 
 
-def serve(build: Callable[[], Callable[[], Any]], memory: Callable[[], dict[str, Any]]) -> None:
-    """The worker side: build (and warm up) the step, then answer `time N` and `memory` until stdin closes."""
+def serve(
+    build: Callable[[], Callable[[], Any]], memory: Callable[[], dict[str, Any]],
+    describe: Callable[[], dict[str, Any]] = dict,
+) -> None:
+    """The worker side: build (and warm up) the step, then answer `time N`, `memory` and `describe`
+    (whatever else the contender reports, e.g. a digest of its output) until stdin closes."""
     start = time.perf_counter()
     step = build()
     step()
@@ -70,6 +78,8 @@ def serve(build: Callable[[], Callable[[], Any]], memory: Callable[[], dict[str,
             for _ in range(count):
                 step()
             reply: dict[str, Any] = {"seconds_per_step": (time.perf_counter() - start) / count}
+        elif command == "describe":
+            reply = describe()
         else:
             reply = memory()
         print(PREFIX + json.dumps(reply), flush=True)

@@ -33,22 +33,65 @@ def test_cached_step_log_probs_equal_the_full_forward_pass_for_every_beam(model,
 
 
 @pytest.mark.parametrize("scan_layers", [False, True])
-def test_the_state_keeps_per_hypothesis_caches_apart_from_the_step_counters(model, scan_layers):
-    """Every per-hypothesis leaf has B*N rows on the hypothesis axis; the counters are not per hypothesis."""
+def test_only_the_beam_slot_table_is_per_hypothesis_and_the_caches_are_stored_by_slot(model, scan_layers):
+    """Beam search reorders B*N*L integers per step, never the keys/values stored by beam slot."""
     params, config, src = model
     config = config.replace(scan_layers=scan_layers)
     params = scanned_layout(params) if scan_layers else params
     beams, length = 3, 5
     state = jax.eval_shape(lambda p: cached_step(p, config, src, beams, length)[1], params)
-    assert state.hypothesis_axis == (1 if scan_layers else 0)
+    assert state.hypothesis_axis == 0
+    [table] = jax.tree.leaves(state.per_hypothesis)
+    assert table.shape == (src.shape[0] * beams, length) and table.dtype == jnp.int32
     # A scanned stack holds one leaf per kind with a leading layer axis; a plain one, one per layer.
     layers, stacks = ((config.num_layers,), 1) if scan_layers else ((), config.num_layers)
-    caches = jax.tree.leaves(state.per_hypothesis)
+    caches = jax.tree.leaves(state.shared["slot_cache"])
     assert len(caches) == 2 * stacks  # self-attention keys and values; no encoder keys/values
-    kv = (config.num_heads, config.head_dim)
-    assert {x.shape for x in caches} == {layers + (src.shape[0] * beams, length) + kv}
+    # Keys [B, H, K, L*N] and values [B, H, L*N, K]: the layouts the attention dots read.
+    batch, heads, head_dim = src.shape[0], config.num_heads, config.head_dim
+    assert {x.shape for x in caches} == {layers + (batch, heads, head_dim, length * beams),
+                                         layers + (batch, heads, length * beams, head_dim)}
     # Step counters: one per self-attention and the decoder's position.
-    assert sorted(x.shape for x in jax.tree.leaves(state.shared)) == sorted([()] + [layers] * stacks)
+    counters = jax.tree.leaves(state.shared["decode_step"])
+    assert sorted(x.shape for x in counters) == sorted([()] + [layers] * stacks)
+
+
+def test_a_hypothesis_reads_its_ancestors_keys_values_through_the_slot_table(model, full_forward_log_probs):
+    """Hypotheses reordered between steps (swapped, one copied over another) match the full forward pass."""
+    params, config, src = model
+    beams, length = 2, 5
+    rows = src.shape[0] * beams
+    # After step t, row j continues row parents[t][j]: beams trade places, or beam 1 replaces beam 0.
+    pairs = np.arange(rows).reshape(-1, 2)
+    parents = np.stack([pairs[:, order].reshape(-1) for order in ([1, 0], [1, 1], [1, 0], [1, 1], [0, 1])])
+    tokens_TxBN = np.random.default_rng(1).integers(4, 50, (length, rows))
+    tokens_TxBN[0] = BOS_ID
+
+    @jax.jit
+    def stepwise(params, src, tokens_TxBN, parents_TxBN):
+        step, state = cached_step(params, config, src, beams, length)
+
+        def body(state, inputs):
+            tokens_BN, parents_BN = inputs
+            log_probs, state = step(tokens_BN[:, None], state)
+            return state.replace(per_hypothesis=reorder_hypotheses(state.per_hypothesis, parents_BN, 0)), log_probs
+
+        return jax.lax.scan(body, state, (tokens_TxBN, parents_TxBN))[1]
+
+    cached_TxBNxV = np.asarray(stepwise(params, src, jnp.asarray(tokens_TxBN), jnp.asarray(parents)))
+    # lineage[t, r]: the row at step t of the hypothesis that is row r at the last step.
+    lineage = np.zeros((length, rows), int)
+    lineage[-1] = np.arange(rows)
+    for t in range(length - 2, -1, -1):
+        lineage[t] = parents[t][lineage[t + 1]]
+    assert len(set(lineage[0])) < rows  # some hypotheses share their beginnings
+    tgt_in = jnp.asarray(np.take_along_axis(tokens_TxBN, lineage, axis=1).T)
+    full = np.asarray(full_forward_log_probs(params, config, jnp.repeat(src, beams, axis=0), tgt_in))
+    for t in range(length):
+        mine_BNxV, expected_BNxV = cached_TxBNxV[t, lineage[t]], full[:, t]
+        real = np.isfinite(expected_BNxV)
+        np.testing.assert_array_equal(np.isfinite(mine_BNxV), real)
+        np.testing.assert_allclose(mine_BNxV[real], expected_BNxV[real], atol=1e-5, rtol=1e-5)
 
 
 def test_reorder_hypotheses_gathers_rows_of_the_given_axis():

@@ -126,10 +126,11 @@ def test_scanned_cached_decoding_equals_full_forward(tiny_config, token_batch):
     # Each kind of state in its own collection; every layer's leaves gain a leading layer axis.
     layers, (batch, length), kv = config.num_layers, tgt_in.shape, (config.num_heads, config.head_dim)
     assert decoding_state_shapes(state) == {
-        "cache/decoder/layers/self_attention/cached_key": (layers, batch, length, *kv),
-        "cache/decoder/layers/self_attention/cached_value": (layers, batch, length, *kv),
-        "encoder_cache/decoder/layers/cross_attention/key": (layers, batch, src.shape[1], *kv),
-        "encoder_cache/decoder/layers/cross_attention/value": (layers, batch, src.shape[1], *kv),
+        "cache/decoder/beam_slots": (batch, length),
+        "slot_cache/decoder/layers/self_attention/cached_key": (layers, batch, *kv, length),
+        "slot_cache/decoder/layers/self_attention/cached_value": (layers, batch, kv[0], length, kv[1]),
+        "encoder_cache/decoder/layers/cross_attention/key": (layers, batch, *kv, src.shape[1]),
+        "encoder_cache/decoder/layers/cross_attention/value": (layers, batch, kv[0], src.shape[1], kv[1]),
         "decode_step/decoder/layers/self_attention/cache_index": (layers,),
         "decode_step/decoder/position": (),
     }

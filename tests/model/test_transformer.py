@@ -140,17 +140,18 @@ def test_cached_step_by_step_decoding_equals_full_forward(tiny_config, token_bat
     # The call that creates the cache fixes its length and projects the encoder keys/values once.
     _, state = model.apply({"params": params}, encoded, src, jnp.ones_like(tgt_in),
                            method=Transformer.decode, mutable=DECODING_COLLECTIONS)
-    # Per-hypothesis keys/values, the encoder's keys/values and the step counters apart.
+    # The beam slot table, the keys/values by slot, the encoder's keys/values and the step counters apart.
     (batch, length), kv = tgt_in.shape, (config.num_heads, config.head_dim)
     shapes = {"/".join(path): x.shape for path, x in traverse_util.flatten_dict(state).items()}
     for i in range(config.num_layers):
         layer = f"decoder/layer_{i}"
-        assert shapes.pop(f"cache/{layer}/self_attention/cached_key") == (batch, length, *kv)
-        assert shapes.pop(f"cache/{layer}/self_attention/cached_value") == (batch, length, *kv)
-        assert shapes.pop(f"encoder_cache/{layer}/cross_attention/key") == (batch, src.shape[1], *kv)
-        assert shapes.pop(f"encoder_cache/{layer}/cross_attention/value") == (batch, src.shape[1], *kv)
+        # Keys/values by sentence, head and (position, beam slot) (one slot here), in the attention dots' layouts.
+        assert shapes.pop(f"slot_cache/{layer}/self_attention/cached_key") == (batch, *kv, length)
+        assert shapes.pop(f"slot_cache/{layer}/self_attention/cached_value") == (batch, kv[0], length, kv[1])
+        assert shapes.pop(f"encoder_cache/{layer}/cross_attention/key") == (batch, *kv, src.shape[1])
+        assert shapes.pop(f"encoder_cache/{layer}/cross_attention/value") == (batch, kv[0], src.shape[1], kv[1])
         assert shapes.pop(f"decode_step/{layer}/self_attention/cache_index") == ()
-    assert shapes == {"decode_step/decoder/position": ()}
+    assert shapes == {"decode_step/decoder/position": (), "cache/decoder/beam_slots": (batch, length)}
     steps = []
     for t in range(tgt_in.shape[1]):
         logits, state = model.apply({"params": params, **state}, encoded, src, tgt_in[:, t : t + 1],

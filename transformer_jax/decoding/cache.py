@@ -20,6 +20,7 @@ from transformer_jax.model.attention import (
     DECODING_COLLECTIONS,
     ENCODER_CACHE,
     HYPOTHESIS_CACHE,
+    SLOT_CACHE,
 )
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.masks import PAD_ID
@@ -36,7 +37,7 @@ class StepState:
     """A step function's state: the part kept per hypothesis and the part all hypotheses share.
 
     Beam search reorders `per_hypothesis` as it keeps and drops hypotheses: every leaf has one row per
-    hypothesis on axis `hypothesis_axis` (static). `shared` (step counters) is never reordered.
+    hypothesis on axis `hypothesis_axis` (static). `shared` is never reordered.
     """
 
     per_hypothesis: Any
@@ -68,8 +69,11 @@ def cached_step(
 
     The encoder runs once; each layer's encoder-decoder keys/values are projected once, kept at
     [B, S, H, K] outside the state and shared by the N beams of a sentence (the attention folds beams
-    into its query axis). The state holds the self-attention caches [B*N, L, H, K] per hypothesis (a
-    scanned stack puts its layer axis first: [layers, B*N, L, H, K]) and the step counters.
+    into its query axis). The self-attention keys/values are stored by beam slot, [B, N, L, H, K]
+    per layer (a scanned stack puts its layer axis first), and never move: the state's
+    per-hypothesis part is only the [B*N, L] table of which slot holds each earlier position of each
+    hypothesis, so reordering hypotheses gathers B*N*L integers instead of every layer's cache.
+    The caches and the step counters are the shared part.
     """
     model = Transformer(config, decoding=True)
     encoded_BxSxD = model.apply({"params": params}, src_tokens_BxS, method=Transformer.encode)
@@ -80,20 +84,19 @@ def cached_step(
     _, variables = model.apply({"params": params}, encoded_BxSxD, src_BNxS, dummy_BNxL,
                                method=Transformer.decode, mutable=DECODING_COLLECTIONS)
     encoder_cache = variables[ENCODER_CACHE]
+    stepped = [HYPOTHESIS_CACHE, SLOT_CACHE, DECODE_STEP]
 
     def step(tokens_BNx1: jax.Array, state: StepState) -> tuple[jax.Array, StepState]:
         logits_BNx1xV, variables = model.apply(
             {"params": params, ENCODER_CACHE: encoder_cache, HYPOTHESIS_CACHE: state.per_hypothesis,
-             DECODE_STEP: state.shared},
-            encoded_BxSxD, src_BNxS, tokens_BNx1, method=Transformer.decode,
-            mutable=[HYPOTHESIS_CACHE, DECODE_STEP])
-        new_state = state.replace(per_hypothesis=variables[HYPOTHESIS_CACHE], shared=variables[DECODE_STEP])
+             **state.shared},
+            encoded_BxSxD, src_BNxS, tokens_BNx1, method=Transformer.decode, mutable=stepped)
+        new_state = state.replace(per_hypothesis=variables[HYPOTHESIS_CACHE],
+                                  shared={name: variables[name] for name in stepped[1:]})
         return allowed_log_probs(logits_BNx1xV[:, 0]), new_state
 
-    # nn.scan stacks the layers' caches on a leading axis; keeping it there (hypotheses second)
-    # spares a transpose of the whole cache at every step.
-    hypothesis_axis = 1 if config.scan_layers else 0
-    return step, StepState(variables[HYPOTHESIS_CACHE], variables[DECODE_STEP], hypothesis_axis)
+    shared = {name: variables[name] for name in stepped[1:]}
+    return step, StepState(variables[HYPOTHESIS_CACHE], shared)
 
 
 def prefix_step(

@@ -18,14 +18,21 @@ from transformer_jax.model.masks import combine_masks
 # Masked logits are set to this large finite negative (not -inf) so no row can produce NaN.
 MASK_VALUE = float(jnp.finfo(jnp.float32).min)
 
-# Decoding state lives in three collections, one per kind, so no code has to tell them apart by name:
-# self-attention keys/values (one row per hypothesis, reordered by beam search), encoder-decoder
-# keys/values (one row per sentence, shared by its beams), and the step counters (shared by all).
+# Decoding state lives in four collections, one per kind, so no code has to tell them apart by name:
+# the per-hypothesis table of which beam slot holds each earlier position's keys/values (the only
+# state beam search reorders: [B*N, L] integers), the self-attention keys/values stored by sentence,
+# beam slot and position (each written once, never moved), the encoder-decoder keys/values (one row
+# per sentence, shared by its beams) and the step counters (shared by all). The caches are stored in
+# the layouts the attention dots read with the (B, H) batch axes first, keys as [.., K, S] and values
+# as [.., S, K], so no step transposes or copies them: self-attention keys [B, H, K, L*N], values
+# [B, H, L*N, K] (position-major, so a step writes one contiguous run of N slots); encoder-decoder
+# keys [B, H, K, S], values [B, H, S, K].
 HYPOTHESIS_CACHE = "cache"
+SLOT_CACHE = "slot_cache"
 ENCODER_CACHE = "encoder_cache"
 DECODE_STEP = "decode_step"
 # Pass as `mutable=` to the decoding call that creates the cache.
-DECODING_COLLECTIONS = (HYPOTHESIS_CACHE, ENCODER_CACHE, DECODE_STEP)
+DECODING_COLLECTIONS = (HYPOTHESIS_CACHE, SLOT_CACHE, ENCODER_CACHE, DECODE_STEP)
 
 
 def attention_weights(
@@ -98,6 +105,54 @@ def fold_beams_into_queries(
     return q_BxNTxHxK, mask.reshape(batch, mask_heads, beams * length, kv_len)
 
 
+def cached_attention(
+    q_BxHxNxK: jax.Array, k_BxHxKxS: jax.Array, v_BxHxSxK: jax.Array, mask: jax.Array
+) -> jax.Array:
+    """Decoding attention on caches in their stored layouts, [B, H, N, K] (N queries per sentence).
+
+    `mask` ([B|1, H|1, N, S] boolean) leaves at least one key per query (the first position).
+    """
+    q_BxHxNxK = q_BxHxNxK / jnp.sqrt(q_BxHxNxK.shape[-1]).astype(q_BxHxNxK.dtype)
+    logits_BxHxNxS = jnp.einsum("bhnk,bhks->bhns", q_BxHxNxK, k_BxHxKxS).astype(jnp.float32)
+    weights_BxHxNxS = jax.nn.softmax(jnp.where(mask, logits_BxHxNxS, MASK_VALUE), axis=-1)
+    return jnp.einsum("bhns,bhsk->bhnk", weights_BxHxNxS.astype(v_BxHxSxK.dtype), v_BxHxSxK)
+
+
+def heads_first(x_BNx1xHxK: jax.Array, batch: int) -> jax.Array:
+    """[B*N, 1, H, K] one-position rows -> [B, H, N, K]: the N hypotheses of a sentence side by side."""
+    batch_beams, length, heads, head_dim = x_BNx1xHxK.shape
+    if length != 1:
+        raise ValueError(f"decoding feeds one position per step, got {length}")
+    return x_BNx1xHxK.reshape(batch, batch_beams // batch, heads, head_dim).transpose(0, 2, 1, 3)
+
+
+def heads_last(x_BxHxNxK: jax.Array) -> jax.Array:
+    """[B, H, N, K] -> [B*N, 1, H, K], the inverse of `heads_first`."""
+    batch, heads, beams, head_dim = x_BxHxNxK.shape
+    return x_BxHxNxK.transpose(0, 2, 1, 3).reshape(batch * beams, 1, heads, head_dim)
+
+
+def history_mask(slots_BxNxL: jax.Array, index: jax.Array) -> jax.Array:
+    """[B, 1, N, L*N]: query n may read slot m's position l iff slots[b, n, l] == m and l <= index.
+
+    The key axis is the self-attention cache's (position, slot) pair flattened, position-major.
+    """
+    batch, beams, length = slots_BxNxL.shape
+    own_BxNxLxM = slots_BxNxL[:, :, :, None] == jnp.arange(beams)
+    written_BxNxLxM = own_BxNxLxM & (jnp.arange(length) <= index)[:, None]
+    return written_BxNxLxM.reshape(batch, 1, beams, length * beams)
+
+
+def fold_step_mask(mask: jax.Array | None, batch: int, slots: int) -> jax.Array | None:
+    """A caller's [B*N, H|1, 1, S'] step mask -> [B, H|1, N, S' * slots] (each key repeated per slot), or None."""
+    if mask is None:
+        return None
+    batch_beams, mask_heads, _, kv_len = mask.shape
+    beams = batch_beams // batch
+    mask = mask.reshape(batch, beams, mask_heads, kv_len).transpose(0, 2, 1, 3)
+    return jnp.repeat(mask, slots, axis=-1)
+
+
 class MultiHeadAttention(nn.Module):
     """MultiHead(Q, K, V) = Concat(head_1..head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V).
 
@@ -106,9 +161,10 @@ class MultiHeadAttention(nn.Module):
     `inputs_kv` it is encoder-decoder (cross) attention.
 
     With `decode=True` it keeps decoding state in the `DECODING_COLLECTIONS`:
-      * self-attention appends the new position's key/value to a [B, max_len, H, K] cache each step
-        (collection 'cache'), at its step counter (collection 'decode_step'); the cache length is the
-        query length of the call that creates it;
+      * self-attention writes the new position's key/value into the slot cache each step
+        (collection 'slot_cache'), in each hypothesis' own beam slot, at its step counter
+        (collection 'decode_step'), and reads each hypothesis' history through the `beam_slots`
+        table its caller keeps; L is the query length of the call that creates the cache;
       * cross-attention projects the encoder output to keys/values once, when the cache is created
         (collection 'encoder_cache'), and reuses them at every later step. Queries may carry N
         hypotheses (beams) per sentence, [B*N, T, ...] against [B, S, ...] encoder keys/values: the
@@ -144,23 +200,55 @@ class MultiHeadAttention(nn.Module):
         inputs_kv: jax.Array | None = None,
         mask: jax.Array | None = None,
         *,
+        beam_slots: jax.Array | None = None,
         deterministic: bool = True,
     ) -> jax.Array:
-        """[B, T, d_model] queries (and [B, S, d_model] keys/values) -> [B, T, d_model]."""
+        """[B, T, d_model] queries (and [B, S, d_model] keys/values) -> [B, T, d_model].
+
+        `beam_slots` ([B, N, L] ints, decoding self-attention only) says which beam slot of its
+        sentence holds each position's keys/values for each of the B*N query rows.
+        """
         is_cross = inputs_kv is not None
+        stepping = self.decode and (
+            self.has_variable(ENCODER_CACHE, "key") if is_cross else self.has_variable(SLOT_CACHE, "cached_key"))
         q_BxTxHxK = self._projection("query")(inputs_q)
         # No key bias: it adds the same q.b to every logit of a query, which the softmax cancels,
         # so it would be a parameter with an identically zero gradient.
         key_proj, value_proj = self._projection("key", use_bias=False), self._projection("value")
-        if self.decode and is_cross:
+        if stepping and is_cross:
+            out_BxTxHxK = self._cross_step(q_BxTxHxK, mask)
+        elif stepping:
+            out_BxTxHxK = self._self_step(q_BxTxHxK, key_proj(inputs_q), value_proj(inputs_q), mask, beam_slots)
+        else:
+            out_BxTxHxK = self._full_attention(
+                q_BxTxHxK, key_proj, value_proj, inputs_q, inputs_kv, mask, beam_slots, deterministic)
+        # Concatenate the heads and project back: [B, T, H, K] -> [B, T, d_model].
+        return nn.DenseGeneral(
+            features=self.d_model,
+            axis=(-2, -1),
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            kernel_init=nn.with_logical_partitioning(
+                nn.initializers.xavier_uniform(), ("heads", "kv", "embed")
+            ),
+            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
+            name="out",
+        )(out_BxTxHxK)
+
+    def _full_attention(
+        self, q_BxTxHxK: jax.Array, key_proj: nn.Module, value_proj: nn.Module, inputs_q: jax.Array,
+        inputs_kv: jax.Array | None, mask: jax.Array | None, beam_slots: jax.Array | None,
+        deterministic: bool,
+    ) -> jax.Array:
+        """Attention of all T queries, [B, T, H, K]; with `decode`, it also creates the decoding state."""
+        if self.decode and inputs_kv is not None:
             k_BxSxHxK, v_BxSxHxK = self._cross_kv(key_proj, value_proj, inputs_kv)
             q_BxTxHxK, mask = fold_beams_into_queries(q_BxTxHxK, mask, k_BxSxHxK.shape[0])
         else:
-            source = inputs_kv if is_cross else inputs_q
+            source = inputs_q if inputs_kv is None else inputs_kv
             k_BxSxHxK, v_BxSxHxK = key_proj(source), value_proj(source)
             if self.decode:
-                k_BxSxHxK, v_BxSxHxK, mask = self._append_to_cache(k_BxSxHxK, v_BxSxHxK, mask)
-
+                self._create_slot_cache(k_BxSxHxK, beam_slots)
         dropout_active = self.attention_dropout_rate > 0.0 and not deterministic
         if dropout_active or self.backend == "einsum":
             weights_BxHxTxS = attention_weights(q_BxTxHxK, k_BxSxHxK, mask)
@@ -177,52 +265,68 @@ class MultiHeadAttention(nn.Module):
                 q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, backend=self.backend
             )
         # Undo any beam folding ([B, N*T, H, K] -> [B*N, T, H, K]; otherwise a no-op).
-        out_BxTxHxK = out_BxTxHxK.reshape(inputs_q.shape[:2] + out_BxTxHxK.shape[2:])
-        # Concatenate the heads and project back: [B, T, H, K] -> [B, T, d_model].
-        return nn.DenseGeneral(
-            features=self.d_model,
-            axis=(-2, -1),
-            dtype=self.dtype,
-            param_dtype=self.param_dtype,
-            kernel_init=nn.with_logical_partitioning(
-                nn.initializers.xavier_uniform(), ("heads", "kv", "embed")
-            ),
-            bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
-            name="out",
-        )(out_BxTxHxK)
+        return out_BxTxHxK.reshape(inputs_q.shape[:2] + out_BxTxHxK.shape[2:])
 
     def _cross_kv(
         self, key_proj: nn.Module, value_proj: nn.Module, inputs_kv: jax.Array
     ) -> tuple[jax.Array, jax.Array]:
-        """Encoder keys/values from the cache; projected (once) when the cache is created."""
-        if self.has_variable(ENCODER_CACHE, "key"):
-            return self.get_variable(ENCODER_CACHE, "key"), self.get_variable(ENCODER_CACHE, "value")
+        """Projects the encoder keys/values into the cache (once, when the cache is created)."""
         k_BxSxHxK, v_BxSxHxK = key_proj(inputs_kv), value_proj(inputs_kv)
-        self.put_variable(ENCODER_CACHE, "key", k_BxSxHxK)
-        self.put_variable(ENCODER_CACHE, "value", v_BxSxHxK)
+        self.put_variable(ENCODER_CACHE, "key", k_BxSxHxK.transpose(0, 2, 3, 1))  # [B, H, K, S]
+        self.put_variable(ENCODER_CACHE, "value", v_BxSxHxK.transpose(0, 2, 1, 3))  # [B, H, S, K]
         return k_BxSxHxK, v_BxSxHxK
 
-    def _append_to_cache(
-        self, k_BxTxHxK: jax.Array, v_BxTxHxK: jax.Array, mask: jax.Array | None
-    ) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-        """Write this step's key/value at the cache index; attend to positions written so far.
+    def _create_slot_cache(self, k_BNxLxHxK: jax.Array, beam_slots: jax.Array | None) -> None:
+        """Zero keys [B, H, K, L*N] and values [B, H, L*N, K] (L: the creating call's query length)."""
+        batch_beams, length, heads, head_dim = k_BNxLxHxK.shape
+        batch, beams = (batch_beams, 1) if beam_slots is None else beam_slots.shape[:2]
+        dtype = k_BNxLxHxK.dtype
+        self.variable(SLOT_CACHE, "cached_key", jnp.zeros, (batch, heads, head_dim, length * beams), dtype)
+        self.variable(SLOT_CACHE, "cached_value", jnp.zeros, (batch, heads, length * beams, head_dim), dtype)
+        self.variable(DECODE_STEP, "cache_index", lambda: jnp.array(0, jnp.int32))
 
-        The call that creates the cache passes the whole (dummy) target, which sets the cache length.
+    def _cross_step(self, q_BNx1xHxK: jax.Array, mask: jax.Array | None) -> jax.Array:
+        """One position of encoder-decoder attention against the cached encoder keys/values.
+
+        The N beams of a sentence are its N queries against its one copy of the keys/values.
         """
-        is_initialized = self.has_variable(HYPOTHESIS_CACHE, "cached_key")
-        cached_key = self.variable(
-            HYPOTHESIS_CACHE, "cached_key", jnp.zeros, k_BxTxHxK.shape, k_BxTxHxK.dtype)
-        cached_value = self.variable(
-            HYPOTHESIS_CACHE, "cached_value", jnp.zeros, v_BxTxHxK.shape, v_BxTxHxK.dtype)
-        cache_index = self.variable(DECODE_STEP, "cache_index", lambda: jnp.array(0, jnp.int32))
-        if not is_initialized:
-            return k_BxTxHxK, v_BxTxHxK, mask
-        if k_BxTxHxK.shape[1] != 1:
-            raise ValueError(f"decoding feeds one position per step, got {k_BxTxHxK.shape[1]}")
+        k_BxHxKxS = self.get_variable(ENCODER_CACHE, "key")
+        v_BxHxSxK = self.get_variable(ENCODER_CACHE, "value")
+        batch = k_BxHxKxS.shape[0]
+        mask = fold_step_mask(mask, batch, 1)
+        mask = jnp.ones((1, 1, 1, 1), bool) if mask is None else mask
+        return heads_last(cached_attention(heads_first(q_BNx1xHxK, batch), k_BxHxKxS, v_BxHxSxK, mask))
+
+    def _self_step(
+        self, q_BNx1xHxK: jax.Array, k_BNx1xHxK: jax.Array, v_BNx1xHxK: jax.Array, mask: jax.Array | None,
+        beam_slots: jax.Array | None,
+    ) -> jax.Array:
+        """Writes this position's key/value in each hypothesis' own beam slot; attends to its history.
+
+        Beam search never moves the cache: it reorders the small `beam_slots` table instead. Each
+        query attends to all N slots' keys of its sentence, [N*L] of them, masked to the ones its
+        ancestors wrote (`history_mask`): N times the (small) attention arithmetic of a gather of
+        each hypothesis' history, but no [B*N, L, H, K] copy of every layer's cache each step.
+        """
+        cached_key = self.variable(SLOT_CACHE, "cached_key")
+        cached_value = self.variable(SLOT_CACHE, "cached_value")
+        cache_index = self.variable(DECODE_STEP, "cache_index")
+        batch, heads, head_dim, keys = cached_key.value.shape
         index = cache_index.value
-        k_BxLxHxK = jax.lax.dynamic_update_slice_in_dim(cached_key.value, k_BxTxHxK, index, axis=1)
-        v_BxLxHxK = jax.lax.dynamic_update_slice_in_dim(cached_value.value, v_BxTxHxK, index, axis=1)
-        cached_key.value, cached_value.value = k_BxLxHxK, v_BxLxHxK
+        q_BxHxNxK = heads_first(q_BNx1xHxK, batch)
+        beams = q_BxHxNxK.shape[2]
+        k_BxHxNxK, v_BxHxNxK = heads_first(k_BNx1xHxK, batch), heads_first(v_BNx1xHxK, batch)
+        # Position `index` of the N slots is the contiguous run index*N .. index*N + N - 1. The
+        # updated caches feed the dots as they are (no reshape), so XLA updates them in place.
+        k_BxHxKxLN = jax.lax.dynamic_update_slice_in_dim(
+            cached_key.value, k_BxHxNxK.transpose(0, 1, 3, 2), index * beams, axis=3)
+        v_BxHxLNxK = jax.lax.dynamic_update_slice_in_dim(cached_value.value, v_BxHxNxK, index * beams, axis=2)
+        cached_key.value, cached_value.value = k_BxHxKxLN, v_BxHxLNxK
         cache_index.value = index + 1
-        written_1x1x1xL = (jnp.arange(k_BxLxHxK.shape[1]) <= index)[None, None, None, :]
-        return k_BxLxHxK, v_BxLxHxK, combine_masks(mask, written_1x1x1xL)
+        if beam_slots is None:
+            if beams > 1:
+                raise ValueError("decoding N > 1 hypotheses per sentence needs their beam_slots")
+            beam_slots = jnp.zeros((batch, 1, keys), jnp.int32)
+        history = combine_masks(fold_step_mask(mask, batch, beams), history_mask(beam_slots, index))
+        out_BxHxNxK = cached_attention(q_BxHxNxK, k_BxHxKxLN, v_BxHxLNxK, history)
+        return heads_last(out_BxHxNxK)

@@ -97,13 +97,17 @@ class DecoderLayer(nn.Module):
         self_mask: jax.Array | None,
         cross_mask: jax.Array | None,
         deterministic: bool = True,
+        beam_slots: jax.Array | None = None,
     ) -> jax.Array:
-        """[B, T, d_model] targets attending to [B, S, d_model] encoder output -> [B, T, d_model]."""
+        """[B, T, d_model] targets attending to [B, S, d_model] encoder output -> [B, T, d_model].
+
+        `beam_slots` is the decoding self-attention's table of beam slots (see MultiHeadAttention).
+        """
         cfg = self.config
         self_attention = multi_head_attention(cfg, "self_attention", self.decode)
         cross_attention = multi_head_attention(cfg, "cross_attention", self.decode)
         y_BxTxD = residual(
-            cfg, y_BxTxD, lambda y: self_attention(y, mask=self_mask, deterministic=deterministic),
+            cfg, y_BxTxD, lambda y: self_attention(y, mask=self_mask, beam_slots=beam_slots, deterministic=deterministic),
             "self_attention_norm", deterministic,
         )
         y_BxTxD = residual(

@@ -9,7 +9,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.model.attention import DECODE_STEP, ENCODER_CACHE, HYPOTHESIS_CACHE
+from transformer_jax.model.attention import DECODE_STEP, ENCODER_CACHE, HYPOTHESIS_CACHE, SLOT_CACHE
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.embeddings import OutputProjection, TokenEmbedding
@@ -57,6 +57,7 @@ class DecoderStackInputs(NamedTuple):
     encoded_BxSxD: jax.Array
     self_mask: jax.Array | None  # [B, 1, T, T]; None while stepping (the cache masks)
     cross_mask: jax.Array | None  # [B, 1, T, S]
+    beam_slots: jax.Array | None = None  # [B, N, L] while decoding: see Decoder
 
 
 class StackedEncoderLayer(EncoderLayer):
@@ -87,7 +88,8 @@ class StackedDecoderLayer(DecoderLayer):
     ) -> tuple[jax.Array, None]:
         """[B, T, d_model] -> ([B, T, d_model], None)."""
         y_BxTxD = super().__call__(
-            y_BxTxD, inputs.encoded_BxSxD, inputs.self_mask, inputs.cross_mask, self.deterministic)
+            y_BxTxD, inputs.encoded_BxSxD, inputs.self_mask, inputs.cross_mask, self.deterministic,
+            inputs.beam_slots)
         return y_BxTxD, None
 
 
@@ -110,7 +112,8 @@ def layer_stack(
         layer,
         # Every collection a layer has gets a leading layer axis (decoding state included).
         variable_axes={
-            "params": 0, "intermediates": 0, HYPOTHESIS_CACHE: 0, ENCODER_CACHE: 0, DECODE_STEP: 0,
+            "params": 0, "intermediates": 0, HYPOTHESIS_CACHE: 0, SLOT_CACHE: 0, ENCODER_CACHE: 0,
+            DECODE_STEP: 0,
         },
         split_rngs={"params": True, "dropout": True},
         in_axes=(nn.broadcast,),
@@ -201,8 +204,9 @@ class Decoder(nn.Module):
     """Embedding + positions, dropout, N decoder layers, (final LayerNorm,) pre-softmax projection.
 
     With `decode=True` it runs one target position per call against its decoding state (the
-    `DECODING_COLLECTIONS`, its own position in 'decode_step'); the call that creates that state
-    (given the whole, possibly dummy, target) fixes the cache length.
+    `DECODING_COLLECTIONS`, its own position in 'decode_step', the hypotheses' beam slot table in
+    'cache'); the call that creates that state (given the whole, possibly dummy, target; B*N rows
+    against B encoded sentences) fixes the cache length and the number of beams N.
     """
 
     config: TransformerConfig
@@ -225,10 +229,12 @@ class Decoder(nn.Module):
         cfg = self.config
         embed = self.shared_embedding if self.shared_embedding is not None else token_embedding(cfg, "embedding")
         stepping = self.decode and self.has_variable(DECODE_STEP, "position")
+        beam_slots = None
         if self.decode:
             position = self.variable(DECODE_STEP, "position", lambda: jnp.array(0, jnp.int32))
             if stepping and tgt_positions is None:
                 tgt_positions = jnp.broadcast_to(position.value, tgt_in.shape)
+            beam_slots = self._beam_slots(tgt_in, encoded_BxSxD.shape[0], position.value, stepping)
             if stepping:
                 position.value = position.value + tgt_in.shape[1]
         positions = default_positions(tgt_in) if tgt_positions is None else tgt_positions
@@ -248,7 +254,7 @@ class Decoder(nn.Module):
             padding_mask(tgt_in, src_tokens), _segment_mask_or_none(tgt_segments, src_segments)
         )
         layers = layer_stack(cfg, StackedDecoderLayer, decode=self.decode, deterministic=deterministic)
-        y_BxTxD = run_stack(layers, y_BxTxD, DecoderStackInputs(encoded_BxSxD, self_mask, cross_mask))
+        y_BxTxD = run_stack(layers, y_BxTxD, DecoderStackInputs(encoded_BxSxD, self_mask, cross_mask, beam_slots))
         if cfg.norm_position == "pre":
             y_BxTxD = layer_norm(cfg, "final_norm")(y_BxTxD)
         if cfg.tie_output_embedding:
@@ -256,3 +262,19 @@ class Decoder(nn.Module):
         return OutputProjection(
             cfg.vocab_size, cfg.compute_dtype, cfg.params_dtype, name="output_projection"
         )(y_BxTxD)
+
+    def _beam_slots(self, tgt_in: jax.Array, batch: int, position: jax.Array, stepping: bool) -> jax.Array:
+        """[B, N, L] beam slot holding each position's self-attention keys/values, per hypothesis.
+
+        The [B*N, L] table is the only per-hypothesis decoding state (collection 'cache'): beam search
+        reorders its rows, so each hypothesis inherits its parent's history, and this step writes
+        each hypothesis' own slot (n of row b*N + n) at the current position.
+        """
+        batch_beams = tgt_in.shape[0]
+        beams = batch_beams // batch
+        slots = self.variable(
+            HYPOTHESIS_CACHE, "beam_slots", jnp.zeros, (batch_beams, tgt_in.shape[1]), jnp.int32)
+        if stepping:
+            own_BNx1 = (jnp.arange(batch_beams, dtype=jnp.int32) % beams)[:, None]
+            slots.value = jax.lax.dynamic_update_slice_in_dim(slots.value, own_BNx1, position, axis=1)
+        return slots.value.reshape(batch, beams, -1)
