@@ -50,9 +50,11 @@ SCRIPT = textwrap.dedent(
     COLLECTIVE = r"\\b(all-gather|all-reduce|reduce-scatter|collective-permute|all-to-all|collective-broadcast)\\b"
 
     class Ids:
-        # Every output id, padding included, so equal texts mean equal tokens.
+        # Every output id up to the trailing padding, so equal texts mean equal tokens. (Decoding never
+        # emits PAD; how much padding follows an output depends on its batch's width, which batching by
+        # source length chooses per device count.)
         def decode_batch(self, ids):
-            return [" ".join(map(str, row)) for row in ids]
+            return [" ".join(map(str, np.trim_zeros(np.asarray(row), "b"))) for row in ids]
 
     def vary(params):
         # Random weights scaled so outputs differ between sentences and end at different lengths.
