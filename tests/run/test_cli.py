@@ -229,7 +229,9 @@ def test_resuming_with_another_device_count_or_batch_size_is_one_error_and_chang
 
     config = write_config(tmp_path)
     workdir = tmp_path / "workdir"
-    args = [f"--config={config}", f"--workdir={workdir}", "--config.training.eval_every=0"]
+    # Rows of 64 tokens (max_length), so the batch shapes below are stated; a width change is its own error.
+    args = [f"--config={config}", f"--workdir={workdir}", "--config.training.eval_every=0",
+            "--config.data.row_width=64"]
     batch = "--config.data.tokens_per_batch=576"  # 9 rows of 64 tokens; 8 rows on 2 devices
     first = run_script("train.py", *args, batch, "--config.training.num_train_steps=2", env=script_env(2))
     assert first.returncode == 0, first.stderr[-3000:]
