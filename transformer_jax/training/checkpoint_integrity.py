@@ -28,6 +28,7 @@ from transformer_jax.errors import (
     CorruptCheckpointError,
     ShapeMismatchError,
 )
+from transformer_jax.run.console import CLOSED_LOOP
 from transformer_jax.run.files import exists, make_dirs, move
 
 
@@ -132,7 +133,7 @@ def _is_abandoned_read(unraisable: Any) -> bool:
     code = getattr(unraisable.object, "cr_code", None) or getattr(unraisable.object, "__code__", None)
     files = [getattr(code, "co_filename", "")]
     files += [frame.filename for frame in traceback.extract_tb(unraisable.exc_traceback)]
-    return ("Event loop is closed" in str(unraisable.exc_value)
+    return (CLOSED_LOOP in str(unraisable.exc_value)
             or any(f"{os.sep}{package}{os.sep}" in name for name in files for package in ("orbax", "tensorstore")))
 
 
