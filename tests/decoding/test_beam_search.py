@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID
-from transformer_jax.decoding.beam_search import beam_search, beam_search_loop
+from transformer_jax.decoding.beam_search import beam_search, beam_search_loop, best_extensions, top_k_in_blocks
 from transformer_jax.decoding.cache import StepState
 from transformer_jax.decoding.sampling import greedy_choice, token_loop
 from transformer_jax.model.masks import PAD_ID
@@ -212,3 +212,40 @@ def test_a_batch_decodes_as_each_sentence_alone(model, beam_output, beam_setting
         np.testing.assert_array_equal(beam_output[0][i, :, :width], tokens[0])
         assert np.all(beam_output[0][i, :, width:] == PAD_ID)
         np.testing.assert_allclose(beam_output[1][i], scores[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("vocab, block", [(8000, 64), (1003, 64), (300, 32), (40, 64)])
+def test_top_k_in_blocks_equals_lax_top_k_ties_and_minus_inf_included(vocab, block):
+    rng = np.random.default_rng(vocab)
+    # Values on a coarse grid, so many are tied; some rows mostly -inf (PAD/BOS are -inf in a step).
+    x_RxV = np.round(rng.normal(size=(16, vocab)) * 2) / 2
+    x_RxV[:4, : vocab - 3] = -np.inf
+    x_RxV[4, :] = 0.0
+    x_RxV = jnp.asarray(x_RxV, jnp.float32)
+    for k in (1, 8):
+        values, indices = top_k_in_blocks(x_RxV, k, block)
+        expected_values, expected_indices = jax.lax.top_k(x_RxV, k)
+        np.testing.assert_array_equal(indices, expected_indices)
+        np.testing.assert_array_equal(values, expected_values)
+
+
+def test_best_extensions_equal_one_top_k_over_every_extension():
+    rng = np.random.default_rng(1)
+    batch, beams, vocab = 6, 4, 500
+    live_BxN = jnp.asarray(np.round(rng.normal(size=(batch, beams)) * 4) / 4 - 3, jnp.float32)
+    log_probs_BNxV = jnp.asarray(np.round(rng.normal(size=(batch * beams, vocab)) * 4) / 4, jnp.float32)
+    log_probs_BNxV = log_probs_BNxV.at[:, :3].set(-jnp.inf)
+    best, parent, token = best_extensions(live_BxN, log_probs_BNxV, 2 * beams)
+    total_BxNV = (live_BxN[:, :, None] + log_probs_BNxV.reshape(batch, beams, vocab)).reshape(batch, -1)
+    expected_best, expected_index = jax.lax.top_k(total_BxNV, 2 * beams)
+    np.testing.assert_array_equal(best, expected_best)
+    np.testing.assert_array_equal(parent, expected_index // vocab)
+    np.testing.assert_array_equal(token, expected_index % vocab)
+
+
+def test_greedy_choice_is_the_first_argmax():
+    x_BxV = jnp.asarray(np.round(np.random.default_rng(2).normal(size=(64, 300))), jnp.float32)
+    x_BxV = x_BxV.at[0].set(1.0).at[1, 7].set(9.0).at[1, 200].set(9.0)
+    chosen = greedy_choice(x_BxV, jax.random.key(0))
+    np.testing.assert_array_equal(chosen, jnp.argmax(x_BxV, axis=-1))
+    assert chosen[0] == 0 and chosen[1] == 7

@@ -44,7 +44,12 @@ def filter_logits(
 def greedy_choice(log_probs_BxV: jax.Array, key: jax.Array) -> jax.Array:
     """The most probable token of each row, [B] (the key is unused)."""
     del key
-    return jnp.argmax(log_probs_BxV, axis=-1)
+    # jnp.argmax's (value, index) reduction runs ~3x slower on CPU than two plain reductions: the
+    # maximum, then the first index holding it (the same token, ties to the lower index).
+    best_Bx1 = jnp.max(log_probs_BxV, axis=-1, keepdims=True)
+    vocab = log_probs_BxV.shape[-1]
+    token_ids_V = jnp.arange(vocab, dtype=jnp.int32)
+    return jnp.min(jnp.where(log_probs_BxV == best_Bx1, token_ids_V, vocab - 1), axis=-1)
 
 
 def sampling_choice(

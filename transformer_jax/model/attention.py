@@ -211,18 +211,22 @@ class MultiHeadAttention(nn.Module):
         is_cross = inputs_kv is not None
         stepping = self.decode and (
             self.has_variable(ENCODER_CACHE, "key") if is_cross else self.has_variable(SLOT_CACHE, "cached_key"))
+        if stepping and not is_cross:
+            out_BxTxHxK = self._self_step(*self._step_projections(inputs_q), mask, beam_slots)
+            return self._output_projection(out_BxTxHxK)
         q_BxTxHxK = self._projection("query")(inputs_q)
         # No key bias: it adds the same q.b to every logit of a query, which the softmax cancels,
         # so it would be a parameter with an identically zero gradient.
         key_proj, value_proj = self._projection("key", use_bias=False), self._projection("value")
-        if stepping and is_cross:
+        if stepping:
             out_BxTxHxK = self._cross_step(q_BxTxHxK, mask)
-        elif stepping:
-            out_BxTxHxK = self._self_step(q_BxTxHxK, key_proj(inputs_q), value_proj(inputs_q), mask, beam_slots)
         else:
             out_BxTxHxK = self._full_attention(
                 q_BxTxHxK, key_proj, value_proj, inputs_q, inputs_kv, mask, beam_slots, deterministic)
-        # Concatenate the heads and project back: [B, T, H, K] -> [B, T, d_model].
+        return self._output_projection(out_BxTxHxK)
+
+    def _output_projection(self, out_BxTxHxK: jax.Array) -> jax.Array:
+        """W^O: concatenates the heads and projects back, [B, T, H, K] -> [B, T, d_model]."""
         return nn.DenseGeneral(
             features=self.d_model,
             axis=(-2, -1),
@@ -234,6 +238,23 @@ class MultiHeadAttention(nn.Module):
             bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
             name="out",
         )(out_BxTxHxK)
+
+    def _step_projections(self, x_BNx1xD: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """A decoding step's self-attention queries, keys and values, [B*N, 1, H, K] each, by one matmul.
+
+        The same W^Q, W^K, W^V (and biases) as the three projections, read from this module's
+        parameters (a decoding step never creates them) and concatenated over the heads: a step's one
+        token per hypothesis makes three small matmuls cost about twice one of three times the width,
+        and the concatenation of loop-invariant weights is hoisted out of the decoding loop.
+        """
+        params = nn.unbox(self.variables["params"])
+        kernels = [params[name]["kernel"] for name in ("query", "key", "value")]  # [D, H, K] each
+        heads, head_dim = kernels[0].shape[1:]
+        biases = [params["query"]["bias"], jnp.zeros((heads, head_dim), kernels[1].dtype), params["value"]["bias"]]
+        kernel_Dx3HxK = jnp.concatenate(kernels, axis=1).astype(self.dtype)
+        qkv_BNx1x3HxK = jnp.einsum("btd,dhk->bthk", x_BNx1xD.astype(self.dtype), kernel_Dx3HxK)
+        qkv_BNx1x3HxK = qkv_BNx1x3HxK + jnp.concatenate(biases, axis=0).astype(self.dtype)
+        return tuple(jnp.split(qkv_BNx1x3HxK, 3, axis=2))
 
     def _full_attention(
         self, q_BxTxHxK: jax.Array, key_proj: nn.Module, value_proj: nn.Module, inputs_q: jax.Array,
