@@ -14,14 +14,23 @@ in alternating rounds on the same sentences with the run's decoding settings (be
 - "by source, N tokens": the same with a budget of N source token slots per batch.
 Each contender translates once before the rounds (compiles every shape it uses; timed apart); the
 figures are medians over the rounds, and the sentences that differ from "today" are counted.
+
+With --cli_baseline=REV it also times the whole `eval.py --checkpoint=latest` command, as a user runs
+it (start-up, compiles, translation, loss and scores), of revision REV (extracted with `git archive`)
+and of this tree (with each --batch_tokens), in alternating rounds on copies of the run, and
+checks that the hypotheses files are identical.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from typing import Any, Callable
 
@@ -123,14 +132,77 @@ def run(workdir: str, sentences: int = 0, rounds: int = 3, batch_tokens: tuple[i
             "batch_size": options.batch_size, "contenders": result}
 
 
+def eval_command(tree: str, workdir: str, batch_tokens: int | None) -> list[str]:
+    """`python eval.py` of `tree` on `workdir`'s test split (its last checkpoint)."""
+    command = [sys.executable, os.path.join(tree, "eval.py"), f"--workdir={workdir}", "--checkpoint=latest"]
+    return command + ([f"--batch_tokens={batch_tokens}"] if batch_tokens is not None else [])
+
+
+def run_eval(tree: str, workdir: str, batch_tokens: int | None) -> tuple[float, dict[str, Any], bytes]:
+    """Wall seconds of one eval.py run, its scores and its hypotheses file (the eval/ folder is cleared first)."""
+    shutil.rmtree(os.path.join(workdir, "eval"), ignore_errors=True)
+    env = dict(os.environ, PYTHONPATH=tree, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
+    start = time.perf_counter()
+    subprocess.run(eval_command(tree, workdir, batch_tokens), cwd=tree, env=env, check=True, capture_output=True)
+    seconds = time.perf_counter() - start
+    [scores] = [f for f in os.listdir(os.path.join(workdir, "eval")) if f.endswith(".json")]
+    [hypotheses] = [f for f in os.listdir(os.path.join(workdir, "eval")) if f.endswith(".hyp")]
+    with open(os.path.join(workdir, "eval", scores)) as f, open(os.path.join(workdir, "eval", hypotheses), "rb") as h:
+        return seconds, json.load(f), h.read()
+
+
+def compare_cli(workdir: str, revision: str, rounds: int, batch_tokens: tuple[int, ...]) -> dict[str, Any]:
+    """eval.py of `revision` against this tree's eval.py (default batching and each budget), alternating."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with tempfile.TemporaryDirectory() as scratch:
+        old_tree = os.path.join(scratch, "before")
+        os.makedirs(old_tree)
+        archive = subprocess.run(["git", "-C", repo, "archive", revision], capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", old_tree], input=archive.stdout, check=True)
+        contenders = {f"eval.py of {revision}": (old_tree, None), "eval.py today": (repo, 0)}
+        contenders.update({f"eval.py today, {t} tokens": (repo, t) for t in batch_tokens})
+        copies = {}
+        for name in contenders:
+            copies[name] = os.path.join(scratch, f"run{len(copies)}")
+            shutil.copytree(workdir, copies[name], ignore=shutil.ignore_patterns("eval", "run.lock"))
+        times: dict[str, list[float]] = {name: [] for name in contenders}
+        results: dict[str, Any] = {}
+        for round_index in range(rounds):
+            names = list(contenders) if round_index % 2 == 0 else list(contenders)[::-1]
+            for name in names:
+                tree, tokens = contenders[name]
+                seconds, scores, hypotheses = run_eval(tree, copies[name], tokens)
+                times[name].append(seconds)
+                results[name] = (scores, hypotheses)
+            print("  round " + str(round_index + 1) + ": " + ", ".join(f"{n} {times[n][-1]:.1f} s" for n in contenders),
+                  flush=True)
+    before = f"eval.py of {revision}"
+    summary = {}
+    for name in contenders:
+        scores, hypotheses = results[name]
+        summary[name] = {"round_s": times[name], "median_s": statistics.median(times[name]),
+                         "speedup_over_before": statistics.median(times[before]) / statistics.median(times[name]),
+                         "bleu": scores["bleu"], "same_hypotheses_as_before": hypotheses == results[before][1]}
+        print(f"{name:<30} median {summary[name]['median_s']:6.1f} s  speed-up {summary[name]['speedup_over_before']:.2f}x"
+              f"  BLEU {scores['bleu']:.2f}  same hypotheses as {revision}: {summary[name]['same_hypotheses_as_before']}",
+              flush=True)
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="runs/demo", help="a trained run (make demo writes runs/demo)")
     parser.add_argument("--sentences", type=int, default=0, help="translate the first N test sentences (0: all)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
     parser.add_argument("--batch_tokens", default="256", help="comma-separated token budgets to time")
+    parser.add_argument("--cli_baseline", default="", help="also time eval.py of this git revision against today's")
+    parser.add_argument("--skip_library", action="store_true", help="only the eval.py comparison")
     args = parser.parse_args()
-    run(args.workdir, args.sentences, args.rounds, tuple(int(t) for t in args.batch_tokens.split(",")))
+    budgets = tuple(int(t) for t in args.batch_tokens.split(","))
+    if not args.skip_library:
+        run(args.workdir, args.sentences, args.rounds, budgets)
+    if args.cli_baseline:
+        compare_cli(args.workdir, args.cli_baseline, args.rounds, budgets)
 
 
 if __name__ == "__main__":

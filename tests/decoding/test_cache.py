@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import traverse_util
 
+from transformer_jax import Transformer, TransformerConfig
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID
 from transformer_jax.decoding.beam_search import beam_search
 from transformer_jax.decoding.cache import cached_step, reorder_hypotheses
 from transformer_jax.decoding.sampling import greedy_decode
+from transformer_jax.model.attention import history_chunks
 from transformer_jax.model.stacks import scanned_layout
 
 
@@ -143,3 +147,58 @@ def test_beams_share_one_copy_of_the_encoder_keys_and_values(model, beam_setting
     assert (batch, src_len, heads, head_dim) in shapes  # the cross keys/values, once per sentence
     beams = beam_settings["beam_size"]
     assert not any(s[:2] == (batch * beams, src_len) for s in shapes)  # never per beam
+
+
+@pytest.mark.parametrize("length, chunks", [(5, (5,)), (32, (32,)), (40, (40,)), (50, (32, 18)), (70, (32, 38)),
+                                            (306, (32, 32, 64, 128, 50))])
+def test_the_self_attention_cache_is_chunked_at_doubling_boundaries(length, chunks):
+    assert history_chunks(length) == chunks
+
+
+@pytest.fixture(scope="module")
+def long_model() -> tuple[dict, TransformerConfig, jax.Array]:
+    """A small Transformer whose outputs can be long enough to cross the cache's chunk boundaries."""
+    config = TransformerConfig.preset("tiny", vocab_size=50, max_len=128, positional_encoding="learned")
+    src = jnp.asarray(np.random.default_rng(3).integers(4, 50, (3, 9)), jnp.int32)
+    params = nn.meta.unbox(jax.jit(Transformer(config).init)(jax.random.key(1), src, src[:, :3])["params"])
+    params = jax.tree.map(lambda x: 1.5 * x, params)
+    # Large position embeddings make the next token depend on the position, so outputs vary.
+    params["decoder"]["positional_encoding"]["position_embedding"] *= 10.0
+    return params, config, src
+
+
+def test_steps_across_the_cache_chunks_equal_the_full_forward_pass(long_model, full_forward_log_probs):
+    """Steps 0..99 write and read chunks of 32, 32 and 36 positions."""
+    params, config, src = long_model
+    beams, length = 2, 100
+    tokens_TxBN = np.random.default_rng(4).integers(4, 50, (length, src.shape[0] * beams))
+    tokens_TxBN[0] = BOS_ID
+
+    @jax.jit
+    def stepwise(params, src, tokens_TxBN):
+        step, state = cached_step(params, config, src, beams, length)
+        return jax.lax.scan(lambda s, t: step(t[:, None], s)[::-1], state, tokens_TxBN)[1]
+
+    cached = np.asarray(stepwise(params, src, jnp.asarray(tokens_TxBN))).transpose(1, 0, 2)
+    full = np.asarray(full_forward_log_probs(params, config, jnp.repeat(src, beams, axis=0), jnp.asarray(tokens_TxBN.T)))
+    real = np.isfinite(full)
+    np.testing.assert_array_equal(np.isfinite(cached), real)
+    np.testing.assert_allclose(cached[real], full[real], atol=2e-5, rtol=2e-5)
+
+
+def test_a_step_reads_no_chunk_that_starts_after_its_position(long_model):
+    """NaN keys/values in the chunks after a step's own are never read: the step's outputs stay finite."""
+    params, config, src = long_model
+    step, state = cached_step(params, config, src, 1, 100)
+    flat = traverse_util.flatten_dict(state.shared["slot_cache"])
+    # Keys [B, H, K, C] and values [B, H, C, K] of chunks of 32, 32 and 36 positions, in every layer.
+    assert {path[-1]: x.shape[-1] for path, x in flat.items() if "key" in path[-1]} == {
+        "cached_key_0": 32, "cached_key_1": 32, "cached_key_2": 36}
+    poisoned = {path: jnp.full_like(x, jnp.nan) if not path[-1].endswith("_0") else x for path, x in flat.items()}
+    state = state.replace(shared={**state.shared, "slot_cache": traverse_util.unflatten_dict(poisoned)})
+    tokens = jnp.full((src.shape[0], 1), BOS_ID, jnp.int32)
+    run = jax.jit(lambda s, n: jax.lax.scan(lambda s, _: step(tokens, s)[::-1], s, length=n), static_argnums=1)
+    _, log_probs = run(state, 32)  # positions 0..31 read chunk 0 only
+    assert np.isfinite(np.asarray(log_probs)[..., 4:]).all()
+    _, log_probs = run(state, 33)  # position 32 reads chunk 1, which holds NaN in its unwritten slots
+    assert np.isnan(np.asarray(log_probs)[-1]).all()

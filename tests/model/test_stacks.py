@@ -127,8 +127,8 @@ def test_scanned_cached_decoding_equals_full_forward(tiny_config, token_batch):
     layers, (batch, length), kv = config.num_layers, tgt_in.shape, (config.num_heads, config.head_dim)
     assert decoding_state_shapes(state) == {
         "cache/decoder/beam_slots": (batch, length),
-        "slot_cache/decoder/layers/self_attention/cached_key": (layers, batch, *kv, length),
-        "slot_cache/decoder/layers/self_attention/cached_value": (layers, batch, kv[0], length, kv[1]),
+        "slot_cache/decoder/layers/self_attention/cached_key_0": (layers, batch, *kv, length),
+        "slot_cache/decoder/layers/self_attention/cached_value_0": (layers, batch, kv[0], length, kv[1]),
         "encoder_cache/decoder/layers/cross_attention/key": (layers, batch, *kv, src.shape[1]),
         "encoder_cache/decoder/layers/cross_attention/value": (layers, batch, kv[0], src.shape[1], kv[1]),
         "decode_step/decoder/layers/self_attention/cache_index": (layers,),

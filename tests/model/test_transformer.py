@@ -146,8 +146,8 @@ def test_cached_step_by_step_decoding_equals_full_forward(tiny_config, token_bat
     for i in range(config.num_layers):
         layer = f"decoder/layer_{i}"
         # Keys/values by sentence, head and (position, beam slot) (one slot here), in the attention dots' layouts.
-        assert shapes.pop(f"slot_cache/{layer}/self_attention/cached_key") == (batch, *kv, length)
-        assert shapes.pop(f"slot_cache/{layer}/self_attention/cached_value") == (batch, kv[0], length, kv[1])
+        assert shapes.pop(f"slot_cache/{layer}/self_attention/cached_key_0") == (batch, *kv, length)
+        assert shapes.pop(f"slot_cache/{layer}/self_attention/cached_value_0") == (batch, kv[0], length, kv[1])
         assert shapes.pop(f"encoder_cache/{layer}/cross_attention/key") == (batch, *kv, src.shape[1])
         assert shapes.pop(f"encoder_cache/{layer}/cross_attention/value") == (batch, kv[0], src.shape[1], kv[1])
         assert shapes.pop(f"decode_step/{layer}/self_attention/cache_index") == ()

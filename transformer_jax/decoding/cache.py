@@ -73,7 +73,9 @@ def cached_step(
     per layer (a scanned stack puts its layer axis first), and never move: the state's
     per-hypothesis part is only the [B*N, L] table of which slot holds each earlier position of each
     hypothesis, so reordering hypotheses gathers B*N*L integers instead of every layer's cache.
-    The caches and the step counters are the shared part.
+    The caches and the step counters are the shared part. The self-attention cache is kept in
+    chunks of positions (32, 32, 64, ...: `history_chunks`) and a step reads only the chunks
+    written so far, so a sentence that ends at 20 tokens never reads the rest of a cache of 70.
     """
     model = Transformer(config, decoding=True)
     encoded_BxSxD = model.apply({"params": params}, src_tokens_BxS, method=Transformer.encode)

@@ -5,11 +5,14 @@ Shapes: B batch, T query length, S key/value length, H heads, K head dim (d_k = 
 
 from __future__ import annotations
 
+import functools
+import operator
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from transformer_jax.model.config import AttentionBackend
 from transformer_jax.model.dropout import Dropout
@@ -24,15 +27,41 @@ MASK_VALUE = float(jnp.finfo(jnp.float32).min)
 # beam slot and position (each written once, never moved), the encoder-decoder keys/values (one row
 # per sentence, shared by its beams) and the step counters (shared by all). The caches are stored in
 # the layouts the attention dots read with the (B, H) batch axes first, keys as [.., K, S] and values
-# as [.., S, K], so no step transposes or copies them: self-attention keys [B, H, K, L*N], values
-# [B, H, L*N, K] (position-major, so a step writes one contiguous run of N slots); encoder-decoder
-# keys [B, H, K, S], values [B, H, S, K].
+# as [.., S, K], so no step transposes or copies them: self-attention keys [B, H, K, C*N], values
+# [B, H, C*N, K] in chunks of C positions (`history_chunks`; position-major, so a step writes one
+# contiguous run of N slots); encoder-decoder keys [B, H, K, S], values [B, H, S, K].
 HYPOTHESIS_CACHE = "cache"
 SLOT_CACHE = "slot_cache"
 ENCODER_CACHE = "encoder_cache"
 DECODE_STEP = "decode_step"
 # Pass as `mutable=` to the decoding call that creates the cache.
 DECODING_COLLECTIONS = (HYPOTHESIS_CACHE, SLOT_CACHE, ENCODER_CACHE, DECODE_STEP)
+# The self-attention cache's chunk boundaries (positions): 32, 64, 128, ... A step reads only the
+# chunks it is given, so a decoding loop that gives the written ones reads no unwritten position.
+FIRST_CHUNK = 32
+SMALLEST_LAST_CHUNK = 16
+
+
+def history_chunks(length: int) -> tuple[int, ...]:
+    """Sizes of the self-attention cache's chunks for `length` positions: 32, 32, 64, 128, ...
+
+    Doubling boundaries keep the chunks few (a decoding loop compiles one body per chunk) while
+    a step reads less than twice the positions written; a last chunk under 16 positions joins the
+    one before it.
+    """
+    sizes, start = [], 0
+    while start < length:
+        end = min(length, max(FIRST_CHUNK, 2 * start))
+        sizes.append(end - start)
+        start = end
+    if len(sizes) > 1 and sizes[-1] < SMALLEST_LAST_CHUNK:
+        sizes[-2:] = [sizes[-2] + sizes[-1]]
+    return tuple(sizes)
+
+
+def cache_name(kind: str, chunk: int) -> str:
+    """The slot cache variable holding chunk `chunk` of the keys ("key") or values ("value")."""
+    return f"cached_{kind}_{chunk}"
 
 
 def attention_weights(
@@ -106,16 +135,42 @@ def fold_beams_into_queries(
 
 
 def cached_attention(
-    q_BxHxNxK: jax.Array, k_BxHxKxS: jax.Array, v_BxHxSxK: jax.Array, mask: jax.Array
+    q_BxHxNxK: jax.Array, k_chunks: list[jax.Array], v_chunks: list[jax.Array], mask: jax.Array,
+    read_chunks: list[jax.Array] | None = None,
 ) -> jax.Array:
     """Decoding attention on caches in their stored layouts, [B, H, N, K] (N queries per sentence).
 
-    `mask` ([B|1, H|1, N, S] boolean) leaves at least one key per query (the first position).
+    The keys ([B, H, K, S_i] each) and values ([B, H, S_i, K]) come in chunks read where they lie;
+    only the [B, H, N, sum S_i] logits are joined. `mask` ([B|1, H|1, N, sum S_i] boolean) leaves at
+    least one key per query in the first chunk. `read_chunks[i]` (a boolean [], default True) says
+    whether chunk i holds a key any query may read: a chunk that holds none is not read at all (its
+    dots sit under `lax.cond`), its keys take no weight and its values add nothing.
     """
     q_BxHxNxK = q_BxHxNxK / jnp.sqrt(q_BxHxNxK.shape[-1]).astype(q_BxHxNxK.dtype)
-    logits_BxHxNxS = jnp.einsum("bhnk,bhks->bhns", q_BxHxNxK, k_BxHxKxS).astype(jnp.float32)
+    read_chunks = read_chunks or [jnp.array(True)] * len(k_chunks)
+
+    def logits(k: jax.Array) -> jax.Array:
+        return jnp.einsum("bhnk,bhks->bhns", q_BxHxNxK, k).astype(jnp.float32)
+
+    def unread_logits(k: jax.Array) -> jax.Array:
+        return jnp.full(q_BxHxNxK.shape[:3] + k.shape[-1:], MASK_VALUE, jnp.float32)
+
+    logits_BxHxNxS = jnp.concatenate(
+        [logits(k) if i == 0 else jax.lax.cond(read, logits, unread_logits, k)
+         for i, (k, read) in enumerate(zip(k_chunks, read_chunks))], axis=-1)
     weights_BxHxNxS = jax.nn.softmax(jnp.where(mask, logits_BxHxNxS, MASK_VALUE), axis=-1)
-    return jnp.einsum("bhns,bhsk->bhnk", weights_BxHxNxS.astype(v_BxHxSxK.dtype), v_BxHxSxK)
+    ends = np.cumsum([v.shape[2] for v in v_chunks])[:-1].tolist()
+    weights = jnp.split(weights_BxHxNxS.astype(v_chunks[0].dtype), ends, axis=-1)
+
+    def values(w: jax.Array, v: jax.Array) -> jax.Array:
+        return jnp.einsum("bhns,bhsk->bhnk", w, v)
+
+    def unread_values(w: jax.Array, v: jax.Array) -> jax.Array:
+        return jnp.zeros(w.shape[:3] + v.shape[-1:], v.dtype)
+
+    outs = [values(w, v) if i == 0 else jax.lax.cond(read, values, unread_values, w, v)
+            for i, (w, v, read) in enumerate(zip(weights, v_chunks, read_chunks))]
+    return functools.reduce(operator.add, outs)
 
 
 def heads_first(x_BNx1xHxK: jax.Array, batch: int) -> jax.Array:
@@ -210,7 +265,7 @@ class MultiHeadAttention(nn.Module):
         """
         is_cross = inputs_kv is not None
         stepping = self.decode and (
-            self.has_variable(ENCODER_CACHE, "key") if is_cross else self.has_variable(SLOT_CACHE, "cached_key"))
+            self.has_variable(ENCODER_CACHE, "key") if is_cross else self.has_variable(SLOT_CACHE, cache_name("key", 0)))
         if stepping and not is_cross:
             out_BxTxHxK = self._self_step(*self._step_projections(inputs_q), mask, beam_slots)
             return self._output_projection(out_BxTxHxK)
@@ -298,12 +353,16 @@ class MultiHeadAttention(nn.Module):
         return k_BxSxHxK, v_BxSxHxK
 
     def _create_slot_cache(self, k_BNxLxHxK: jax.Array, beam_slots: jax.Array | None) -> None:
-        """Zero keys [B, H, K, L*N] and values [B, H, L*N, K] (L: the creating call's query length)."""
+        """Zero keys [B, H, K, C*N] and values [B, H, C*N, K] per chunk of C positions of L.
+
+        L is the creating call's query length, split by `history_chunks`.
+        """
         batch_beams, length, heads, head_dim = k_BNxLxHxK.shape
         batch, beams = (batch_beams, 1) if beam_slots is None else beam_slots.shape[:2]
         dtype = k_BNxLxHxK.dtype
-        self.variable(SLOT_CACHE, "cached_key", jnp.zeros, (batch, heads, head_dim, length * beams), dtype)
-        self.variable(SLOT_CACHE, "cached_value", jnp.zeros, (batch, heads, length * beams, head_dim), dtype)
+        for chunk, size in enumerate(history_chunks(length)):
+            self.variable(SLOT_CACHE, cache_name("key", chunk), jnp.zeros, (batch, heads, head_dim, size * beams), dtype)
+            self.variable(SLOT_CACHE, cache_name("value", chunk), jnp.zeros, (batch, heads, size * beams, head_dim), dtype)
         self.variable(DECODE_STEP, "cache_index", lambda: jnp.array(0, jnp.int32))
 
     def _cross_step(self, q_BNx1xHxK: jax.Array, mask: jax.Array | None) -> jax.Array:
@@ -316,7 +375,7 @@ class MultiHeadAttention(nn.Module):
         batch = k_BxHxKxS.shape[0]
         mask = fold_step_mask(mask, batch, 1)
         mask = jnp.ones((1, 1, 1, 1), bool) if mask is None else mask
-        return heads_last(cached_attention(heads_first(q_BNx1xHxK, batch), k_BxHxKxS, v_BxHxSxK, mask))
+        return heads_last(cached_attention(heads_first(q_BNx1xHxK, batch), [k_BxHxKxS], [v_BxHxSxK], mask))
 
     def _self_step(
         self, q_BNx1xHxK: jax.Array, k_BNx1xHxK: jax.Array, v_BNx1xHxK: jax.Array, mask: jax.Array | None,
@@ -328,26 +387,47 @@ class MultiHeadAttention(nn.Module):
         query attends to all N slots' keys of its sentence, [N*L] of them, masked to the ones its
         ancestors wrote (`history_mask`): N times the (small) attention arithmetic of a gather of
         each hypothesis' history, but no [B*N, L, H, K] copy of every layer's cache each step.
+
+        The cache is kept in chunks of positions (`history_chunks`); a step reads only those that
+        start at or before its own position (`cache_index`), so early steps do not read the whole
+        length's unwritten keys/values.
         """
-        cached_key = self.variable(SLOT_CACHE, "cached_key")
-        cached_value = self.variable(SLOT_CACHE, "cached_value")
+        chunks = 0
+        while self.has_variable(SLOT_CACHE, cache_name("key", chunks)):
+            chunks += 1
+        cached_keys = [self.variable(SLOT_CACHE, cache_name("key", i)) for i in range(chunks)]
+        cached_values = [self.variable(SLOT_CACHE, cache_name("value", i)) for i in range(chunks)]
         cache_index = self.variable(DECODE_STEP, "cache_index")
-        batch, heads, head_dim, keys = cached_key.value.shape
+        batch = cached_keys[0].value.shape[0]
         index = cache_index.value
         q_BxHxNxK = heads_first(q_BNx1xHxK, batch)
         beams = q_BxHxNxK.shape[2]
-        k_BxHxNxK, v_BxHxNxK = heads_first(k_BNx1xHxK, batch), heads_first(v_BNx1xHxK, batch)
-        # Position `index` of the N slots is the contiguous run index*N .. index*N + N - 1. The
-        # updated caches feed the dots as they are (no reshape), so XLA updates them in place.
-        k_BxHxKxLN = jax.lax.dynamic_update_slice_in_dim(
-            cached_key.value, k_BxHxNxK.transpose(0, 1, 3, 2), index * beams, axis=3)
-        v_BxHxLNxK = jax.lax.dynamic_update_slice_in_dim(cached_value.value, v_BxHxNxK, index * beams, axis=2)
-        cached_key.value, cached_value.value = k_BxHxKxLN, v_BxHxLNxK
+        k_BxHxKxN = heads_first(k_BNx1xHxK, batch).transpose(0, 1, 3, 2)
+        v_BxHxNxK = heads_first(v_BNx1xHxK, batch)
+        start, read_chunks = 0, []
+        for cached_key, cached_value in zip(cached_keys, cached_values):
+            read_chunks.append(index >= start)
+            size = cached_value.value.shape[2] // beams
+            # Position `index` is the contiguous run of N slots at (index - start) * N of the chunk
+            # that holds it; the others get back what they held (a [B, H, K, N] read and write).
+            # The updated caches feed the dots as they are, so XLA updates them in place.
+            inside = (index >= start) & (index < start + size)
+            at = jnp.clip(index - start, 0, size - 1) * beams
+            cached_key.value = _write_if(cached_key.value, k_BxHxKxN, at, 3, inside)
+            cached_value.value = _write_if(cached_value.value, v_BxHxNxK, at, 2, inside)
+            start += size
         cache_index.value = index + 1
         if beam_slots is None:
             if beams > 1:
                 raise ValueError("decoding N > 1 hypotheses per sentence needs their beam_slots")
-            beam_slots = jnp.zeros((batch, 1, keys), jnp.int32)
+            beam_slots = jnp.zeros((batch, 1, start), jnp.int32)
         history = combine_masks(fold_step_mask(mask, batch, beams), history_mask(beam_slots, index))
-        out_BxHxNxK = cached_attention(q_BxHxNxK, k_BxHxKxLN, v_BxHxLNxK, history)
+        out_BxHxNxK = cached_attention(
+            q_BxHxNxK, [k.value for k in cached_keys], [v.value for v in cached_values], history, read_chunks)
         return heads_last(out_BxHxNxK)
+
+
+def _write_if(cache: jax.Array, update: jax.Array, at: jax.Array, axis: int, write: jax.Array) -> jax.Array:
+    """`cache` with `update` written at `at` along `axis` where `write` holds, else unchanged."""
+    held = jax.lax.dynamic_slice_in_dim(cache, at, update.shape[axis], axis=axis)
+    return jax.lax.dynamic_update_slice_in_dim(cache, jnp.where(write, update, held), at, axis=axis)
