@@ -17,6 +17,7 @@ from transformer_jax.evaluation.checkpoint_selection import checkpoint_params, o
 from transformer_jax.evaluation.translate_split import evaluate_checkpoint, format_results, translate_file
 from transformer_jax.export import export_run, export_target
 from transformer_jax.run.cli import interrupts_reported, parse_flags, user_errors
+from transformer_jax.run.compile_cache import default_cache_dir, use_compilation_cache
 from transformer_jax.run.config_schema import decode_options
 from transformer_jax.run.console import quiet_console
 from transformer_jax.run.sharding import make_mesh
@@ -46,6 +47,9 @@ _ATTENTION_TARGET = flags.DEFINE_string(
     "plot_attention_target", None, "Target for --plot_attention (default: the model's translation).")
 _POSITIONS = flags.DEFINE_bool("plot_positional_encoding", False, "Plot the positional-encoding matrix.")
 _CURVES = flags.DEFINE_bool("plot_curves", False, "Plot loss, learning rate and BLEU from metrics.jsonl.")
+_COMPILATION_CACHE = flags.DEFINE_string(
+    "compilation_cache", default_cache_dir(),
+    "Keep compiled programs here and load them in later runs (empty: off).")
 flags.mark_flag_as_required("workdir")
 
 
@@ -60,6 +64,7 @@ def decoding_options(run_config) -> DecodeOptions:
 def main(argv: list[str]) -> None:
     del argv
     quiet_console()
+    use_compilation_cache(_COMPILATION_CACHE.value)
     printed = [0]  # translations written to stdout so far (--translate)
 
     def finished() -> str:

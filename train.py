@@ -19,6 +19,7 @@ from transformer_jax.run.cli import (
     training_workdir,
     user_errors,
 )
+from transformer_jax.run.compile_cache import default_cache_dir, use_compilation_cache
 from transformer_jax.run.config_schema import check_run_config, decode_options
 from transformer_jax.run.console import quiet_console
 from transformer_jax.training.loop import Trainer
@@ -31,6 +32,9 @@ _MULTIHOST = flags.DEFINE_bool(
 _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multihost).")
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (multihost).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (multihost).")
+_COMPILATION_CACHE = flags.DEFINE_string(
+    "compilation_cache", default_cache_dir(),
+    "Keep compiled programs here and load them in later runs (empty: off).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -66,6 +70,7 @@ def train(config, workdir: str, stage: list[str]) -> None:
 def main(argv: list[str]) -> None:
     del argv
     quiet_console()
+    use_compilation_cache(_COMPILATION_CACHE.value)
     stage = ["nothing; training had not started (its own Ctrl-C saves a checkpoint and stops)"]
     with user_errors(), interrupts_reported(lambda: stage[0]):
         config, workdir = _CONFIG.value, _WORKDIR.value
