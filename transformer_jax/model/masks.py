@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 
 PAD_ID = 0
+# Masked logits are set to this large finite negative (not -inf) so no row can produce NaN.
+MASK_VALUE = float(jnp.finfo(jnp.float32).min)
 
 
 def padding_mask(q_tokens: jax.Array, kv_tokens: jax.Array, pad_id: int = PAD_ID) -> jax.Array:
