@@ -138,7 +138,7 @@ class Trainer:
         """Loss, NLL, perplexity and token accuracy on the whole dev set (of the current state by default)."""
         params = self.state.params if params is None else params
         return evaluate_loss(self.jitted.eval_step, params, self.data.dev.encoded, self.config.data.eval_batch_size,
-                             self.mesh)
+                             self.mesh, row_width=self.data.train.row_width)
 
     def save(self, step: int, window: list, metrics: dict[str, float] | None = None) -> None:
         """Checkpoint the state, the data position, the open log window and what rebuilds the run.
