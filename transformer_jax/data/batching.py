@@ -31,6 +31,9 @@ from transformer_jax.errors import DataError
 from transformer_jax.model.masks import PAD_ID
 
 Batch = dict[str, np.ndarray]
+# The arrays of a training batch, all int32 [rows, length]; packed batches add segment ids and positions.
+BATCH_KEYS = ("inputs", "targets", "target_inputs")
+PACKED_KEYS = BATCH_KEYS + ("inputs_segmentation", "inputs_position", "targets_segmentation", "targets_position")
 
 
 def length_buckets(max_length: int, smallest: int = 8) -> tuple[int, ...]:
@@ -295,6 +298,15 @@ class BatchIterator:
         if self.rows_per_width is not None:
             return self.rows_per_width[length]
         return _rows_per_batch(self.tokens_per_batch, length, self.row_multiple)
+
+    def batch_shapes(self) -> list[tuple[int, int]]:
+        """The global (rows, length) shapes of the batches an epoch holds (every epoch the same ones), sorted."""
+        plan = self.plan(self.epoch)
+        return sorted(set(zip(plan.batch_rows.tolist(), plan.batch_lengths.tolist())))
+
+    def batch_keys(self) -> tuple[str, ...]:
+        """The names of the arrays of every batch."""
+        return PACKED_KEYS if self.pack else BATCH_KEYS
 
     def widths(self) -> list[int]:
         """Packed row widths: the row width, then the long pairs' width when some pair exceeds it."""
