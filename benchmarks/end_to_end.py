@@ -19,7 +19,7 @@ from transformer_jax import Transformer, TransformerConfig
 from transformer_jax.data.batching import BatchIterator
 from transformer_jax.data.builtin.corpus import builtin_corpus
 from transformer_jax.data.encoded import EncodedPairs, encode_pairs, filter_by_length
-from transformer_jax.data.row_width import choose_row_width
+from transformer_jax.data.row_width import choose_packed_rows
 from transformer_jax.data.tokenizer import load_or_train_tokenizer
 from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer
 from transformer_jax.training.state import create_train_state
@@ -96,9 +96,11 @@ def compare_widths(config: TransformerConfig, corpus: EncodedPairs, tokens_per_b
     Each mode trains its own copy of the same initial state on its own batches; every shape a mode can
     produce is compiled before timing. Per round, each mode runs `steps` pipeline-fed updates.
     """
-    width = choose_row_width(corpus, config, tokens_per_batch, max_length)
+    chosen = choose_packed_rows(corpus, config, tokens_per_batch, max_length)
+    width = chosen.width
     settings = {"rows of max_length": dict(pack=True, row_width=max_length),
-                "automatic width": dict(pack=True, row_width=width), "length buckets": dict(pack=False)}
+                "automatic width": dict(pack=True, row_width=width, rows_per_width=chosen.rows),
+                "length buckets": dict(pack=False)}
     model = Transformer(config)
     optimizer = paper_optimizer(paper_learning_rate(config.d_model))
     step_fn = jax.jit(train_step, static_argnums=2, donate_argnums=0)

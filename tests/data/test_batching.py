@@ -44,10 +44,12 @@ def corpus():
     return synthetic_corpus(3_000, mean_length=27, max_length=128)
 
 
-# Batching modes: length buckets, packed rows of max_length, and packed rows of 48 tokens (pairs
-# longer than 48 in rows of their own, 128 wide: two shapes).
+# Batching modes: length buckets, packed rows of max_length, packed rows of 48 tokens (pairs longer
+# than 48 in rows of their own, 128 wide: two shapes), and the same widths with rows given per width
+# (as row_width.py sizes them by real tokens: more slots than tokens_per_batch at the narrow width).
 MODES = {"buckets": {"pack": False}, "rows of max_length": {"pack": True},
-         "narrow rows": {"pack": True, "row_width": 48}}
+         "narrow rows": {"pack": True, "row_width": 48},
+         "rows per width": {"pack": True, "row_width": 48, "rows_per_width": {48: 48, 128: 12}}}
 
 
 def one_epoch(iterator):
@@ -63,17 +65,21 @@ def test_an_epoch_holds_every_pair_once_within_the_token_budget(corpus, mode):
     shapes = set(iterator.shapes())
     for batch in batches:
         rows, length = batch["inputs"].shape
-        assert rows * length <= 2_048 and rows % 4 == 0 and (rows, length) in shapes
+        given = MODES[mode].get("rows_per_width")
+        assert (rows == given[length] if given else rows * length <= 2_048) and rows % 4 == 0
+        assert (rows, length) in shapes
         assert batch["targets"].shape == batch["target_inputs"].shape == (rows, length)
         assert all(v.dtype == np.int32 for v in batch.values())
     assert len({b["inputs"].shape for b in batches}) <= len(batching.length_buckets(128))
-    if mode == "narrow rows":  # pairs up to 48 tokens in 48-wide rows, the longer ones in rows of 128
-        assert {b["inputs"].shape for b in batches} == {(40, 48), (16, 128)}
+    if mode in ("narrow rows", "rows per width"):  # pairs up to 48 tokens in 48-wide rows, the longer in rows of 128
+        assert {b["inputs"].shape for b in batches} == ({(40, 48), (16, 128)} if mode == "narrow rows"
+                                                        else {(48, 48), (12, 128)})
         longest = {width: max(max(len(corpus.source[i]), len(corpus.target[i])) for b in batches
                               if b["inputs"].shape[1] == width for i in pair_ids(b)) for width in (48, 128)}
         assert longest[48] == 48 and longest[128] > 48
         wide = [pair_ids(b) for b in batches if b["inputs"].shape[1] == 128]
-        assert min(map(len, wide[:-1])) > 16  # the long pairs are packed too, several to a row
+        # The long pairs are packed too, several to a row (but in the one batch of them that is not full).
+        assert sorted(map(len, wide))[1] > (16 if mode == "narrow rows" else 12)
 
 
 def test_rows_hold_the_right_pair_with_eos_and_shifted_targets(corpus):
@@ -88,10 +94,10 @@ def test_rows_hold_the_right_pair_with_eos_and_shifted_targets(corpus):
         assert not batch["inputs"][row, len(source):].any() and not batch["targets"][row, len(target):].any()
 
 
-@pytest.mark.parametrize("row_width", [None, 48])
-def test_packed_segments_start_with_bos_and_never_attend_to_each_other(corpus, row_width):
-    iterator = batching.BatchIterator(corpus, tokens_per_batch=4_096, max_length=128, pack=True, row_width=row_width)
-    batch = next(b for b in iterator if b["inputs"].shape[1] == (row_width or 128))
+@pytest.mark.parametrize("mode", ["rows of max_length", "narrow rows", "rows per width"])
+def test_packed_segments_start_with_bos_and_never_attend_to_each_other(corpus, mode):
+    iterator = batching.BatchIterator(corpus, tokens_per_batch=4_096, max_length=128, **MODES[mode])
+    batch = next(b for b in iterator if b["inputs"].shape[1] == MODES[mode].get("row_width", 128))
     segments, positions = batch["targets_segmentation"], batch["targets_position"]
     assert segments.max() > 1  # rows really hold several pairs
     starts = (positions == 0) & (segments > 0)
@@ -202,6 +208,45 @@ def test_a_state_resumes_only_where_the_epochs_are_planned_alike(corpus):
     # A state saved before the layout was recorded resumes as before, unchecked.
     del state["layout"]
     assert resumed(2_000, 128, row_multiple=1).get_state()["position"] == 3
+
+
+def test_rows_given_per_width_are_part_of_the_plan_a_state_resumes(corpus):
+    """Rows sized by real tokens (row_width.py) are recorded like any batch shape: other rows (another
+    fill, budget or sizing) are a DataError naming the setting that plans the checkpoint's rows again."""
+    sized = {"row_width": 48, "rows_per_width": {48: 44, 128: 16}}
+
+    def state_after_three(**kwargs):
+        iterator = batching.BatchIterator(corpus, 2_000, 128, seed=5, **kwargs)
+        for _ in range(3):
+            next(iterator)
+        return json.loads(json.dumps(iterator.get_state())), next(iterator)
+
+    def resumed(state, **kwargs):
+        iterator = batching.BatchIterator(corpus, 2_000, 128, seed=5, **kwargs)
+        iterator.set_state(state)
+        return iterator
+
+    state, expected = state_after_three(**sized)
+    assert state["layout"]["batch_shapes"] == [[44, 48], [16, 128]]
+    assert state["layout"]["rows_sized_for"] == "real tokens"
+    assert all(np.array_equal(value, expected[key]) for key, value in next(resumed(state, **sized)).items())
+    with pytest.raises(DataError, match=r"batches are 44x48, 16x128 .* would be 48x48, 16x128 \(other buckets or rows"):
+        resumed(state, row_width=48, rows_per_width={48: 48, 128: 16})
+    with pytest.raises(DataError, match=r"would be 41x48, 15x128 \(rows sized for real tokens -> slots\).*row_width=0"):
+        resumed(state, row_width=48)
+    # Rows of tokens_per_batch slots at the same width (an explicit width, or a checkpoint from before the
+    # rows were sized by real tokens, whose layout has no "rows_sized_for"): the explicit width resumes it.
+    slots_state, _ = state_after_three(row_width=48)
+    with pytest.raises(DataError, match=r"\(rows sized for slots -> real tokens\).*--config.data.row_width=48\)"):
+        resumed(slots_state, **sized)
+    del slots_state["layout"]["rows_sized_for"]
+    with pytest.raises(DataError, match=r"would be 44x48, 16x128 \(other buckets or rows per width\).*row_width=48\)"):
+        resumed(slots_state, **sized)
+    assert resumed(slots_state, row_width=48).get_state()["position"] == 3
+    with pytest.raises(ValueError, match="lacks the widths"):
+        batching.BatchIterator(corpus, 2_000, 128, row_width=48, rows_per_width={48: 44})
+    with pytest.raises(ValueError, match="positive multiple of 4"):
+        batching.BatchIterator(corpus, 2_000, 128, row_multiple=4, **sized | {"rows_per_width": {48: 42, 128: 16}})
 
 
 def test_bad_configuration_and_state_are_data_errors(corpus):

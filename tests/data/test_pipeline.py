@@ -24,6 +24,7 @@ def test_a_resume_reads_the_encoded_corpus_instead_of_encoding_the_training_text
     assert os.path.exists(os.path.join(workdir, pipeline.ENCODED_FILENAME))
     assert first.train.pack and first.train.row_width <= 64
     assert first.train.get_state()["layout"]["row_width"] == first.train.row_width
+    assert first.train.get_state()["layout"]["rows_sized_for"] == "real tokens"  # the automatic width (row_width.py)
     encoded = []
     real_encode = pipeline.encode_pairs
     monkeypatch.setattr(pipeline, "encode_pairs", lambda pairs, tokenizer, **options: encoded.append(len(pairs))
@@ -44,7 +45,10 @@ def test_a_resume_reads_the_encoded_corpus_instead_of_encoding_the_training_text
 def test_an_explicit_row_width_is_used_and_one_wider_than_max_length_is_a_config_error(tmp_path):
     config = tiny_config()
     config.data.row_width = 24
-    assert pipeline.prepare_data(config, str(tmp_path)).train.widths()[0] == 24
+    explicit = pipeline.prepare_data(config, str(tmp_path)).train
+    # An explicit width keeps rows of tokens_per_batch slots: 1_024 // 24 rows.
+    assert explicit.widths()[0] == 24 and explicit.shapes()[0] == (42, 24)
+    assert explicit.get_state()["layout"]["rows_sized_for"] == "slots"
     config.data.row_width = 65
     with pytest.raises(ConfigError, match="row_width=65 is wider than data.max_length=64"):
         check_run_config(config)

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from transformer_jax.data.pipeline import prepare_data
 from transformer_jax.errors import ConfigError, TrainingError
 from transformer_jax.run.config_schema import model_config
 from transformer_jax.training.checkpoints import Checkpointer
@@ -140,3 +141,38 @@ def test_training_steps_make_no_implicit_host_device_transfers(run_config, tmp_p
     with pytest.raises(Exception, match="Disallowed host-to-device transfer"):
         trainer.update()
     trainer.close()
+
+
+@pytest.mark.parametrize("accumulation_steps, step_name", [(1, "jit(train_step)"), (2, "jit(micro_gradients)")])
+def test_every_batch_shape_is_compiled_once_before_the_first_step(run_config, tmp_path, accumulation_steps,
+                                                                  step_name):
+    """Rows of 16 tokens and the longer pairs in rows of their own: two shapes, both compiled before step 1,
+    though the run reads the second only many steps in (a process compiling it then would hold the
+    others up in the step's collectives), and neither again when its batches come."""
+    run_config.data.row_width = 16
+    run_config.training.accumulation_steps = accumulation_steps
+    data = prepare_data(run_config, str(tmp_path))
+    widths = data.train.plan(0).batch_lengths.tolist()
+    assert len(set(widths)) == 2 == len(data.train.batch_shapes())
+    first_other = next(i for i, w in enumerate(widths) if w != widths[0])  # the batch that first has the other shape
+    run_config.training.num_train_steps = first_other // accumulation_steps + 1
+    events = []
+
+    class Observed(Trainer):
+        def update(self):
+            events.append("step")
+            return super().update()
+
+    def listen(event: str, duration: float, fun_name: str = "", **_) -> None:
+        if event == "/jax/core/compile/backend_compile_duration" and fun_name == step_name:
+            events.append("compile")
+
+    trainer = Observed(run_config, str(tmp_path), data=data)
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        trainer.run()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+        trainer.close()
+    assert events == ["compile", "compile"] + ["step"] * run_config.training.num_train_steps
+    assert run_config.training.num_train_steps > 2  # the second shape's first batch comes after step 2

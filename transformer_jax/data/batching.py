@@ -8,7 +8,9 @@ corpus, then either
   segment ids and positions; pairs longer than the row width (up to max_length) are packed into rows
   of their own, as wide as the longest pair, in batches of their own: one or two static shapes.
   `max_length` is the length filter; the row width is a separate setting (see row_width.py, which
-  chooses it from the corpus).
+  chooses it from the corpus). A batch of width W holds tokens_per_batch // W rows, or the rows given
+  per width (`rows_per_width`: row_width.py sizes them so that each batch holds about the real tokens
+  of rows of max_length).
 Shapes come from a small fixed set, so `jit` compiles once per bucket. Rows of each global batch are
 dealt out to the processes in contiguous blocks (process p gets the p-th block), so every process gets
 the same number of steps with the same shapes, the shards are disjoint and cover the epoch, and the
@@ -29,6 +31,9 @@ from transformer_jax.errors import DataError
 from transformer_jax.model.masks import PAD_ID
 
 Batch = dict[str, np.ndarray]
+# The arrays of a training batch, all int32 [rows, length]; packed batches add segment ids and positions.
+BATCH_KEYS = ("inputs", "targets", "target_inputs")
+PACKED_KEYS = BATCH_KEYS + ("inputs_segmentation", "inputs_position", "targets_segmentation", "targets_position")
 
 
 def length_buckets(max_length: int, smallest: int = 8) -> tuple[int, ...]:
@@ -135,12 +140,13 @@ def first_fit(source_lengths: Sequence[int], target_lengths: Sequence[int], widt
     return placement, next_row
 
 
-def plan_packed(corpus: EncodedPairs, rng: np.random.Generator, tokens_per_batch: int, length: int,
-                row_multiple: int, open_rows: int = 16, long_length: int | None = None) -> EpochPlan:
+def plan_packed(corpus: EncodedPairs, rng: np.random.Generator, rows_per_width: dict[int, int], length: int,
+                open_rows: int = 16, long_length: int | None = None) -> EpochPlan:
     """Pairs placed first-fit into rows of `length` tokens (both sides), keeping `open_rows` rows open.
 
     With `long_length`, pairs longer than `length` are packed into rows of their own, `long_length`
     tokens wide, in batches of their own (two shapes); the batches of both widths are shuffled together.
+    A batch of width W holds `rows_per_width[W]` rows.
     """
     permutation = rng.permutation(len(corpus))
     longest = np.maximum(corpus.source.lengths, corpus.target.lengths)[permutation]
@@ -154,7 +160,7 @@ def plan_packed(corpus: EncodedPairs, rng: np.random.Generator, tokens_per_batch
     for members, width in groups:
         placement, num_rows = first_fit(corpus.source.lengths[members].tolist(),
                                         corpus.target.lengths[members].tolist(), width, open_rows)
-        per_batch = _rows_per_batch(tokens_per_batch, width, row_multiple)
+        per_batch = rows_per_width[width]
         batch_ids.append(len(batch_rows) + placement[:, 0] // per_batch)
         placement[:, 0] %= per_batch
         items.append(members)
@@ -242,7 +248,7 @@ class BatchIterator:
     def __init__(self, corpus: EncodedPairs, tokens_per_batch: int, max_length: int, pack: bool = True,
                  buckets: Sequence[int] | None = None, row_multiple: int = 1, seed: int = 0,
                  process_index: int = 0, process_count: int = 1, num_epochs: int | None = None,
-                 row_width: int | None = None):
+                 row_width: int | None = None, rows_per_width: dict[int, int] | None = None):
         if not 0 <= process_index < process_count:
             raise DataError(f"process_index={process_index} is outside [0, process_count={process_count})")
         if len(corpus) == 0:
@@ -257,6 +263,14 @@ class BatchIterator:
         # Each global batch's rows are dealt out to the processes, so rows must divide evenly.
         self.row_multiple = math.lcm(row_multiple, process_count)
         self.devices = row_multiple  # as given: recorded in the state to explain a change of layout
+        # Global rows per packed width (row_width.py's, sized by real tokens); None: tokens_per_batch // width.
+        self.rows_per_width = dict(rows_per_width) if rows_per_width and pack else None
+        if self.rows_per_width is not None:
+            missing = [w for w in self.widths() if w not in self.rows_per_width]
+            uneven = {w: r for w, r in self.rows_per_width.items() if r <= 0 or r % self.row_multiple}
+            if missing or uneven:
+                raise ValueError(f"rows_per_width={rows_per_width} lacks the widths {missing} or has rows that are not "
+                                 f"a positive multiple of {self.row_multiple}: {uneven}")
         self.seed, self.process_index, self.process_count = seed, process_index, process_count
         self.num_epochs = num_epochs
         self.epoch, self.position = 0, 0
@@ -267,8 +281,8 @@ class BatchIterator:
         if self._plan is None or self._plan[0] != epoch:
             rng = np.random.default_rng([self.seed, epoch])
             if self.pack:
-                plan = plan_packed(self.corpus, rng, self.tokens_per_batch, self.row_width, self.row_multiple,
-                                   long_length=self.long_width)
+                rows = {width: self.global_rows(width) for width in self.widths()}
+                plan = plan_packed(self.corpus, rng, rows, self.row_width, long_length=self.long_width)
             else:
                 plan = plan_buckets(self.corpus, rng, self.tokens_per_batch, self.buckets, self.row_multiple)
             self._plan = (epoch, plan)
@@ -277,8 +291,22 @@ class BatchIterator:
     def shapes(self) -> list[tuple[int, int]]:
         """The (rows, length) shapes this process's batches can take: one per row width or bucket used."""
         lengths = self.widths() if self.pack else [b for b in self.buckets if b <= self.max_length]
-        return [(_rows_per_batch(self.tokens_per_batch, b, self.row_multiple) // self.process_count, b)
-                for b in lengths]
+        return [(self.global_rows(b) // self.process_count, b) for b in lengths]
+
+    def global_rows(self, length: int) -> int:
+        """Rows of a global batch of this width or bucket length: as given per width, else the token budget's."""
+        if self.rows_per_width is not None:
+            return self.rows_per_width[length]
+        return _rows_per_batch(self.tokens_per_batch, length, self.row_multiple)
+
+    def batch_shapes(self) -> list[tuple[int, int]]:
+        """The global (rows, length) shapes of the batches an epoch holds (every epoch the same ones), sorted."""
+        plan = self.plan(self.epoch)
+        return sorted(set(zip(plan.batch_rows.tolist(), plan.batch_lengths.tolist())))
+
+    def batch_keys(self) -> tuple[str, ...]:
+        """The names of the arrays of every batch."""
+        return PACKED_KEYS if self.pack else BATCH_KEYS
 
     def widths(self) -> list[int]:
         """Packed row widths: the row width, then the long pairs' width when some pair exceeds it."""
@@ -305,10 +333,12 @@ class BatchIterator:
         """
         lengths = self.widths() if self.pack else list(self.buckets)
         # The rows of _rows_per_batch, without its error: a state is saved whatever the buckets.
-        shapes = [[self.tokens_per_batch // length // self.row_multiple * self.row_multiple, length]
+        shapes = [[self.rows_per_width[length] if self.rows_per_width else
+                   self.tokens_per_batch // length // self.row_multiple * self.row_multiple, length]
                   for length in lengths]
         return {"pack": self.pack, "batch_shapes": shapes, "tokens_per_batch": self.tokens_per_batch,
                 "max_length": self.max_length, "row_width": self.row_width if self.pack else None,
+                "rows_sized_for": "real tokens" if self.rows_per_width else "slots",
                 "devices": self.devices, "process_count": self.process_count}
 
     def get_state(self) -> dict[str, object]:
@@ -330,7 +360,8 @@ class BatchIterator:
 
     # How each setting of the layout is named in the error of a changed plan.
     _LAYOUT_NAMES = {"devices": "devices", "process_count": "processes", "tokens_per_batch": "data.tokens_per_batch",
-                     "max_length": "data.max_length", "row_width": "data.row_width", "pack": "data.pack"}
+                     "max_length": "data.max_length", "row_width": "data.row_width", "pack": "data.pack",
+                     "rows_sized_for": "rows sized for"}
 
     @classmethod
     def _check_same_plan(cls, saved: dict[str, object], current: dict[str, object]) -> None:
@@ -340,16 +371,26 @@ class BatchIterator:
         changes = [f"{label} {saved[key]} -> {current[key]}" for key, label in cls._LAYOUT_NAMES.items()
                    if key in saved and saved[key] != current[key]]
         shapes = lambda layout: ", ".join(f"{rows}x{length}" for rows, length in layout["batch_shapes"])
-        # Packed rows of another width (e.g. a checkpoint from before the width was chosen from the
-        # corpus, with rows of max_length): name the setting that brings them back.
-        width = saved["batch_shapes"][0][1] if saved["pack"] and saved["batch_shapes"] else None
-        hint = (f" (--config.data.row_width={width})" if current["pack"] and current["batch_shapes"]
-                and width != current["batch_shapes"][0][1] else "")
+        changed = "; ".join(changes) or "other buckets or rows per width"
         raise DataError(
             f"cannot resume the data position: the checkpoint's batches are {shapes(saved)} (rows x tokens), "
-            f"this run's would be {shapes(current)} ({'; '.join(changes) or 'other buckets'}); resume with "
-            f"the checkpoint's device count and data settings{hint}, or start a new workdir"
+            f"this run's would be {shapes(current)} ({changed}); resume with the checkpoint's device count and "
+            f"data settings{cls._resume_hint(saved, current)}, or start a new workdir"
         )
+
+    @staticmethod
+    def _resume_hint(saved: dict[str, object], current: dict[str, object]) -> str:
+        """The data.row_width that plans the checkpoint's packed rows again, when one does ("" otherwise)."""
+        if not (saved["pack"] and current["pack"] and saved["batch_shapes"] and current["batch_shapes"]):
+            return ""
+        width, sizing = saved["batch_shapes"][0][1], saved.get("rows_sized_for", "slots")  # older states: slots
+        if sizing == "slots" and (width != current["batch_shapes"][0][1] or current["rows_sized_for"] != "slots"):
+            # Rows of tokens_per_batch slots at another width (e.g. a checkpoint from before the width or
+            # the rows were chosen from the corpus): an explicit width plans them again.
+            return f" (--config.data.row_width={width})"
+        if sizing != "slots" and current["rows_sized_for"] == "slots":
+            return " (--config.data.row_width=0, rows sized from the corpus)"
+        return ""
 
 
 def eval_batches(corpus: EncodedPairs, batch_size: int, buckets: Sequence[int] = (16, 32, 64, 128, 256),

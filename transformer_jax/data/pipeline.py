@@ -11,7 +11,7 @@ import ml_collections
 
 from transformer_jax.data.batching import BatchIterator
 from transformer_jax.data.encoded import EncodedPairs, encode_pairs, filter_by_length, load_encoded, save_encoded
-from transformer_jax.data.row_width import choose_row_width
+from transformer_jax.data.row_width import choose_packed_rows
 from transformer_jax.data.sources import Pair, drop_empty_pairs, load_splits
 from transformer_jax.data.tokenizer import (
     MODEL_FILENAME,
@@ -114,16 +114,23 @@ def eval_set(pairs: list[Pair], tokenizer: Tokenizer) -> EvalSet:
     return EvalSet(pairs, encode_pairs(pairs, tokenizer))
 
 
-def training_row_width(config: ml_collections.ConfigDict, train: EncodedPairs, vocab_size: int,
-                       row_multiple: int) -> int:
-    """data.row_width, or (0) the width chosen from the training corpus for this model; at most max_length."""
+def training_rows(config: ml_collections.ConfigDict, train: EncodedPairs, vocab_size: int,
+                  row_multiple: int) -> tuple[int, dict[int, int] | None]:
+    """The packed row width and the global rows per batch of each width used (None: tokens_per_batch // width).
+
+    data.row_width (at most max_length) keeps rows of tokens_per_batch slots; 0 chooses the width from
+    the training corpus for this model and sizes each width's rows by real tokens (row_width.py).
+    """
     data = config.data
     if data.row_width or not data.pack:
-        return min(data.row_width or data.max_length, data.max_length)
-    width = choose_row_width(train, model_config(config, vocab_size), data.tokens_per_batch, data.max_length,
-                             row_multiple)
-    logging.info("packed rows of %d tokens (chosen from the corpus; data.max_length=%d)", width, data.max_length)
-    return width
+        return min(data.row_width or data.max_length, data.max_length), None
+    layout = choose_packed_rows(train, model_config(config, vocab_size), data.tokens_per_batch, data.max_length,
+                                row_multiple)
+    shapes = ", ".join(f"{rows}x{width} ({layout.fills[width]:.0%} of slots real)"
+                       for width, rows in layout.rows.items())
+    logging.info("packed batches of %s (rows x tokens), chosen from the corpus to hold as many real tokens as "
+                 "rows of data.max_length=%d would (%.0f%% real)", shapes, data.max_length, 100 * layout.reference_fill)
+    return layout.width, layout.rows
 
 
 # The training split, tokenized (empty pairs dropped, not yet filtered by length), kept for resumes.
@@ -194,12 +201,14 @@ def prepare_data(
             f"data.tokens_per_batch={data.tokens_per_batch} cannot hold one row of "
             f"max_length={data.max_length} per device ({row_multiple} devices); raise tokens_per_batch"
         )
+    row_width, rows_per_width = training_rows(config, train, tokenizer.vocab_size, row_multiple)
     iterator = BatchIterator(
         train,
         tokens_per_batch=data.tokens_per_batch,
         max_length=data.max_length,
         pack=data.pack,
-        row_width=training_row_width(config, train, tokenizer.vocab_size, row_multiple),
+        row_width=row_width,
+        rows_per_width=rows_per_width,
         row_multiple=row_multiple,
         seed=config.training.seed,
         process_index=process_index,

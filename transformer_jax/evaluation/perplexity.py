@@ -1,16 +1,53 @@
-"""Loss, perplexity and token accuracy of a model over a whole dev/test split, on one device or a mesh."""
+"""Loss, perplexity and token accuracy of a model over a whole dev/test split, on one device or a mesh.
+
+The split is read in packed batches: padding weighs nothing in the loss and segment ids keep each
+pair's attention inside the pair, so packing changes no loss value (up to float rounding); it only
+drops the work on padding. The width comes from the split, not from data.max_length: its longest pair
+rounded up to a multiple of 8, or the training row width when some pair is longer than that (those
+pairs then go to rows of their own, as wide as the longest, as in training; dev/test are never
+filtered). At most two shapes, each compiled once for the whole run.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer_jax.data.batching import eval_batches
+from transformer_jax.data.batching import Batch, materialize, plan_packed
 from transformer_jax.data.encoded import EncodedPairs
 from transformer_jax.run.sharding import batch_sharding
+
+
+def loss_widths(corpus: EncodedPairs, row_width: int | None = None) -> tuple[int, int | None]:
+    """(width, width of the longer pairs or None): the split's longest pair rounded up to 8, or
+    `row_width` (e.g. the training row width) with the longer pairs in rows of their own."""
+    longest = int(max(corpus.source.lengths.max(), corpus.target.lengths.max()))
+    widest = -(-longest // 8) * 8
+    if row_width is None or widest <= row_width:
+        return widest, None
+    return row_width, widest
+
+
+def loss_batches(corpus: EncodedPairs, rows: int, row_width: int | None = None, row_multiple: int = 1) -> list[Batch]:
+    """Every pair of a dev/test split once, packed first-fit into batches of `rows` rows of `loss_widths`,
+    then padded with all-PAD rows to a multiple of `row_multiple` (e.g. the mesh size).
+
+    The order of the pairs is a fixed shuffle (the sums do not depend on it), so the batches are the same
+    at every evaluation.
+    """
+    if len(corpus) == 0:
+        return []
+    width, long_width = loss_widths(corpus, row_width)
+    plan = plan_packed(corpus, np.random.default_rng(0), {width: rows, long_width or width: rows}, width,
+                       long_length=long_width)
+    # All-PAD rows (segment 0, weighing nothing) up to the multiple: every mesh sums the same batches.
+    padding = ((0, math.ceil(rows / row_multiple) * row_multiple - rows), (0, 0))
+    return [{key: np.pad(value, padding) for key, value in materialize(corpus, plan, position, packed=True).items()}
+            for position in range(len(plan))]
 
 
 def place_rows(batch: Any, mesh: Mesh) -> Any:
@@ -25,19 +62,20 @@ def place_rows(batch: Any, mesh: Mesh) -> Any:
 
 
 def evaluate_loss(step_fn: Callable, params: Any, split: EncodedPairs, batch_size: int,
-                  mesh: Mesh | None = None) -> dict[str, float]:
+                  mesh: Mesh | None = None, row_width: int | None = None) -> dict[str, float]:
     """Token-weighted loss, NLL, perplexity and accuracy of `params` over every pair of `split`.
 
-    `step_fn(params, batch)` returns a batch's summed metrics. With `mesh`, each batch's rows (padded
-    to a multiple of the mesh size with all-PAD rows, which weigh nothing) are split over its batch
-    axes, so each device computes different sentences; `params` must be laid out on the same mesh.
+    `step_fn(params, batch)` returns a batch's summed metrics. The pairs are packed into batches of
+    `batch_size` rows as wide as the split needs (`loss_batches`; `row_width`: the training row width).
+    With `mesh`, each batch's rows (padded to a multiple of the mesh size with all-PAD rows, which
+    weigh nothing) are split over its batch axes, so each device computes different rows; `params`
+    must be laid out on the same mesh.
     """
     row_multiple = 1 if mesh is None else mesh.size
     batch_sums = []
-    for batch in eval_batches(split, batch_size, row_multiple=row_multiple):
-        inputs = {key: value for key, value in batch.items() if key != "index"}
+    for batch in loss_batches(split, batch_size, row_width, row_multiple):
         # Dispatched without waiting: the next batch is prepared while the devices compute this one.
-        batch_sums.append(step_fn(params, inputs if mesh is None else place_rows(inputs, mesh)))
+        batch_sums.append(step_fn(params, batch if mesh is None else place_rows(batch, mesh)))
     totals: dict[str, float] = {}
     for sums in jax.device_get(batch_sums):
         for key, value in sums.items():

@@ -47,7 +47,11 @@ def default_config() -> ml_collections.ConfigDict:
     data.tokenizer_type = "unigram"  # SentencePiece model: "unigram" | "bpe"
     data.byte_fallback = True  # unknown characters become byte pieces instead of <unk>
     data.tokenizer_sample_size = 1_000_000  # sentences sampled across the corpus to train SentencePiece
-    data.tokens_per_batch = 25_000  # padded token budget per batch and side (source or target)
+
+    # token slots (rows x width, padding included) per batch and side, in rows of data.max_length (of
+    # data.row_width when set; of each bucket without packing). With the automatic row width, batches of
+    # narrower rows have more rows, sized to hold as many real tokens as rows of max_length (data/row_width.py).
+    data.tokens_per_batch = 25_000
     data.max_length = 256  # longest training pair in tokens (dev/test are never filtered)
     data.pack = True  # pack several pairs per row (segment ids); False: length buckets (more shapes, more padding)
     data.row_width = 0  # packed rows' width in tokens (0 = chosen from the corpus; longer pairs get rows of their own)

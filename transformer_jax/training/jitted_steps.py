@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+from collections.abc import Sequence
 from typing import Any, Callable
 
 import jax
@@ -47,13 +49,17 @@ def jit_steps(
     """
     batch = batch_sharding(mesh)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    def micro_gradients(state: TrainState, b: dict[str, jax.Array], micro_step: jax.Array) -> tuple[Any, Any]:
+        return compute_gradients(state, b, smoothing, micro_step)
+
     return JittedSteps(
-        train_step=jax.jit(
-            lambda state, b: train_step(state, b, smoothing),
+        train_step=jax.jit(  # a partial, not a lambda: compile logs and events name it train_step
+            functools.partial(train_step, smoothing=smoothing),
             in_shardings=(shardings, batch), out_shardings=(shardings, None), donate_argnums=0,
         ),
         micro_gradients=jax.jit(
-            lambda state, b, i: compute_gradients(state, b, smoothing, i),
+            micro_gradients,
             in_shardings=(shardings, batch, None), out_shardings=(shardings.params, None),
         ),
         apply_gradients=jax.jit(
@@ -69,3 +75,19 @@ def jit_steps(
         micro_steps=[jax.device_put(np.int32(i), replicated) for i in range(accumulation_steps)]
         if place_micro_steps else [],
     )
+
+
+def compile_batch_shapes(jitted: JittedSteps, state: TrainState, mesh: jax.sharding.Mesh,
+                         shapes: Sequence[tuple[int, int]], keys: Sequence[str], accumulation_steps: int) -> None:
+    """Compile the step that reads a batch (the train step, or the micro-step's gradients) for every
+    global (rows, length) batch shape, its arrays `keys` int32 and split over the mesh's batch axes.
+
+    jit keeps these executables: the first batch of each shape then runs without compiling.
+    """
+    sharding = batch_sharding(mesh)
+    for rows, length in shapes:
+        batch = {key: jax.ShapeDtypeStruct((rows, length), np.int32, sharding=sharding) for key in keys}
+        if accumulation_steps == 1:
+            jitted.train_step.lower(state, batch).compile()
+        else:
+            jitted.micro_gradients.lower(state, batch, jitted.micro_steps[0]).compile()

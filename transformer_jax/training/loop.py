@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from typing import Any, Callable
 
 import jax
@@ -31,7 +32,7 @@ from transformer_jax.run.sharding import (
     make_mesh,
 )
 from transformer_jax.training.checkpoints import Checkpointer, best_metric_for
-from transformer_jax.training.jitted_steps import jit_steps
+from transformer_jax.training.jitted_steps import compile_batch_shapes, jit_steps
 from transformer_jax.training.log_window import LogWindow
 from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer
 from transformer_jax.training.periodic_eval import PeriodicEval
@@ -134,11 +135,24 @@ class Trainer:
         with jax.transfer_guard_host_to_device("allow"):
             return global_batch(local, self.mesh)
 
+    def compile_steps(self) -> list[tuple[int, int]]:
+        """Compile the update for every batch shape of the training data, before the first step; returns them.
+
+        A shape first met mid-run would be compiled then, each process at its own pace, while the others
+        wait for it in the step's collectives (which time out on a loaded host).
+        """
+        shapes, start = self.data.train.batch_shapes(), time.perf_counter()
+        compile_batch_shapes(self.jitted, self.state, self.mesh, shapes, self.data.train.batch_keys(),
+                             self.config.training.accumulation_steps)
+        logging.info("compiled the train step for batches of %s (rows x tokens) in %.1f s",
+                     ", ".join(f"{rows}x{length}" for rows, length in shapes), time.perf_counter() - start)
+        return shapes
+
     def dev_loss(self, params: Any = None) -> dict[str, float]:
         """Loss, NLL, perplexity and token accuracy on the whole dev set (of the current state by default)."""
         params = self.state.params if params is None else params
         return evaluate_loss(self.jitted.eval_step, params, self.data.dev.encoded, self.config.data.eval_batch_size,
-                             self.mesh)
+                             self.mesh, row_width=self.data.train.row_width)
 
     def save(self, step: int, window: list, metrics: dict[str, float] | None = None) -> None:
         """Checkpoint the state, the data position, the open log window and what rebuilds the run.
@@ -177,6 +191,8 @@ class Trainer:
                 "or use a new workdir"
             )
         self.last_saved_step = start
+        if start < training.num_train_steps:
+            self.compile_steps()
         is_writer = jax.process_index() == 0
         if is_writer:
             write_run_config(self.config, self.workdir)
