@@ -79,23 +79,30 @@ def contenders(params: Any, config: TransformerConfig, encoded: EncodedPairs, to
     return result
 
 
+def timed(call: Callable[[], Any]) -> tuple[float, Any]:
+    """Wall seconds of `call()`, and what it returned."""
+    start = time.perf_counter()
+    result = call()
+    return time.perf_counter() - start, result
+
+
+def alternate(names: list[str], rounds: int, run_one: Callable[[str], float]) -> dict[str, list[float]]:
+    """Seconds per round of each contender, `run_one(name)` timing one run; the order reverses every round."""
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for round_index in range(rounds):
+        for name in names if round_index % 2 == 0 else names[::-1]:
+            times[name].append(run_one(name))
+        print(f"  round {round_index + 1}: " + ", ".join(f"{n} {times[n][-1]:.1f} s" for n in names), flush=True)
+    return times
+
+
 def measure(translators: dict[str, Translator], rounds: int) -> dict[str, Any]:
     """First-call and per-round wall times of each translator, alternating; outputs compared with "today"."""
     first, outputs = {}, {}
     for name, translate in translators.items():
-        start = time.perf_counter()
-        outputs[name] = translate()
-        first[name] = time.perf_counter() - start
+        first[name], outputs[name] = timed(translate)
         print(f"  {name:<28} first call (with compiles) {first[name]:7.1f} s", flush=True)
-    times: dict[str, list[float]] = {name: [] for name in translators}
-    for round_index in range(rounds):
-        names = list(translators) if round_index % 2 == 0 else list(translators)[::-1]
-        for name in names:
-            start = time.perf_counter()
-            translators[name]()
-            times[name].append(time.perf_counter() - start)
-        print("  round " + str(round_index + 1) + ": " + ", ".join(f"{n} {times[n][-1]:.1f} s" for n in translators),
-              flush=True)
+    times = alternate(list(translators), rounds, lambda name: timed(translators[name])[0])
     reference = outputs["today"]
     return {name: {"first_call_s": first[name], "round_s": times[name], "median_s": statistics.median(times[name]),
                    "speedup_over_today": statistics.median(times["today"]) / statistics.median(times[name]),
@@ -148,9 +155,8 @@ def run_eval(workdir: str, contender: EvalContender) -> tuple[float, dict[str, A
     """Wall seconds of one eval.py run, its scores and its hypotheses file (the eval/ folder is cleared first)."""
     shutil.rmtree(os.path.join(workdir, "eval"), ignore_errors=True)
     env = dict(os.environ, PYTHONPATH=contender[0], JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
-    start = time.perf_counter()
-    subprocess.run(eval_command(workdir, contender), cwd=contender[0], env=env, check=True, capture_output=True)
-    seconds = time.perf_counter() - start
+    seconds, _ = timed(lambda: subprocess.run(eval_command(workdir, contender), cwd=contender[0], env=env,
+                                              check=True, capture_output=True))
     [scores] = [f for f in os.listdir(os.path.join(workdir, "eval")) if f.endswith(".json")]
     [hypotheses] = [f for f in os.listdir(os.path.join(workdir, "eval")) if f.endswith(".hyp")]
     with open(os.path.join(workdir, "eval", scores)) as f, open(os.path.join(workdir, "eval", hypotheses), "rb") as h:
@@ -177,16 +183,13 @@ def compare_cli(workdir: str, revision: str, rounds: int, batch_tokens: tuple[in
             copies[name] = os.path.join(scratch, f"run{len(copies)}")
             shutil.copytree(workdir, copies[name], ignore=shutil.ignore_patterns("eval", "run.lock"))
         run_eval(copies[list(contenders)[-1]], warm)  # fills the cache
-        times: dict[str, list[float]] = {name: [] for name in contenders}
         results: dict[str, Any] = {}
-        for round_index in range(rounds):
-            names = list(contenders) if round_index % 2 == 0 else list(contenders)[::-1]
-            for name in names:
-                seconds, scores, hypotheses = run_eval(copies[name], contenders[name])
-                times[name].append(seconds)
-                results[name] = (scores, hypotheses)
-            print("  round " + str(round_index + 1) + ": " + ", ".join(f"{n} {times[n][-1]:.1f} s" for n in contenders),
-                  flush=True)
+
+        def one_eval(name: str) -> float:
+            seconds, *results[name] = run_eval(copies[name], contenders[name])
+            return seconds
+
+        times = alternate(list(contenders), rounds, one_eval)
     before = f"eval.py of {revision}"
     summary = {}
     for name in contenders:
