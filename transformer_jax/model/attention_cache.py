@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import operator
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -90,12 +91,16 @@ def cached_attention(
 
     The keys ([B, H, K, S_i] each) and values ([B, H, S_i, K]) come in chunks read where they lie;
     only the [B, H, N, sum S_i] logits are joined. `mask` ([B|1, H|1, N, sum S_i] boolean) leaves at
-    least one key per query in the first chunk. `read_chunks[i]` (a boolean [], default True) says
-    whether chunk i holds a key any query may read: a chunk that holds none is not read at all (its
-    dots sit under `lax.cond`), its keys take no weight and its values add nothing.
+    least one key per query in the first chunk. `read_chunks[i]` (a boolean []) says whether chunk
+    i > 0 holds a key any query may read (None: all do): a chunk that holds none is not read at all
+    (its dots sit under `lax.cond`), its keys take no weight and its values add nothing. The first
+    chunk is always read.
     """
     q_BxHxNxK = q_BxHxNxK / jnp.sqrt(q_BxHxNxK.shape[-1]).astype(q_BxHxNxK.dtype)
-    read_chunks = read_chunks or [jnp.array(True)] * len(k_chunks)
+    reads = [None] + (list(read_chunks[1:]) if read_chunks else [None] * (len(k_chunks) - 1))
+
+    def unless_unread(read: jax.Array | None, compute: Callable, skip: Callable, *operands: jax.Array) -> jax.Array:
+        return compute(*operands) if read is None else jax.lax.cond(read, compute, skip, *operands)
 
     def logits(k: jax.Array) -> jax.Array:
         return jnp.einsum("bhnk,bhks->bhns", q_BxHxNxK, k).astype(jnp.float32)
@@ -104,8 +109,7 @@ def cached_attention(
         return jnp.full(q_BxHxNxK.shape[:3] + k.shape[-1:], MASK_VALUE, jnp.float32)
 
     logits_BxHxNxS = jnp.concatenate(
-        [logits(k) if i == 0 else jax.lax.cond(read, logits, unread_logits, k)
-         for i, (k, read) in enumerate(zip(k_chunks, read_chunks))], axis=-1)
+        [unless_unread(read, logits, unread_logits, k) for k, read in zip(k_chunks, reads)], axis=-1)
     weights_BxHxNxS = jax.nn.softmax(jnp.where(mask, logits_BxHxNxS, MASK_VALUE), axis=-1)
     ends = np.cumsum([v.shape[2] for v in v_chunks])[:-1].tolist()
     weights = jnp.split(weights_BxHxNxS.astype(v_chunks[0].dtype), ends, axis=-1)
@@ -116,8 +120,7 @@ def cached_attention(
     def unread_values(w: jax.Array, v: jax.Array) -> jax.Array:
         return jnp.zeros(w.shape[:3] + v.shape[-1:], v.dtype)
 
-    outs = [values(w, v) if i == 0 else jax.lax.cond(read, values, unread_values, w, v)
-            for i, (w, v, read) in enumerate(zip(weights, v_chunks, read_chunks))]
+    outs = [unless_unread(read, values, unread_values, w, v) for w, v, read in zip(weights, v_chunks, reads)]
     return functools.reduce(operator.add, outs)
 
 
