@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from transformer_jax.data.tokenizer import BOS_ID, EOS_ID
-from transformer_jax.decoding.beam_search import beam_search, beam_search_loop, best_extensions, top_k_in_blocks
+from transformer_jax.decoding.beam_search import beam_search, beam_search_loop, best_extensions
 from transformer_jax.decoding.cache import StepState
 from transformer_jax.decoding.sampling import greedy_choice, token_loop
 from transformer_jax.model.masks import PAD_ID
@@ -212,21 +212,6 @@ def test_a_batch_decodes_as_each_sentence_alone(model, beam_output, beam_setting
         np.testing.assert_array_equal(beam_output[0][i, :, :width], tokens[0])
         assert np.all(beam_output[0][i, :, width:] == PAD_ID)
         np.testing.assert_allclose(beam_output[1][i], scores[0], atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize("vocab, block", [(8000, 64), (1003, 64), (300, 32), (40, 64)])
-def test_top_k_in_blocks_equals_lax_top_k_ties_and_minus_inf_included(vocab, block):
-    rng = np.random.default_rng(vocab)
-    # Values on a coarse grid, so many are tied; some rows mostly -inf (PAD/BOS are -inf in a step).
-    x_RxV = np.round(rng.normal(size=(16, vocab)) * 2) / 2
-    x_RxV[:4, : vocab - 3] = -np.inf
-    x_RxV[4, :] = 0.0
-    x_RxV = jnp.asarray(x_RxV, jnp.float32)
-    for k in (1, 8):
-        values, indices = top_k_in_blocks(x_RxV, k, block)
-        expected_values, expected_indices = jax.lax.top_k(x_RxV, k)
-        np.testing.assert_array_equal(indices, expected_indices)
-        np.testing.assert_array_equal(values, expected_values)
 
 
 def test_best_extensions_equal_one_top_k_over_every_extension():

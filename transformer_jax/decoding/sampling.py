@@ -18,6 +18,7 @@ from transformer_jax.decoding.cache import (
 )
 from transformer_jax.decoding.lengths import output_lengths
 from transformer_jax.decoding.options import is_python_number, require
+from transformer_jax.decoding.top_k import top_k_in_blocks
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.masks import PAD_ID
 
@@ -30,7 +31,7 @@ def filter_logits(
     """Logits / temperature, with -inf outside the top_k tokens (0 = all) and the top_p nucleus."""
     logits_BxV = logits_BxV / temperature
     if top_k > 0:
-        kth_Bx1 = jax.lax.top_k(logits_BxV, top_k)[0][:, -1:]
+        kth_Bx1 = top_k_in_blocks(logits_BxV, top_k)[0][:, -1:]
         logits_BxV = jnp.where(logits_BxV < kth_Bx1, NEG_INF, logits_BxV)
     sorted_BxV = -jnp.sort(-logits_BxV, axis=-1)
     probs_BxV = jax.nn.softmax(sorted_BxV, axis=-1)
