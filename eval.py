@@ -2,6 +2,7 @@
 
   python eval.py --workdir=DIR [--checkpoint=latest|best|STEP|average:N] [--split=test|dev]
                  [--beam_size=4 --alpha=0.6 --max_extra_length=50] [--mode=beam|greedy|sample]
+                 [--dtype=float32|bfloat16]
   python eval.py --workdir=DIR --translate=FILE|-        # translate text line by line
   python eval.py --workdir=DIR --checkpoint=average:5 --write_averaged=PATH
   python eval.py --workdir=DIR [--checkpoint=...] --export=ctranslate2:OUT   # a CTranslate2 model directory
@@ -38,6 +39,9 @@ _BATCH = flags.DEFINE_integer("batch_size", None, "Sentences decoded together (d
 _BATCH_TOKENS = flags.DEFINE_integer(
     "batch_tokens", None, "Source token slots per batch of a split, at most --batch_size rows (default: the run's "
     "eval.batch_tokens; 0 = --batch_size sentences).")
+_DTYPE = flags.DEFINE_enum(
+    "dtype", None, ["float32", "bfloat16"], "Decode with weights and matmuls in this dtype (default: the run's "
+    "eval.dtype, else the model's).")
 _TRANSLATE = flags.DEFINE_string("translate", None, "Translate this file ('-' = standard input) to stdout.")
 _AVERAGED = flags.DEFINE_string("write_averaged", None, "Write the --checkpoint parameters here (Orbax).")
 _EXPORT = flags.DEFINE_string(
@@ -58,7 +62,7 @@ def decoding_options(run_config) -> DecodeOptions:
     return decode_options(run_config).replace(
         mode=_MODE.value, beam_size=_BEAM.value, alpha=_ALPHA.value, max_extra_length=_EXTRA.value,
         seed=_SEED.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
-        batch_size=_BATCH.value, batch_tokens=_BATCH_TOKENS.value)
+        batch_size=_BATCH.value, batch_tokens=_BATCH_TOKENS.value, dtype=_DTYPE.value)
 
 
 def main(argv: list[str]) -> None:

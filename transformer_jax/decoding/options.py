@@ -14,6 +14,7 @@ from transformer_jax.errors import ConfigError
 
 DecodeMode = Literal["beam", "greedy", "sample"]
 MODES = ("beam", "greedy", "sample")
+DTYPES = ("", "float32", "bfloat16")
 
 
 def require(condition: bool, message: str) -> None:
@@ -43,6 +44,10 @@ class DecodeOptions:
       batch_size: sentences decoded together when translating a split or a file (at most).
       batch_tokens: when > 0, a split's batches hold about this many source token slots (rows x the
         batch's padded source length, at most batch_size rows): long sentences go in fewer rows.
+      dtype: "" decodes in the model's own compute dtype; "float32" or "bfloat16" casts the weights
+        and runs the matmuls in that dtype (softmax, scores and the attention over the caches stay
+        float32). bfloat16 halves the weights' bytes: faster on accelerators and on CPUs with
+        AVX512-BF16/AMX; BENCHMARKS.md gives its speed and BLEU against float32.
     """
 
     mode: DecodeMode = "beam"
@@ -55,6 +60,7 @@ class DecodeOptions:
     seed: int = 0
     batch_size: int = 64
     batch_tokens: int = 0
+    dtype: str = ""
 
     def __post_init__(self) -> None:
         require(self.mode in MODES, f"decoding mode={self.mode!r} is not one of {list(MODES)}")
@@ -65,6 +71,8 @@ class DecodeOptions:
         require(isinstance(self.batch_tokens, int) and not isinstance(self.batch_tokens, bool)
                 and self.batch_tokens >= 0,
                 f"batch_tokens={self.batch_tokens!r} must be 0 (batch_size sentences a batch) or a positive integer")
+        require(self.dtype in DTYPES,
+                f"decoding dtype={self.dtype!r} is not one of {list(DTYPES)} ('' = the model's own dtype)")
         require(isinstance(self.top_k, int) and self.top_k >= 0,
                 f"top_k={self.top_k!r} must be 0 (keep every token) or a positive integer")
         require(is_python_number(self.alpha) and self.alpha >= 0,

@@ -5,11 +5,24 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from transformer_jax.decoding.beam_search import beam_search
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.sampling import greedy_decode, sample_decode
 from transformer_jax.model.config import TransformerConfig
+
+
+def in_dtype(params: Any, config: TransformerConfig, dtype: str) -> tuple[Any, TransformerConfig]:
+    """`params` cast to `dtype` and `config` computing and storing in it; unchanged for dtype ''.
+
+    Floating-point leaves only (LayerNorm statistics, softmax and logits stay float32 in the model).
+    """
+    if not dtype or (config.dtype, config.param_dtype) == (dtype, dtype):
+        return params, config
+    target = jnp.dtype(dtype)
+    cast = jax.tree.map(lambda x: x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+    return cast, config.replace(dtype=dtype, param_dtype=dtype)
 
 
 def translate_batch(
@@ -18,8 +31,10 @@ def translate_batch(
 ) -> jax.Array:
     """[B, S] source ids -> [B, L] output ids by `options.mode`: "beam" (the best), "greedy" or "sample".
 
-    Sampling draws from `rng`, or from `jax.random.key(options.seed)` when none is given.
+    Sampling draws from `rng`, or from `jax.random.key(options.seed)` when none is given. With
+    `options.dtype`, the weights are cast to it first (inside a caller's jit: once per call).
     """
+    params, config = in_dtype(params, config, options.dtype)
     if options.mode == "beam":
         return beam_search(params, config, src_tokens, beam_size=options.beam_size, alpha=options.alpha,
                            max_extra_length=options.max_extra_length)[0][:, 0]

@@ -32,14 +32,20 @@ from transformer_jax.model.attention_cache import (  # noqa: F401 (the collectio
 from transformer_jax.model.config import AttentionBackend
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.masks import MASK_VALUE, combine_masks
+from transformer_jax.model.precision import dense_dot_general, einsum
 
 
 def attention_weights(
-    q_BxTxHxK: jax.Array, k_BxSxHxK: jax.Array, mask: jax.Array | None = None
+    q_BxTxHxK: jax.Array, k_BxSxHxK: jax.Array, mask: jax.Array | None = None, *,
+    float32_dot_outputs: bool = False,
 ) -> jax.Array:
-    """softmax(QK^T / sqrt(d_k) + mask) as float32 [B, H, T, S]; fully masked rows are all zeros."""
+    """softmax(QK^T / sqrt(d_k) + mask) as float32 [B, H, T, S]; fully masked rows are all zeros.
+
+    `float32_dot_outputs`: the logits come from the matmul in float32 (model/precision.py).
+    """
     q_BxTxHxK = q_BxTxHxK / jnp.sqrt(q_BxTxHxK.shape[-1]).astype(q_BxTxHxK.dtype)
-    logits_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK)
+    logits_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
+                                preferred_element_type=jnp.float32 if float32_dot_outputs else None)
     # The softmax runs in float32 even when the matmuls run in bfloat16.
     logits_BxHxTxS = logits_BxHxTxS.astype(jnp.float32)
     if mask is None:
@@ -106,6 +112,7 @@ class MultiHeadAttention(nn.Module):
     decode: bool = False
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
+    float32_dot_outputs: bool = False  # see model/precision.py
 
     def _projection(self, name: str, use_bias: bool = True) -> nn.DenseGeneral:
         head_dim = self.d_model // self.num_heads
@@ -114,6 +121,7 @@ class MultiHeadAttention(nn.Module):
             use_bias=use_bias,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
+            dot_general=dense_dot_general(self.float32_dot_outputs),
             kernel_init=nn.with_logical_partitioning(
                 nn.initializers.xavier_uniform(), ("embed", "heads", "kv")
             ),
@@ -160,6 +168,7 @@ class MultiHeadAttention(nn.Module):
             axis=(-2, -1),
             dtype=self.dtype,
             param_dtype=self.param_dtype,
+            dot_general=dense_dot_general(self.float32_dot_outputs),
             kernel_init=nn.with_logical_partitioning(
                 nn.initializers.xavier_uniform(), ("heads", "kv", "embed")
             ),
@@ -180,7 +189,7 @@ class MultiHeadAttention(nn.Module):
         heads, head_dim = kernels[0].shape[1:]
         biases = [params["query"]["bias"], jnp.zeros((heads, head_dim), kernels[1].dtype), params["value"]["bias"]]
         kernel_Dx3HxK = jnp.concatenate(kernels, axis=1).astype(self.dtype)
-        qkv_BNx1x3HxK = jnp.einsum("btd,dhk->bthk", x_BNx1xD.astype(self.dtype), kernel_Dx3HxK)
+        qkv_BNx1x3HxK = einsum("btd,dhk->bthk", x_BNx1xD.astype(self.dtype), kernel_Dx3HxK)
         qkv_BNx1x3HxK = qkv_BNx1x3HxK + jnp.concatenate(biases, axis=0).astype(self.dtype)
         return tuple(jnp.split(qkv_BNx1x3HxK, 3, axis=2))
 
@@ -200,15 +209,15 @@ class MultiHeadAttention(nn.Module):
                 self._create_slot_cache(k_BxSxHxK, beam_slots)
         dropout_active = self.attention_dropout_rate > 0.0 and not deterministic
         if dropout_active or self.backend == "einsum":
-            weights_BxHxTxS = attention_weights(q_BxTxHxK, k_BxSxHxK, mask)
+            weights_BxHxTxS = attention_weights(
+                q_BxTxHxK, k_BxSxHxK, mask, float32_dot_outputs=self.float32_dot_outputs)
             self.sow("intermediates", "attention_weights", weights_BxHxTxS)
             if dropout_active:
                 weights_BxHxTxS = Dropout(self.attention_dropout_rate)(
                     weights_BxHxTxS, deterministic=False
                 )
-            out_BxTxHxK = jnp.einsum(
-                "bhts,bshk->bthk", weights_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK
-            )
+            out_BxTxHxK = einsum("bhts,bshk->bthk", weights_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK,
+                                 self.float32_dot_outputs)
         else:
             out_BxTxHxK = scaled_dot_product_attention(
                 q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, backend=self.backend
@@ -221,9 +230,18 @@ class MultiHeadAttention(nn.Module):
     ) -> tuple[jax.Array, jax.Array]:
         """Projects the encoder keys/values into the cache (once, when the cache is created)."""
         k_BxSxHxK, v_BxSxHxK = key_proj(inputs_kv), value_proj(inputs_kv)
-        self.put_variable(ENCODER_CACHE, "key", k_BxSxHxK.transpose(0, 2, 3, 1))  # [B, H, K, S]
-        self.put_variable(ENCODER_CACHE, "value", v_BxSxHxK.transpose(0, 2, 1, 3))  # [B, H, S, K]
+        dtype = self._cache_dtype()
+        self.put_variable(ENCODER_CACHE, "key", k_BxSxHxK.transpose(0, 2, 3, 1).astype(dtype))  # [B, H, K, S]
+        self.put_variable(ENCODER_CACHE, "value", v_BxSxHxK.transpose(0, 2, 1, 3).astype(dtype))  # [B, H, S, K]
         return k_BxSxHxK, v_BxSxHxK
+
+    def _cache_dtype(self) -> Any:
+        """The decoding caches' dtype: the compute dtype, or float32 with `float32_dot_outputs`.
+
+        The attention of a step is a batched matmul over the caches; XLA:CPU has no native bfloat16
+        one and would convert whole caches to float32 at every step (model/precision.py).
+        """
+        return jnp.float32 if self.float32_dot_outputs else self.dtype
 
     def _create_slot_cache(self, k_BNxLxHxK: jax.Array, beam_slots: jax.Array | None) -> None:
         """Zero keys [B, H, K, C*N] and values [B, H, C*N, K] per chunk of C positions of L.
@@ -232,7 +250,7 @@ class MultiHeadAttention(nn.Module):
         """
         batch_beams, length, heads, head_dim = k_BNxLxHxK.shape
         batch, beams = (batch_beams, 1) if beam_slots is None else beam_slots.shape[:2]
-        dtype = k_BNxLxHxK.dtype
+        dtype = self._cache_dtype()
         for chunk, size in enumerate(history_chunks(length)):
             self.variable(SLOT_CACHE, cache_name("key", chunk), jnp.zeros, (batch, heads, head_dim, size * beams), dtype)
             self.variable(SLOT_CACHE, cache_name("value", chunk), jnp.zeros, (batch, heads, size * beams, head_dim), dtype)
@@ -248,7 +266,8 @@ class MultiHeadAttention(nn.Module):
         batch = k_BxHxKxS.shape[0]
         mask = fold_step_mask(mask, batch, 1)
         mask = jnp.ones((1, 1, 1, 1), bool) if mask is None else mask
-        return heads_last(cached_attention(heads_first(q_BNx1xHxK, batch), [k_BxHxKxS], [v_BxHxSxK], mask))
+        q_BxHxNxK = heads_first(q_BNx1xHxK, batch).astype(k_BxHxKxS.dtype)
+        return heads_last(cached_attention(q_BxHxNxK, [k_BxHxKxS], [v_BxHxSxK], mask)).astype(self.dtype)
 
     def _self_step(
         self, q_BNx1xHxK: jax.Array, k_BNx1xHxK: jax.Array, v_BNx1xHxK: jax.Array, mask: jax.Array | None,
@@ -273,10 +292,11 @@ class MultiHeadAttention(nn.Module):
         cache_index = self.variable(DECODE_STEP, "cache_index")
         batch = cached_keys[0].value.shape[0]
         index = cache_index.value
-        q_BxHxNxK = heads_first(q_BNx1xHxK, batch)
+        dtype = cached_keys[0].value.dtype
+        q_BxHxNxK = heads_first(q_BNx1xHxK, batch).astype(dtype)
         beams = q_BxHxNxK.shape[2]
-        k_BxHxKxN = heads_first(k_BNx1xHxK, batch).transpose(0, 1, 3, 2)
-        v_BxHxNxK = heads_first(v_BNx1xHxK, batch)
+        k_BxHxKxN = heads_first(k_BNx1xHxK, batch).transpose(0, 1, 3, 2).astype(dtype)
+        v_BxHxNxK = heads_first(v_BNx1xHxK, batch).astype(dtype)
         start, read_chunks = 0, []
         for cached_key, cached_value in zip(cached_keys, cached_values):
             read_chunks.append(index >= start)
@@ -297,4 +317,4 @@ class MultiHeadAttention(nn.Module):
         history = combine_masks(fold_step_mask(mask, batch, beams), history_mask(beam_slots, index))
         out_BxHxNxK = cached_attention(
             q_BxHxNxK, [k.value for k in cached_keys], [v.value for v in cached_values], history, read_chunks)
-        return heads_last(out_BxHxNxK)
+        return heads_last(out_BxHxNxK).astype(self.dtype)

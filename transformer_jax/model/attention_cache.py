@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from transformer_jax.model.masks import MASK_VALUE
+from transformer_jax.model.precision import einsum
 
 # Decoding state lives in four collections, one per kind, so no code has to tell them apart by name:
 # the per-hypothesis table of which beam slot holds each earlier position's keys/values (the only
@@ -103,7 +104,7 @@ def cached_attention(
         return compute(*operands) if read is None else jax.lax.cond(read, compute, skip, *operands)
 
     def logits(k: jax.Array) -> jax.Array:
-        return jnp.einsum("bhnk,bhks->bhns", q_BxHxNxK, k).astype(jnp.float32)
+        return jnp.einsum("bhnk,bhks->bhns", q_BxHxNxK, k, preferred_element_type=jnp.float32)
 
     def unread_logits(k: jax.Array) -> jax.Array:
         return jnp.full(q_BxHxNxK.shape[:3] + k.shape[-1:], MASK_VALUE, jnp.float32)
@@ -115,7 +116,7 @@ def cached_attention(
     weights = jnp.split(weights_BxHxNxS.astype(v_chunks[0].dtype), ends, axis=-1)
 
     def values(w: jax.Array, v: jax.Array) -> jax.Array:
-        return jnp.einsum("bhns,bhsk->bhnk", w, v)
+        return einsum("bhns,bhsk->bhnk", w, v)
 
     def unread_values(w: jax.Array, v: jax.Array) -> jax.Array:
         return jnp.zeros(w.shape[:3] + v.shape[-1:], v.dtype)

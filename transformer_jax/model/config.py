@@ -47,6 +47,8 @@ class TransformerConfig:
         attention on GPUs where it applies, XLA elsewhere) or "cudnn" (forced cuDNN; GPU only).
       dtype: compute dtype ("float32" or "bfloat16"); softmax and logits stay float32.
       param_dtype: dtype parameters are stored in.
+      float32_dot_outputs: matmuls return float32, rounded to the compute dtype after (the same values;
+        XLA:CPU runs bfloat16 matmuls natively only this way). Decoding sets it; see model/precision.py.
       layer_norm_epsilon: epsilon of every LayerNorm.
       scan_layers: run each stack as one `nn.scan` over its N layers: compile time no longer grows
         with N; parameters are stacked with a leading layer axis (checkpoints of scanned and
@@ -71,6 +73,7 @@ class TransformerConfig:
     attention_backend: AttentionBackend = "einsum"
     dtype: str = "float32"
     param_dtype: str = "float32"
+    float32_dot_outputs: bool = False
     layer_norm_epsilon: float = 1e-6
     scan_layers: bool = False
     remat: RematPolicy = "none"

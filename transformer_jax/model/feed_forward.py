@@ -8,6 +8,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from transformer_jax.model.precision import dense_dot_general
+
 
 class FeedForward(nn.Module):
     """Two linear maps d_model -> d_ff -> d_model with a ReLU between, applied at every position."""
@@ -16,6 +18,7 @@ class FeedForward(nn.Module):
     d_ff: int
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
+    float32_dot_outputs: bool = False  # see model/precision.py
 
     @nn.compact
     def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
@@ -24,6 +27,7 @@ class FeedForward(nn.Module):
             self.d_ff,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
+            dot_general=dense_dot_general(self.float32_dot_outputs),
             kernel_init=nn.with_logical_partitioning(
                 nn.initializers.xavier_uniform(), ("embed", "mlp")
             ),
@@ -34,6 +38,7 @@ class FeedForward(nn.Module):
             self.d_model,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
+            dot_general=dense_dot_general(self.float32_dot_outputs),
             kernel_init=nn.with_logical_partitioning(
                 nn.initializers.xavier_uniform(), ("mlp", "embed")
             ),

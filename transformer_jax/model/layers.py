@@ -49,6 +49,7 @@ def multi_head_attention(config: TransformerConfig, name: str, decode: bool = Fa
         decode=decode,
         dtype=config.compute_dtype,
         param_dtype=config.params_dtype,
+        float32_dot_outputs=config.float32_dot_outputs,
         name=name,
     )
 
@@ -60,6 +61,7 @@ def feed_forward(config: TransformerConfig) -> FeedForward:
         d_ff=config.d_ff,
         dtype=config.compute_dtype,
         param_dtype=config.params_dtype,
+        float32_dot_outputs=config.float32_dot_outputs,
         name="feed_forward",
     )
 

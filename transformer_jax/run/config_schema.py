@@ -86,6 +86,7 @@ def default_config() -> ml_collections.ConfigDict:
     evaluation.alpha = _DECODING.alpha  # length penalty ((5 + len) / 6)^alpha
     evaluation.max_extra_length = _DECODING.max_extra_length  # output length limit: input length + this
     evaluation.batch_tokens = _DECODING.batch_tokens  # source tokens per decoding batch (0: eval_batch_size rows)
+    evaluation.dtype = _DECODING.dtype  # decode in "float32"/"bfloat16" weights and matmuls ("": the model's dtype)
     evaluation.average_last = 5  # checkpoints averaged by eval.py --checkpoint=average (paper: 5 base, 20 big)
     return config
 
@@ -200,4 +201,5 @@ def decode_options(config: ml_collections.ConfigDict) -> DecodeOptions:
     evaluation = config.eval
     return DecodeOptions(mode="beam", beam_size=evaluation.beam_size, alpha=evaluation.alpha,
                          max_extra_length=evaluation.max_extra_length, batch_size=config.data.eval_batch_size,
-                         batch_tokens=evaluation.get("batch_tokens", DecodeOptions.batch_tokens))
+                         batch_tokens=evaluation.get("batch_tokens", DecodeOptions.batch_tokens),
+                         dtype=evaluation.get("dtype", DecodeOptions.dtype))
