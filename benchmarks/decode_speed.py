@@ -7,7 +7,10 @@ the same randomly initialized model (d_model 256, 3 layers, d_ff 1024, 4 heads, 
 the same 32 source sentences of 25 tokens; EOS is disabled so that every output is 50 tokens long
 (25 + 25). "before" is the decoding code of BASELINE_REVISION (before the beam-slot cache), extracted
 with `git archive` and imported in its own worker process; "ours" is this tree, also in a worker.
-Rounds alternate between the two (one decode of the 32 sentences each); the figures are medians.
+Rounds alternate between the contenders (one decode of the 32 sentences each); the figures are
+medians. `--dtypes=float32,bfloat16` adds "ours" decoding in each dtype (DecodeOptions.dtype: weights
+cast once, matmuls in that dtype); "before" always decodes in float32, as that revision could only.
+Tokens are compared per sentence against "before" (bfloat16 may break near-ties the other way).
 The reference step runs `Transformer.__call__` on the whole prefix padded to 50 every step; it takes
 about a minute on 2 CPU cores. Compilation is timed apart.
 """
@@ -101,9 +104,14 @@ def measure(decoder: Callable, params: Any, src: jax.Array, repeats: int) -> dic
             "sentences_per_s": NUM_SENTENCES / seconds, "output": output}
 
 
-def worker_main(kind: str) -> None:
+def worker_main(kind: str, dtype: str) -> None:
     """A worker process decoding with whichever transformer_jax it imports (see `compare`)."""
+    global CONFIG
     params, src = inputs()
+    if dtype:  # only this tree's workers are given a dtype
+        from transformer_jax.decoding.translate import in_dtype
+
+        params, CONFIG = in_dtype(params, CONFIG, dtype)
     decoder = beam_decoder(cached_step) if kind == "beam" else greedy_decoder()
     outputs: list[Any] = []
 
@@ -116,8 +124,8 @@ def worker_main(kind: str) -> None:
         return step
 
     def describe() -> dict[str, Any]:
-        tokens = np.asarray(outputs[0][0] if kind == "beam" else outputs[0])
-        return {"tokens_sha256": hashlib.sha256(tokens.tobytes()).hexdigest()}
+        tokens = np.asarray(outputs[0][0] if kind == "beam" else outputs[0]).reshape(NUM_SENTENCES, -1)
+        return {"tokens_sha256": [hashlib.sha256(row.tobytes()).hexdigest() for row in tokens]}
 
     workers.serve(build, lambda: {"peak_rss_bytes": workers.peak_rss_bytes()}, describe)
 
@@ -132,12 +140,12 @@ def baseline_tree(revision: str, directory: str) -> str | None:
     return directory
 
 
-def compare(kind: str, trees: dict[str, str], rounds: int) -> dict[str, Any]:
-    """Alternating rounds of one decode per contender, each in its own worker process."""
+def compare(kind: str, trees: dict[str, tuple[str, str]], rounds: int) -> dict[str, Any]:
+    """Alternating rounds of one decode per contender (name -> (tree, dtype)), each in its own worker."""
     started = {}
-    for name, tree in trees.items():
+    for name, (tree, dtype) in trees.items():
         env = dict(os.environ, DECODE_SPEED_TREE=tree, PYTHONPATH=tree)
-        command = [sys.executable, os.path.abspath(__file__), f"--worker={kind}"]
+        command = [sys.executable, os.path.abspath(__file__), f"--worker={kind}", f"--worker_dtype={dtype}"]
         started[name] = workers.Worker(command, env)
     try:
         times: dict[str, list[float]] = {name: [] for name in trees}
@@ -154,21 +162,25 @@ def compare(kind: str, trees: dict[str, str], rounds: int) -> dict[str, Any]:
         result[name] = {"seconds": seconds, "sentences_per_s": NUM_SENTENCES / seconds,
                         "compile_s": started[name].ready["compile_s"], "round_seconds": times[name]}
     if "before" in trees:
-        result["speedup"] = result["before"]["seconds"] / result["ours"]["seconds"]
-        result["round_speedups"] = [b / o for b, o in zip(times["before"], times["ours"])]
-        result["same_tokens_as_before"] = digests["before"] == digests["ours"]
+        for name in trees:
+            if name != "before":
+                result[name]["speedup"] = result["before"]["seconds"] / result[name]["seconds"]
+                result[name]["round_speedups"] = [b / o for b, o in zip(times["before"], times[name])]
+                result[name]["sentences_as_before"] = sum(
+                    b == o for b, o in zip(digests["before"], digests[name]))
     return result
 
 
 def run(repeats: int = 3, with_reference: bool = True, baseline: str | None = BASELINE_REVISION,
-        rounds: int = 5) -> dict[str, Any]:
-    """Beam-4 and greedy sentences/s, ours against `baseline` (a git revision; None: ours alone)."""
+        rounds: int = 5, dtypes: tuple[str, ...] = ("",)) -> dict[str, Any]:
+    """Beam-4 and greedy sentences/s, ours (in each of `dtypes`; '' = the model's float32) against
+    `baseline` (a git revision; None: ours alone)."""
     summary: dict[str, Any] = {"baseline_revision": baseline, "rounds": rounds}
     with tempfile.TemporaryDirectory() as directory:
-        trees = {"ours": REPO}
+        trees = {contender_name(dtype): (REPO, dtype) for dtype in dtypes}
         before = baseline_tree(baseline, directory) if baseline else None
         if before:
-            trees = {"before": before, "ours": REPO}
+            trees = {"before": (before, ""), **trees}
         summary["decoders"] = {kind: compare(kind, trees, rounds) for kind in DECODERS}
     if with_reference:
         params, src = inputs()
@@ -183,17 +195,26 @@ def run(repeats: int = 3, with_reference: bool = True, baseline: str | None = BA
     return summary
 
 
+def contender_name(dtype: str) -> str:
+    """'ours' for the model's own dtype, else e.g. 'ours bfloat16'."""
+    return f"ours {dtype}" if dtype else "ours"
+
+
 def print_summary(result: dict[str, Any]) -> None:
-    """The decode section's table: sentences/s before and ours, and the ratio."""
+    """The decode section's table: sentences/s before and ours (per dtype), and the ratios."""
     for kind, row in result["decoders"].items():
-        ours = row["ours"]
-        line = f"{DECODERS[kind]:<32} ours {ours['sentences_per_s']:7.1f} sentences/s ({ours['seconds']:.2f} s)"
-        if "before" in row:
-            before = row["before"]
-            line += (f" | before ({result['baseline_revision']}) {before['sentences_per_s']:7.1f} sentences/s"
-                     f" | ours/before {row['speedup']:.2f}x (rounds {min(row['round_speedups']):.2f}-"
-                     f"{max(row['round_speedups']):.2f}; same tokens: {row['same_tokens_as_before']})")
-        print(line, flush=True)
+        for name, ours in row.items():
+            if name == "before":
+                continue
+            line = (f"{DECODERS[kind]:<32} {name:<14} {ours['sentences_per_s']:7.1f} sentences/s "
+                    f"({ours['seconds']:.2f} s)")
+            if "before" in row:
+                before = row["before"]
+                line += (f" | before ({result['baseline_revision']}) {before['sentences_per_s']:7.1f} sentences/s"
+                         f" | /before {ours['speedup']:.2f}x (rounds {min(ours['round_speedups']):.2f}-"
+                         f"{max(ours['round_speedups']):.2f}; sentences with the same tokens: "
+                         f"{ours['sentences_as_before']}/{NUM_SENTENCES})")
+            print(line, flush=True)
     if "cache_speedup" in result:
         reference = result["reference"]
         print(f"{'beam 4, full forward on the prefix':<32} {reference['sentences_per_s']:7.1f} sentences/s; "
@@ -206,12 +227,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating timing rounds per decoder")
     parser.add_argument("--baseline", default=BASELINE_REVISION, help="git revision to compare with ('' for none)")
     parser.add_argument("--reference", action="store_true", help="also time the full-prefix reference")
+    parser.add_argument("--dtypes", default="", help="comma-separated decoding dtypes of ours ('' = the model's)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--worker_dtype", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker_main(args.worker)
+        worker_main(args.worker, args.worker_dtype)
         return
-    print_summary(run(with_reference=args.reference, baseline=args.baseline or None, rounds=args.rounds))
+    print_summary(run(with_reference=args.reference, baseline=args.baseline or None, rounds=args.rounds,
+                      dtypes=tuple(args.dtypes.split(","))))
 
 
 if __name__ == "__main__":

@@ -154,7 +154,7 @@ def section_widths(args: argparse.Namespace, report: dict[str, Any]) -> None:
 
 def section_decode(args: argparse.Namespace, report: dict[str, Any]) -> None:
     result = decode_speed.run(repeats=2 if args.quick else 3, with_reference=not args.quick,
-                              rounds=3 if args.quick else 5)
+                              rounds=3 if args.quick else 5, dtypes=("", "bfloat16"))
     decode_speed.print_summary(result)
     report["decode"] = result
 

@@ -34,6 +34,14 @@ def test_deterministic_and_test_set_independent_of_train_size(splits):
     assert corpus.builtin_corpus(num_train=50, num_dev=5, num_test=5, seed=1)["test"] != splits["test"][:5]
 
 
+def test_asking_for_some_splits_gives_the_same_sentences(splits):
+    # eval.py loads only the split it scores: it must be the very split training held out.
+    test_only = corpus.builtin_corpus(num_train=NUM_TRAIN, num_dev=300, num_test=500, splits=("test",))
+    assert list(test_only) == ["test"] and test_only["test"] == splits["test"]
+    dev_only = corpus.builtin_corpus(num_train=NUM_TRAIN, num_dev=300, num_test=500, splits=("dev",))
+    assert list(dev_only) == ["dev"] and dev_only["dev"] == splits["dev"]
+
+
 def test_default_size_has_at_least_1000_word_types_per_side(splits):
     assert len(_types(splits["train"], 0)) >= 1000
     assert len(_types(splits["train"], 1)) >= 1000

@@ -167,7 +167,7 @@ def load_splits(source: str, *, path: str | None = None, source_lang: str = "en"
 
         if {source_lang, target_lang} != {"en", "de"}:
             raise DataError(f"the built-in corpus is en<->de, not {source_lang}->{target_lang}")
-        corpus = builtin_corpus(*builtin_sizes, seed=seed)
+        corpus = builtin_corpus(*builtin_sizes, seed=seed, splits=splits)
         reverse = source_lang == "de"
         return {s: [(t, e) for e, t in corpus[s]] if reverse else corpus[s] for s in splits}
     if source == "tfds":
