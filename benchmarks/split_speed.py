@@ -139,15 +139,17 @@ def run(workdir: str, sentences: int = 0, rounds: int = 3, batch_tokens: tuple[i
             "batch_size": options.batch_size, "contenders": result}
 
 
-# (tree, --batch_tokens or None for an old revision without the flag, --compilation_cache or None).
-EvalContender = tuple[str, int | None, str | None]
+# (tree, --batch_tokens or None for an old revision without the flag, --compilation_cache or None,
+# --dtype or '' for the model's own).
+EvalContender = tuple[str, int | None, str | None, str]
 
 
 def eval_command(workdir: str, contender: EvalContender) -> list[str]:
     """`python eval.py` of the contender's tree on `workdir`'s test split (its last checkpoint)."""
-    tree, batch_tokens, cache = contender
+    tree, batch_tokens, cache, dtype = contender
     command = [sys.executable, os.path.join(tree, "eval.py"), f"--workdir={workdir}", "--checkpoint=latest"]
     command += [f"--batch_tokens={batch_tokens}"] if batch_tokens is not None else []
+    command += [f"--dtype={dtype}"] if dtype else []
     return command + ([f"--compilation_cache={cache}"] if cache is not None else [])
 
 
@@ -163,8 +165,10 @@ def run_eval(workdir: str, contender: EvalContender) -> tuple[float, dict[str, A
         return seconds, json.load(f), h.read()
 
 
-def compare_cli(workdir: str, revision: str, rounds: int, batch_tokens: tuple[int, ...]) -> dict[str, Any]:
-    """eval.py of `revision` against this tree's eval.py (default batching and each budget), alternating."""
+def compare_cli(workdir: str, revision: str, rounds: int, batch_tokens: tuple[int, ...],
+                dtypes: tuple[str, ...] = ()) -> dict[str, Any]:
+    """eval.py of `revision` against this tree's eval.py (default batching, each budget, and the last budget
+    decoding in each of `dtypes`), alternating."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with tempfile.TemporaryDirectory() as scratch:
         old_tree = os.path.join(scratch, "before")
@@ -173,10 +177,12 @@ def compare_cli(workdir: str, revision: str, rounds: int, batch_tokens: tuple[in
         subprocess.run(["tar", "-x", "-C", old_tree], input=archive.stdout, check=True)
         # Today's runs compile every program (no cache), as the old revision does; the last contender
         # loads them from a cache filled before the rounds (a later eval.py of the same shapes).
-        contenders: dict[str, EvalContender] = {f"eval.py of {revision}": (old_tree, None, None),
-                                                "eval.py today": (repo, 0, "")}
-        contenders.update({f"eval.py today, {t} tokens": (repo, t, "") for t in batch_tokens})
-        warm = (repo, batch_tokens[-1], os.path.join(scratch, "compilation_cache"))
+        contenders: dict[str, EvalContender] = {f"eval.py of {revision}": (old_tree, None, None, ""),
+                                                "eval.py today": (repo, 0, "", "")}
+        contenders.update({f"eval.py today, {t} tokens": (repo, t, "", "") for t in batch_tokens})
+        contenders.update({f"eval.py today, {batch_tokens[-1]} tokens, {dtype}": (repo, batch_tokens[-1], "", dtype)
+                           for dtype in dtypes})
+        warm = (repo, batch_tokens[-1], os.path.join(scratch, "compilation_cache"), "")
         contenders[f"eval.py today, {batch_tokens[-1]} tokens, cache filled"] = warm
         copies = {}
         for name in contenders:
@@ -211,12 +217,14 @@ def main() -> None:
     parser.add_argument("--batch_tokens", default="256", help="comma-separated token budgets to time")
     parser.add_argument("--cli_baseline", default="", help="also time eval.py of this git revision against today's")
     parser.add_argument("--skip_library", action="store_true", help="only the eval.py comparison")
+    parser.add_argument("--dtypes", default="", help="comma-separated eval.py --dtype values to time too")
     args = parser.parse_args()
     budgets = tuple(int(t) for t in args.batch_tokens.split(","))
     if not args.skip_library:
         run(args.workdir, args.sentences, args.rounds, budgets)
     if args.cli_baseline:
-        compare_cli(args.workdir, args.cli_baseline, args.rounds, budgets)
+        compare_cli(args.workdir, args.cli_baseline, args.rounds, budgets,
+                    tuple(d for d in args.dtypes.split(",") if d))
 
 
 if __name__ == "__main__":

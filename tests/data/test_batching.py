@@ -276,32 +276,3 @@ def test_eval_batches_keep_every_pair_in_a_recoverable_order():
     assert rows[1][:2].tolist() == [EOS_ID, PAD_ID]  # an empty source line stays, as EOS alone
     sharded = [batching.eval_batches(corpus, 4, process_index=p, process_count=2) for p in range(2)]
     assert sorted(i for shard in sharded for b in shard for i in b["index"].tolist() if i >= 0) == [0, 1, 2, 3]
-
-
-def test_translation_batches_group_by_source_length_alone_within_a_token_budget():
-    rng = np.random.default_rng(0)
-    source_lengths = rng.integers(1, 41, size=50)
-    # Targets far longer than sources: only source lengths may choose the widths.
-    corpus = EncodedPairs(Ragged.from_lists([[5] * (n - 1) + [EOS_ID] for n in source_lengths]),
-                          Ragged.from_lists([[6] * 99 + [EOS_ID]] * 50))
-    items = np.flatnonzero(source_lengths > 1)
-    batches = batching.translation_batches(corpus, batch_size=8, batch_tokens=64, items=items)
-    indices = np.concatenate([b["index"] for b in batches])
-    assert sorted(indices[indices >= 0].tolist()) == items.tolist()  # each item once, no other pair
-    real = indices[indices >= 0]
-    assert (np.diff(source_lengths[real]) <= 0).all()  # longest first
-    for batch in batches:
-        rows, width = batch["inputs"].shape
-        assert rows == min(8, 64 // width) and width in batching.TRANSLATION_BUCKETS
-        members = batch["index"][batch["index"] >= 0]
-        assert width == min(b for b in batching.TRANSLATION_BUCKETS if b >= source_lengths[members].max())
-        for row, item in enumerate(members):
-            assert batch["inputs"][row].tolist() == [5] * (source_lengths[item] - 1) + [EOS_ID] + [PAD_ID] * (
-                width - source_lengths[item])
-        # Rows past the sentences repeat the last one (which ends with it) rather than being all PAD.
-        assert (batch["inputs"][len(members):] == batch["inputs"][len(members) - 1]).all()
-    assert {b["inputs"].shape for b in batches} == {(8, 8), (4, 16), (2, 24), (2, 32), (1, 48)}
-    # A mesh of 4 devices: rows a multiple of 4 (at least 4); a single line: one row.
-    assert {b["inputs"].shape[0] for b in batching.translation_batches(corpus, 8, 64, row_multiple=4)} == {4, 8}
-    assert [b["inputs"].shape for b in batching.translation_batches(corpus, 8, 64, items=[3])] == [
-        (1, min(b for b in batching.TRANSLATION_BUCKETS if b >= source_lengths[3]))]

@@ -205,7 +205,7 @@ def materialize(corpus: EncodedPairs, plan: EpochPlan, batch: int, packed: bool,
     result = {}
     for name, side, offsets in (("inputs", corpus.source, plan.source_offsets),
                                 ("targets", corpus.target, plan.target_offsets)):
-        placed = _place(side, items, local_rows, offsets[begin:end][mine], plan.segments[begin:end][mine], shape)
+        placed = place_sequences(side, items, local_rows, offsets[begin:end][mine], plan.segments[begin:end][mine], shape)
         result[name] = placed["tokens"]
         if name == "targets":
             result["target_inputs"] = placed["shifted"]
@@ -215,7 +215,7 @@ def materialize(corpus: EncodedPairs, plan: EpochPlan, batch: int, packed: bool,
     return result
 
 
-def _place(side: Ragged, items: np.ndarray, rows: np.ndarray, offsets: np.ndarray, segments: np.ndarray,
+def place_sequences(side: Ragged, items: np.ndarray, rows: np.ndarray, offsets: np.ndarray, segments: np.ndarray,
            shape: tuple[int, int]) -> dict[str, np.ndarray]:
     """Scatter the items' tokens into a padded [rows, length] array, all at once (no Python loop)."""
     lengths = side.lengths[items].astype(np.int64)
@@ -426,51 +426,6 @@ def eval_batches(corpus: EncodedPairs, batch_size: int, buckets: Sequence[int] =
         index[rows[batch_ids == b]] = order[batch_ids == b]
         batch["index"] = index[process_index * per_process:(process_index + 1) * per_process]
         batches.append(batch)
-    return batches
-
-
-# Source widths of translation batches: fine steps, as a batch's search runs at its padded source width.
-TRANSLATION_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-
-
-def translation_rows(width: int, batch_size: int, batch_tokens: int, row_multiple: int = 1) -> int:
-    """Rows of a translation batch of padded source `width`: batch_size, or batch_tokens // width (at most
-    batch_size) when batch_tokens > 0; rounded down to a multiple of row_multiple, at least one multiple."""
-    rows = min(batch_size, batch_tokens // width) if batch_tokens else batch_size
-    return max(row_multiple, rows // row_multiple * row_multiple)
-
-
-def translation_batches(corpus: EncodedPairs, batch_size: int, batch_tokens: int = 0,
-                        items: np.ndarray | None = None, buckets: Sequence[int] = TRANSLATION_BUCKETS,
-                        row_multiple: int = 1) -> list[Batch]:
-    """The source sentences `items` (default: all) in batches {"inputs": [R, W], "index": [R]}, by source length.
-
-    Sentences are sorted by source length alone (longest first) and cut into consecutive batches; a batch's
-    width W is the smallest bucket holding its longest source, its rows R those of `translation_rows`, so
-    there is one shape per bucket used (a single batch smaller than R when all items fit in fewer rows).
-    Rows past the last sentence repeat the batch's last (shortest) source, with index -1: a row of PAD
-    would be searched to the length limit, a repeated sentence ends with its original.
-    """
-    items = np.arange(len(corpus)) if items is None else np.asarray(items)
-    if len(items) == 0:
-        return []
-    lengths = corpus.source.lengths[items]
-    order = items[np.argsort(-lengths, kind="stable")]
-    # Never more rows than the sentences need (one line from standard input decodes as one row).
-    most_rows = -(-len(items) // row_multiple) * row_multiple
-    batches, start = [], 0
-    while start < len(order):
-        longest = int(corpus.source.lengths[order[start]])
-        width = next((b for b in buckets if b >= longest), -(-longest // buckets[-1]) * buckets[-1])
-        rows = min(translation_rows(width, batch_size, batch_tokens, row_multiple), most_rows)
-        members = order[start:start + rows]
-        start += rows
-        filled = np.concatenate([members, np.full(rows - len(members), members[-1])])
-        inputs = _place(corpus.source, filled, np.arange(rows), np.zeros(rows, np.int64), np.ones(rows, np.int64),
-                        (rows, width))["tokens"]
-        index = np.full(rows, -1, dtype=np.int32)
-        index[:len(members)] = members
-        batches.append({"inputs": inputs, "index": index})
     return batches
 
 

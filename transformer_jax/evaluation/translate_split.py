@@ -24,11 +24,12 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
-from transformer_jax.data.batching import restore_order, translation_batches
+from transformer_jax.data.batching import restore_order
 from transformer_jax.data.encoded import EncodedPairs, encode_pairs
 from transformer_jax.data.pipeline import EvalSet, eval_set, load_run_splits
 from transformer_jax.data.sources import read_lines
 from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
+from transformer_jax.data.translation_batches import translation_batches
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.translate import translate_batch
 from transformer_jax.errors import DataError

@@ -1,0 +1,83 @@
+"""Batches of source sentences to translate: sorted by source length, a few padded widths, rows by token budget.
+
+A split is translated in batches whose shapes come from a small set (each shape is one compiled search):
+sentences are sorted by source length alone (longest first) and cut into consecutive batches; a batch's
+width is the smallest bucket holding its longest source and its rows follow from the token budget.
+A width whose sentences would fill only a batch or two is merged into the next wider one in use: its
+compile (seconds on a CPU, tens of seconds on an accelerator) costs more than decoding those sentences
+a little wider.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from transformer_jax.data.batching import Batch, place_sequences
+from transformer_jax.data.encoded import EncodedPairs
+
+# Source widths: fine steps, as a batch's search runs at its padded source width.
+TRANSLATION_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# A width holding at most this many batches of sentences is decoded at the next wider width in use.
+SMALL_WIDTH_BATCHES = 2
+
+
+def translation_rows(width: int, batch_size: int, batch_tokens: int, row_multiple: int = 1) -> int:
+    """Rows of a translation batch of padded source `width`: batch_size, or batch_tokens // width (at most
+    batch_size) when batch_tokens > 0; rounded down to a multiple of row_multiple, at least one multiple."""
+    rows = min(batch_size, batch_tokens // width) if batch_tokens else batch_size
+    return max(row_multiple, rows // row_multiple * row_multiple)
+
+
+def translation_widths(source_lengths: np.ndarray, batch_size: int, batch_tokens: int,
+                       buckets: Sequence[int] = TRANSLATION_BUCKETS, row_multiple: int = 1) -> np.ndarray:
+    """Each sentence's padded source width: its smallest bucket, small widths merged into wider ones.
+
+    Beyond the last bucket, widths are multiples of it. Narrowest first, a width whose sentences fill
+    at most SMALL_WIDTH_BATCHES batches of its rows joins the next wider width in use.
+    """
+    bucket_widths, lengths = np.asarray(buckets, np.int64), np.asarray(source_lengths, np.int64)
+    smallest = bucket_widths[np.minimum(np.searchsorted(bucket_widths, lengths), len(buckets) - 1)]
+    widths = np.where(lengths <= buckets[-1], smallest, -(-lengths // buckets[-1]) * buckets[-1])
+    used = sorted(set(widths.tolist()))
+    for narrow, wide in zip(used, used[1:]):
+        members = widths == narrow
+        if members.sum() <= SMALL_WIDTH_BATCHES * translation_rows(narrow, batch_size, batch_tokens, row_multiple):
+            widths[members] = wide
+    return widths
+
+
+def translation_batches(corpus: EncodedPairs, batch_size: int, batch_tokens: int = 0,
+                        items: np.ndarray | None = None, buckets: Sequence[int] = TRANSLATION_BUCKETS,
+                        row_multiple: int = 1) -> list[Batch]:
+    """The source sentences `items` (default: all) in batches {"inputs": [R, W], "index": [R]}, by source length.
+
+    Sentences are sorted by source length alone (longest first) and cut into consecutive batches; a batch's
+    width W is its longest source's `translation_widths` entry, its rows R those of `translation_rows`, so
+    there is one shape per width used (a single batch smaller than R when all items fit in fewer rows).
+    Rows past the last sentence repeat the batch's last (shortest) source, with index -1: a row of PAD
+    would be searched to the length limit, a repeated sentence ends with its original.
+    """
+    items = np.arange(len(corpus)) if items is None else np.asarray(items)
+    if len(items) == 0:
+        return []
+    lengths = corpus.source.lengths[items]
+    sorted_positions = np.argsort(-lengths, kind="stable")
+    order = items[sorted_positions]
+    widths = translation_widths(lengths, batch_size, batch_tokens, buckets, row_multiple)[sorted_positions]
+    # Never more rows than the sentences need (one line from standard input decodes as one row).
+    most_rows = -(-len(items) // row_multiple) * row_multiple
+    batches, start = [], 0
+    while start < len(order):
+        width = int(widths[start])
+        rows = min(translation_rows(width, batch_size, batch_tokens, row_multiple), most_rows)
+        members = order[start:start + rows]
+        start += rows
+        filled = np.concatenate([members, np.full(rows - len(members), members[-1])])
+        inputs = place_sequences(corpus.source, filled, np.arange(rows), np.zeros(rows, np.int64),
+                                 np.ones(rows, np.int64), (rows, width))["tokens"]
+        index = np.full(rows, -1, dtype=np.int32)
+        index[:len(members)] = members
+        batches.append({"inputs": inputs, "index": index})
+    return batches
