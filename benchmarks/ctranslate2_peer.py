@@ -34,6 +34,7 @@ from decode_speed import ALPHA, BEAM_SIZE, CONFIG, EXTRA_LENGTH, NUM_SENTENCES, 
 from transformer_jax import Transformer  # noqa: E402
 from transformer_jax.decoding.beam_search import beam_search  # noqa: E402
 from transformer_jax.decoding.sampling import greedy_decode  # noqa: E402
+from transformer_jax.decoding.translate import in_dtype  # noqa: E402
 from transformer_jax.export import export_ctranslate2  # noqa: E402
 
 NO_EOS = -1  # no token has this id: every one of our hypotheses runs to its maximum length
@@ -42,13 +43,17 @@ THREADS = 2
 
 
 def our_decoders(params: Any, src: jax.Array) -> dict[str, Callable[[], Any]]:
-    """Our beam-4 and greedy searches (jitted inside; the first call compiles)."""
-    return {
-        f"ours beam {BEAM_SIZE}": lambda: jax.block_until_ready(beam_search(
-            params, CONFIG, src, beam_size=BEAM_SIZE, alpha=ALPHA, max_extra_length=EXTRA_LENGTH, eos_id=NO_EOS)),
-        "ours greedy": lambda: jax.block_until_ready(greedy_decode(
-            params, CONFIG, src, max_extra_length=EXTRA_LENGTH, eos_id=NO_EOS)),
-    }
+    """Our beam-4 and greedy searches in float32 and in bfloat16 (weights cast once; jitted inside, the
+    first call compiles)."""
+    decoders = {}
+    for prefix, dtype in (("ours", ""), ("ours bfloat16", "bfloat16")):
+        weights, config = in_dtype(params, CONFIG, dtype)
+        decoders[f"{prefix} beam {BEAM_SIZE}"] = lambda weights=weights, config=config: jax.block_until_ready(
+            beam_search(weights, config, src, beam_size=BEAM_SIZE, alpha=ALPHA, max_extra_length=EXTRA_LENGTH,
+                        eos_id=NO_EOS))
+        decoders[f"{prefix} greedy"] = lambda weights=weights, config=config: jax.block_until_ready(
+            greedy_decode(weights, config, src, max_extra_length=EXTRA_LENGTH, eos_id=NO_EOS))
+    return decoders
 
 
 def ct2_decoders(directory: str, src: np.ndarray) -> dict[str, Callable[[], Any]]:
@@ -101,9 +106,10 @@ def run(rounds: int = 5) -> dict[str, Any]:
     speed = {name: NUM_SENTENCES / statistics.median(seconds) for name, seconds in times.items()}
     ratios = {}
     for mode in (f"beam {BEAM_SIZE}", "greedy"):
-        for compute_type in ("float32", "int8"):
-            ratios[f"ours / CTranslate2 {compute_type}, {mode}"] = (
-                speed[f"ours {mode}"] / speed[f"CTranslate2 {compute_type} {mode}"])
+        for ours in ("ours", "ours bfloat16"):
+            for compute_type in ("float32", "int8"):
+                ratios[f"{ours} / CTranslate2 {compute_type}, {mode}"] = (
+                    speed[f"{ours} {mode}"] / speed[f"CTranslate2 {compute_type} {mode}"])
     return {"sentences_per_s": speed, "ratios": ratios, "rounds": rounds, "warmup_s": warmup_s,
             "shape": {"sentences": NUM_SENTENCES, "source_length": SOURCE_LENGTH, "output_length": OUTPUT_LENGTH,
                       "d_model": CONFIG.d_model, "layers": CONFIG.num_layers, "vocab_size": CONFIG.vocab_size,

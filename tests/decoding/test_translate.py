@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from transformer_jax.decoding.beam_search import beam_search
+from transformer_jax.decoding.cache import cached_step, decoding_platform
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.sampling import sample_decode
-from transformer_jax.decoding.translate import translate_batch
+from transformer_jax.decoding.translate import in_dtype, translate_batch
 from transformer_jax.errors import ConfigError
 
 
@@ -29,3 +31,29 @@ def test_translate_batch_modes_and_argument_errors(model, beam_output, greedy_ou
         beam_search(params, config, src, beam_size=2, num_returned=3)
     with pytest.raises(ValueError, match="temperature"):
         sample_decode(params, config, src, jax.random.key(0), temperature=0.0)
+
+
+def test_bfloat16_decoding_casts_the_weights_and_keeps_the_translations(model, greedy_output, beam_output,
+                                                                        beam_settings):
+    params, config, src = model
+    assert in_dtype(params, config, "")[1] is config and in_dtype(params, config, "float32")[1] is config
+    cast, cast_config = in_dtype(params, config, "bfloat16")
+    assert (cast_config.dtype, cast_config.param_dtype) == ("bfloat16", "bfloat16")
+    assert {leaf.dtype for leaf in jax.tree.leaves(cast)} == {jnp.dtype(jnp.bfloat16)}
+    # The caches the steps attend over stay float32: XLA:CPU has no native bfloat16 batched matmul.
+    state = jax.eval_shape(lambda p: cached_step(p, cast_config, src, 2, 5)[1], cast)
+    assert {leaf.dtype for leaf in jax.tree.leaves(state.shared["slot_cache"])} == {jnp.dtype(jnp.float32)}
+    with decoding_platform("tpu"):  # accelerators keep bfloat16 caches (half the memory)
+        state = jax.eval_shape(lambda p: cached_step(p, cast_config, src, 2, 5)[1], cast)
+    assert {leaf.dtype for leaf in jax.tree.leaves(state.shared["slot_cache"])} == {jnp.dtype(jnp.bfloat16)}
+    greedy = np.asarray(translate_batch(params, config, src, DecodeOptions(
+        mode="greedy", max_extra_length=6, dtype="bfloat16")))
+    assert greedy.shape == greedy_output.shape and (greedy == greedy_output).mean() >= 0.9
+    tokens, scores = beam_search(cast, cast_config, src, **beam_settings)
+    same = (np.asarray(tokens) == beam_output[0]).all(axis=-1)
+    assert same.mean() >= 0.75
+    # It did run in bfloat16: the scores of the same hypotheses differ, by rounding only.
+    assert not np.array_equal(np.asarray(scores)[same], beam_output[1][same])
+    np.testing.assert_allclose(np.asarray(scores)[same], beam_output[1][same], atol=0.05)
+    with pytest.raises(ConfigError, match="dtype='float16' is not one of"):
+        DecodeOptions(dtype="float16")

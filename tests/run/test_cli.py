@@ -74,6 +74,11 @@ def test_eval_translates_standard_input_line_by_line(trained):
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""  # empty input line -> empty output
+    # Decoding in bfloat16 (weights cast once): the same translations of these lines.
+    bfloat16 = run("eval.py", f"--workdir={workdir}", "--translate=-", "--mode=greedy", "--dtype=bfloat16",
+                   stdin="The dog sleeps.\n\nI see the cat.\n")
+    assert bfloat16.returncode == 0, bfloat16.stderr[-3000:]
+    assert bfloat16.stdout == result.stdout
 
 
 def test_eval_exports_a_ctranslate2_model_that_scores_as_ours(trained, tmp_path):

@@ -30,6 +30,7 @@ from transformer_jax.data.pipeline import EvalSet, eval_set, load_run_splits
 from transformer_jax.data.sources import read_lines
 from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
 from transformer_jax.data.translation_batches import translation_batches
+from transformer_jax.decoding.cache import decoding_platform
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.translate import translate_batch
 from transformer_jax.errors import DataError
@@ -75,7 +76,8 @@ def translate_rows(params: Any, src_BxS: jax.Array, rng: jax.Array, config: Tran
     decode = jax.shard_map(lambda p, src, key: translate_batch(p, config, src, options, key), mesh=mesh,
                            in_specs=(PartitionSpec(), rows, PartitionSpec()), out_specs=rows,
                            check_vma=False)
-    return decode(params, src_BxS, rng)
+    with decoding_platform(mesh.devices.flat[0].platform):  # the mesh's, also when compiled ahead of time
+        return decode(params, src_BxS, rng)
 
 
 def replicate(tree: Any, mesh: Mesh) -> Any:

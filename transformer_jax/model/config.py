@@ -48,7 +48,8 @@ class TransformerConfig:
       dtype: compute dtype ("float32" or "bfloat16"); softmax and logits stay float32.
       param_dtype: dtype parameters are stored in.
       float32_dot_outputs: matmuls return float32, rounded to the compute dtype after (the same values;
-        XLA:CPU runs bfloat16 matmuls natively only this way). Decoding sets it; see model/precision.py.
+        XLA:CPU runs bfloat16 matmuls natively only this way; decoding caches are then float32).
+        Decoding on CPUs sets it; see model/precision.py.
       layer_norm_epsilon: epsilon of every LayerNorm.
       scan_layers: run each stack as one `nn.scan` over its N layers: compile time no longer grows
         with N; parameters are stacked with a leading layer axis (checkpoints of scanned and

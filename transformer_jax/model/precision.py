@@ -5,8 +5,10 @@ XLA:CPU runs bfloat16 x bfloat16 -> float32 natively but emulates a bfloat16 res
 both operands (weights included) to float32 at every call, which makes a bfloat16 model slower on a
 CPU than a float32 one. With `TransformerConfig.float32_dot_outputs` the model's matmuls ask for the
 float32 result and round it: the same values up to summation order, at bfloat16 speed on CPUs.
-Decoding turns it on; training leaves it off (remat='dots' would then keep float32 copies of the
-projection outputs).
+With it, the decoding caches (read by batched matmuls, which XLA:CPU has no native bfloat16 form
+of) are float32 too. Decoding on CPUs turns it on (`decoding.cache.decoding_config`); accelerators
+keep the model's dtypes (bfloat16 caches take half the memory); training leaves it off (remat='dots'
+would then keep float32 copies of the projection outputs).
 """
 
 from __future__ import annotations
