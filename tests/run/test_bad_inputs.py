@@ -271,7 +271,12 @@ def test_eval_py_rejects_bad_input_without_touching_the_run(eval_results, row):
 
 def test_ctrl_c_during_eval_py_says_what_was_finished_and_exits_130(setup):
     # The run is owned by a training job (its lock, as the owned copy has): eval.py reads it all the same.
-    process = subprocess.Popen(command("eval.py", f"--workdir={setup['owned']}", "--translate=-", "--mode=greedy"),
+    # A shell's background job (`pytest ... &`) ignores SIGINT and a child Python inherits that (it then
+    # never raises KeyboardInterrupt): eval.py runs with Python's own Ctrl-C handler, as from a terminal.
+    python, script, *args = command("eval.py", f"--workdir={setup['owned']}", "--translate=-", "--mode=greedy")
+    with_ctrl_c = ("import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+                   "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')")
+    process = subprocess.Popen([python, "-c", with_ctrl_c, script, *args],
                                cwd=ROOT, env=script_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     try:
