@@ -10,16 +10,28 @@ from __future__ import annotations
 import io
 import json
 import os
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from transformer_jax.errors import DataError
 from transformer_jax.evaluation.introspection import ATTENTION_TITLES
 from transformer_jax.run.files import is_file, read_text, write_atomically
 from transformer_jax.training.metrics_log import read_records, tensorboard_writer
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+
+def _agg_figure(**options: Any) -> Figure:
+    """A matplotlib Figure on the Agg canvas; matplotlib is imported only when a figure is drawn (it
+    takes ~0.3 s, and eval.py's scoring and train.py's steps draw none)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(**options)
+    FigureCanvasAgg(figure)
+    return figure
 
 PLOTS_DIRNAME = "plots"
 LEARNING_CURVES_FILENAME = "learning_curves.png"
@@ -46,8 +58,7 @@ def attention_figure(
     gap = 0.3  # between rows of panels, for their titles
     height = layers * panel + (layers - 1) * gap + bottom + top
     width = max(heads * panel + left + 0.15, 0.6 * 9 / 72 * max(map(len, title.splitlines())))
-    figure = Figure(figsize=(width, height))
-    FigureCanvasAgg(figure)
+    figure = _agg_figure(figsize=(width, height))
     grid = figure.subplots(layers, heads, squeeze=False, gridspec_kw=dict(
         left=left / width, right=1 - 0.15 / width, bottom=bottom / height, top=1 - top / height,
         wspace=0.08, hspace=gap / panel))
@@ -72,8 +83,7 @@ def attention_figure(
 def positional_encoding_figure(matrix_PxD: np.ndarray, kind: str) -> Figure:
     """The [positions, d_model] matrix as a heatmap, and a few of its dimensions against position."""
     positions, d_model = matrix_PxD.shape
-    figure = Figure(figsize=(12, 4.5), layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = _agg_figure(figsize=(12, 4.5), layout="constrained")
     heatmap, curves = figure.subplots(1, 2, width_ratios=(3, 2))
     limit = float(np.abs(matrix_PxD).max()) or 1.0  # 1 for sinusoids; learned tables are smaller
     image = heatmap.imshow(matrix_PxD, cmap="RdBu", vmin=-limit, vmax=limit, aspect="auto",
@@ -93,8 +103,7 @@ def learning_curves_figure(
     records: Sequence[dict[str, Any]], test_bleu: tuple[int, float] | None = None
 ) -> Figure:
     """Panels LEARNING_CURVE_PANELS against step, from metrics.jsonl records and a final (step, test BLEU)."""
-    figure = Figure(figsize=(15, 4.2), layout="constrained")
-    FigureCanvasAgg(figure)
+    figure = _agg_figure(figsize=(15, 4.2), layout="constrained")
     loss, learning_rate, bleu = figure.subplots(1, 3, sharex=True)
     for split, style in (("train", "-"), ("dev", "o-")):
         _plot_metric(loss, records, split, "loss", f"{split} loss", style)
@@ -141,7 +150,7 @@ def add_to_tensorboard(workdir: str, images: dict[str, Figure], step: int) -> No
     writer = tensorboard_writer(workdir)
     try:
         for tag, figure in images.items():
-            canvas = FigureCanvasAgg(figure)
+            canvas = figure.canvas  # the Agg canvas `_agg_figure` attached
             canvas.draw()
             rgb_HxWx3 = np.asarray(canvas.buffer_rgba())[..., :3]
             writer.add_image(tag, rgb_HxWx3, step, dataformats="HWC")
