@@ -283,9 +283,9 @@ def test_ctrl_c_during_eval_py_says_what_was_finished_and_exits_130(setup):
         process.stdin.write("The dog sleeps .\n")
         process.stdin.flush()
         first = process.stdout.readline()  # translated; eval.py now waits for the next line
-        # Standard input stays open: eval.py can only end by the interrupt. The kernel may hand the
-        # signal to one of XLA's threads, which does not wake the main thread from its read; a user
-        # presses Ctrl-C again, and so does this test, every 5 seconds.
+        # Standard input stays open: eval.py can only end by the interrupt. Rarely (1 of 14 tries on
+        # 2026-11-24, an interrupt sent the instant the translation was read) one is lost and eval.py
+        # keeps waiting; a user presses Ctrl-C again, and so does this test, every 5 seconds.
         for _ in range(24):
             process.send_signal(signal.SIGINT)
             try:
