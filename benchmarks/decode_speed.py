@@ -54,13 +54,13 @@ BASELINE_REVISION = "bfce298"
 DECODERS = {"beam": f"beam {BEAM_SIZE}, key/value cache", "greedy": "greedy, key/value cache"}
 
 
-def beam_decoder(make_step: Callable) -> Callable:
+def beam_decoder(make_step: Callable, config: TransformerConfig = CONFIG) -> Callable:
     """A jitted (params, src) -> ([B, 1, L] tokens, [B, 1] scores) beam search over `make_step`."""
     output_length = SOURCE_LENGTH + EXTRA_LENGTH
 
     def decode(params: Any, src_BxS: jax.Array) -> tuple[jax.Array, jax.Array]:
-        step_fn, state = make_step(params, CONFIG, src_BxS, BEAM_SIZE, output_length)
-        max_lengths_B = max_output_lengths(src_BxS, EXTRA_LENGTH, CONFIG.max_len)
+        step_fn, state = make_step(params, config, src_BxS, BEAM_SIZE, output_length)
+        max_lengths_B = max_output_lengths(src_BxS, EXTRA_LENGTH, config.max_len)
         out = beam_search_loop(step_fn, state, max_lengths_B, beam_size=BEAM_SIZE,
                                output_length=output_length, alpha=ALPHA, eos_id=NO_EOS)
         return out.tokens_BxnxL, out.scores_Bxn
@@ -68,13 +68,13 @@ def beam_decoder(make_step: Callable) -> Callable:
     return jax.jit(decode)
 
 
-def greedy_decoder() -> Callable:
+def greedy_decoder(config: TransformerConfig = CONFIG) -> Callable:
     """A jitted (params, src) -> [B, L] greedy decoder with the cache."""
     output_length = SOURCE_LENGTH + EXTRA_LENGTH
 
     def decode(params: Any, src_BxS: jax.Array) -> jax.Array:
-        step_fn, state = cached_step(params, CONFIG, src_BxS, 1, output_length)
-        max_lengths_B = max_output_lengths(src_BxS, EXTRA_LENGTH, CONFIG.max_len)
+        step_fn, state = cached_step(params, config, src_BxS, 1, output_length)
+        max_lengths_B = max_output_lengths(src_BxS, EXTRA_LENGTH, config.max_len)
         return token_loop(step_fn, state, max_lengths_B, output_length, greedy_choice,
                           jax.random.key(0), eos_id=NO_EOS)[0]
 
@@ -106,13 +106,13 @@ def measure(decoder: Callable, params: Any, src: jax.Array, repeats: int) -> dic
 
 def worker_main(kind: str, dtype: str) -> None:
     """A worker process decoding with whichever transformer_jax it imports (see `compare`)."""
-    global CONFIG
     params, src = inputs()
+    config = CONFIG
     if dtype:  # only this tree's workers are given a dtype
         from transformer_jax.decoding.translate import in_dtype
 
-        params, CONFIG = in_dtype(params, CONFIG, dtype)
-    decoder = beam_decoder(cached_step) if kind == "beam" else greedy_decoder()
+        params, config = in_dtype(params, config, dtype)
+    decoder = beam_decoder(cached_step, config) if kind == "beam" else greedy_decoder(config)
     outputs: list[Any] = []
 
     def build() -> Callable[[], Any]:

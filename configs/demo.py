@@ -26,7 +26,8 @@ def get_config():
     # rows of 64 gave 78.56 / 89.75, and 32-token rows of 4_096 slots (8% fewer real tokens a step) 74.08.
     config.data.eval_batch_size = 128
     # Translation batches of 512 source token slots (at most 128 sentences): on 2 CPU cores the test split
-    # translates 1.5x faster than in batches of 128 sentences, the same translations (BENCHMARKS.md, split).
+    # translates in 12.0 s instead of 15.2 s with batches of 128 sentences, the same translations, once its
+    # searches are compiled; cold, its one extra batch shape makes eval.py 2-4 s slower (BENCHMARKS.md, split).
     config.eval.batch_tokens = 512
 
     model = config.model

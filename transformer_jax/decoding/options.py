@@ -45,9 +45,9 @@ class DecodeOptions:
       batch_tokens: when > 0, a split's batches hold about this many source token slots (rows x the
         batch's padded source length, at most batch_size rows): long sentences go in fewer rows.
       dtype: "" decodes in the model's own compute dtype; "float32" or "bfloat16" casts the weights
-        and runs the matmuls in that dtype (softmax, scores and the attention over the caches stay
-        float32). bfloat16 halves the weights' bytes: faster on accelerators and on CPUs with
-        AVX512-BF16/AMX; BENCHMARKS.md gives its speed and BLEU against float32.
+        and runs the matmuls in that dtype (softmax and scores stay float32; on CPUs the attention over
+        the caches too). bfloat16 halves the weights' bytes; BENCHMARKS.md gives its speed and BLEU
+        against float32 on a CPU with AVX512-BF16 (not measured on accelerators).
     """
 
     mode: DecodeMode = "beam"

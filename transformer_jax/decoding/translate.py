@@ -32,7 +32,8 @@ def translate_batch(
     """[B, S] source ids -> [B, L] output ids by `options.mode`: "beam" (the best), "greedy" or "sample".
 
     Sampling draws from `rng`, or from `jax.random.key(options.seed)` when none is given. With
-    `options.dtype`, the weights are cast to it first (inside a caller's jit: once per call).
+    `options.dtype`, the weights are cast to it first (inside a caller's jit: once per call; to
+    translate many batches, cast once with `in_dtype` and pass dtype='').
     """
     params, config = in_dtype(params, config, options.dtype)
     if options.mode == "beam":

@@ -32,7 +32,7 @@ from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
 from transformer_jax.data.translation_batches import translation_batches
 from transformer_jax.decoding.cache import decoding_platform
 from transformer_jax.decoding.options import DecodeOptions
-from transformer_jax.decoding.translate import translate_batch
+from transformer_jax.decoding.translate import in_dtype, translate_batch
 from transformer_jax.errors import DataError
 from transformer_jax.evaluation.checkpoint_selection import (
     Run,
@@ -141,8 +141,11 @@ def translate_encoded(
     empty = encoded.source.lengths <= 1
     batches = translation_batches(encoded, options.batch_size, options.batch_tokens, items=np.flatnonzero(~empty),
                                   row_multiple=mesh.size if split_rows else 1)
+    # The weights in the decoding dtype once, not inside every batch's search (which then casts nothing).
+    params, config = in_dtype(params, config, options.dtype)
     # The search's own settings: batch sizes only choose the shapes, so they do not make another program.
-    search_options = options.replace(batch_size=DecodeOptions.batch_size, batch_tokens=DecodeOptions.batch_tokens)
+    search_options = options.replace(batch_size=DecodeOptions.batch_size, batch_tokens=DecodeOptions.batch_tokens,
+                                     dtype="")
     rng = jax.random.key(options.seed)
     outputs: list[str] = []
     indices: list[int] = []
