@@ -21,7 +21,7 @@ from transformer_jax.run.cli import interrupts_reported, parse_flags, user_error
 from transformer_jax.run.compile_cache import default_cache_dir, use_compilation_cache
 from transformer_jax.run.config_schema import decode_options
 from transformer_jax.run.console import quiet_console
-from transformer_jax.run.sharding import make_mesh
+from transformer_jax.run.sharding import make_mesh, set_cpu_devices
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The --workdir of a training run.")
 _CHECKPOINT = flags.DEFINE_string(
@@ -54,6 +54,9 @@ _CURVES = flags.DEFINE_bool("plot_curves", False, "Plot loss, learning rate and 
 _COMPILATION_CACHE = flags.DEFINE_string(
     "compilation_cache", default_cache_dir(),
     "Keep compiled programs here and load them in later runs (empty: off).")
+_CPU_DEVICES = flags.DEFINE_integer(
+    "cpu_devices", None, "On a CPU backend, devices that split each batch's rows (0: one per core, at most 8; "
+    "default: XLA_FLAGS' device count if set, else 0). GPU/TPU backends are not affected.")
 flags.mark_flag_as_required("workdir")
 
 
@@ -77,6 +80,7 @@ def main(argv: list[str]) -> None:
         return "nothing was written"
 
     with user_errors(), interrupts_reported(finished):
+        set_cpu_devices(_CPU_DEVICES.value)  # before JAX starts its backends
         if _CURVES.value or _POSITIONS.value or {_ATTENTION.value, _ATTENTION_TARGET.value} != {None}:
             for path in write_figures(_WORKDIR.value, _CHECKPOINT.value, decoding_options, attention=_ATTENTION.value,
                                       attention_target=_ATTENTION_TARGET.value,
@@ -99,7 +103,8 @@ def main(argv: list[str]) -> None:
                 write_params(checkpoint_params(run, steps), _AVERAGED.value)
                 print(f"wrote the parameters of steps {steps} to {_AVERAGED.value}")
             else:
-                for translation in translate_file(run, checkpoint_params(run, steps), _TRANSLATE.value, options):
+                for translation in translate_file(run, checkpoint_params(run, steps), _TRANSLATE.value, options,
+                                                  mesh=make_mesh()):
                     print(translation, flush=True)
                     printed[0] += 1
         finally:

@@ -31,6 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -104,15 +105,33 @@ def measure(decoder: Callable, params: Any, src: jax.Array, repeats: int) -> dic
             "sentences_per_s": NUM_SENTENCES / seconds, "output": output}
 
 
-def worker_main(kind: str, dtype: str) -> None:
-    """A worker process decoding with whichever transformer_jax it imports (see `compare`)."""
+def split_rows(decoder: Callable, params: Any, src: jax.Array) -> tuple[Callable, Any, jax.Array]:
+    """`decoder` with every CPU device searching its own block of rows (as eval.py's `translate_rows`),
+    and the inputs placed for it: parameters whole on each device, the rows split."""
+    mesh = Mesh(np.asarray(jax.devices()), ("rows",))
+    rows = PartitionSpec("rows")
+    split = jax.jit(jax.shard_map(decoder, mesh=mesh, in_specs=(PartitionSpec(), rows), out_specs=rows,
+                                  check_vma=False))
+    return (split, jax.device_put(params, NamedSharding(mesh, PartitionSpec())),
+            jax.device_put(src, NamedSharding(mesh, rows)))
+
+
+def worker_main(kind: str, dtype: str, devices: int) -> None:
+    """A worker process decoding with whichever transformer_jax it imports (see `compare`), on `devices`
+    CPU devices (only this tree's workers are given a dtype or more than one device)."""
+    if devices > 1:
+        from transformer_jax.run.sharding import set_cpu_devices
+
+        set_cpu_devices(devices)
     params, src = inputs()
     config = CONFIG
-    if dtype:  # only this tree's workers are given a dtype
+    if dtype:
         from transformer_jax.decoding.translate import in_dtype
 
         params, config = in_dtype(params, config, dtype)
     decoder = beam_decoder(cached_step, config) if kind == "beam" else greedy_decoder(config)
+    if devices > 1:
+        decoder, params, src = split_rows(decoder, params, src)
     outputs: list[Any] = []
 
     def build() -> Callable[[], Any]:
@@ -140,12 +159,14 @@ def baseline_tree(revision: str, directory: str) -> str | None:
     return directory
 
 
-def compare(kind: str, trees: dict[str, tuple[str, str]], rounds: int) -> dict[str, Any]:
-    """Alternating rounds of one decode per contender (name -> (tree, dtype)), each in its own worker."""
+def compare(kind: str, trees: dict[str, tuple[str, str, int]], rounds: int) -> dict[str, Any]:
+    """Alternating rounds of one decode per contender (name -> (tree, dtype, CPU devices)), each in its own
+    worker."""
     started = {}
-    for name, (tree, dtype) in trees.items():
+    for name, (tree, dtype, devices) in trees.items():
         env = dict(os.environ, DECODE_SPEED_TREE=tree, PYTHONPATH=tree)
-        command = [sys.executable, os.path.abspath(__file__), f"--worker={kind}", f"--worker_dtype={dtype}"]
+        command = [sys.executable, os.path.abspath(__file__), f"--worker={kind}", f"--worker_dtype={dtype}",
+                   f"--worker_devices={devices}"]
         started[name] = workers.Worker(command, env)
     try:
         times: dict[str, list[float]] = {name: [] for name in trees}
@@ -172,15 +193,15 @@ def compare(kind: str, trees: dict[str, tuple[str, str]], rounds: int) -> dict[s
 
 
 def run(repeats: int = 3, with_reference: bool = True, baseline: str | None = BASELINE_REVISION,
-        rounds: int = 5, dtypes: tuple[str, ...] = ("",)) -> dict[str, Any]:
-    """Beam-4 and greedy sentences/s, ours (in each of `dtypes`; '' = the model's float32) against
-    `baseline` (a git revision; None: ours alone)."""
+        rounds: int = 5, dtypes: tuple[str, ...] = ("",), devices: tuple[int, ...] = (1,)) -> dict[str, Any]:
+    """Beam-4 and greedy sentences/s, ours (in each of `dtypes`, '' = the model's float32, on each count of
+    CPU `devices`) against `baseline` (a git revision on one device; None: ours alone)."""
     summary: dict[str, Any] = {"baseline_revision": baseline, "rounds": rounds}
     with tempfile.TemporaryDirectory() as directory:
-        trees = {contender_name(dtype): (REPO, dtype) for dtype in dtypes}
+        trees = {contender_name(dtype, count): (REPO, dtype, count) for count in devices for dtype in dtypes}
         before = baseline_tree(baseline, directory) if baseline else None
         if before:
-            trees = {"before": (before, ""), **trees}
+            trees = {"before": (before, "", 1), **trees}
         summary["decoders"] = {kind: compare(kind, trees, rounds) for kind in DECODERS}
     if with_reference:
         params, src = inputs()
@@ -195,9 +216,9 @@ def run(repeats: int = 3, with_reference: bool = True, baseline: str | None = BA
     return summary
 
 
-def contender_name(dtype: str) -> str:
-    """'ours' for the model's own dtype, else e.g. 'ours bfloat16'."""
-    return f"ours {dtype}" if dtype else "ours"
+def contender_name(dtype: str, devices: int = 1) -> str:
+    """'ours' for the model's own dtype on one device, else e.g. 'ours bfloat16, 2 devices'."""
+    return ("ours" + (f" {dtype}" if dtype else "") + (f", {devices} devices" if devices > 1 else ""))
 
 
 def print_summary(result: dict[str, Any]) -> None:
@@ -206,7 +227,7 @@ def print_summary(result: dict[str, Any]) -> None:
         for name, ours in row.items():
             if name == "before":
                 continue
-            line = (f"{DECODERS[kind]:<32} {name:<14} {ours['sentences_per_s']:7.1f} sentences/s "
+            line = (f"{DECODERS[kind]:<32} {name:<24} {ours['sentences_per_s']:7.1f} sentences/s "
                     f"({ours['seconds']:.2f} s)")
             if "before" in row:
                 before = row["before"]
@@ -228,14 +249,18 @@ def main() -> None:
     parser.add_argument("--baseline", default=BASELINE_REVISION, help="git revision to compare with ('' for none)")
     parser.add_argument("--reference", action="store_true", help="also time the full-prefix reference")
     parser.add_argument("--dtypes", default="", help="comma-separated decoding dtypes of ours ('' = the model's)")
+    parser.add_argument("--cpu_devices", default="1",
+                        help="comma-separated CPU device counts for ours (rows split over them, as eval.py does)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker_dtype", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--worker_devices", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        worker_main(args.worker, args.worker_dtype)
+        worker_main(args.worker, args.worker_dtype, args.worker_devices)
         return
     print_summary(run(with_reference=args.reference, baseline=args.baseline or None, rounds=args.rounds,
-                      dtypes=tuple(args.dtypes.split(","))))
+                      dtypes=tuple(args.dtypes.split(",")),
+                      devices=tuple(int(count) for count in args.cpu_devices.split(","))))
 
 
 if __name__ == "__main__":

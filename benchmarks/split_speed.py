@@ -17,8 +17,9 @@ figures are medians over the rounds, and the sentences that differ from "today" 
 
 With --cli_baseline=REV it also times the whole `eval.py --checkpoint=latest` command, as a user runs
 it (start-up, compiles, translation, loss and scores), of revision REV (extracted with `git archive`)
-and of this tree (with each --batch_tokens), in alternating rounds on copies of the run, and
-checks that the hypotheses files are identical.
+and of this tree (its run's settings, then --cpu_devices=1, each --batch_tokens, each --dtypes, and
+with its compilation cache filled), in alternating rounds on copies of the run, and checks that the
+hypotheses files are identical.
 """
 
 from __future__ import annotations
@@ -139,18 +140,14 @@ def run(workdir: str, sentences: int = 0, rounds: int = 3, batch_tokens: tuple[i
             "batch_size": options.batch_size, "contenders": result}
 
 
-# (tree, --batch_tokens or None for an old revision without the flag, --compilation_cache or None,
-# --dtype or '' for the model's own).
-EvalContender = tuple[str, int | None, str | None, str]
+# (tree, eval.py flags beyond --workdir and --checkpoint; "--compilation_cache=" unless the contender uses one).
+EvalContender = tuple[str, list[str]]
 
 
 def eval_command(workdir: str, contender: EvalContender) -> list[str]:
     """`python eval.py` of the contender's tree on `workdir`'s test split (its last checkpoint)."""
-    tree, batch_tokens, cache, dtype = contender
-    command = [sys.executable, os.path.join(tree, "eval.py"), f"--workdir={workdir}", "--checkpoint=latest"]
-    command += [f"--batch_tokens={batch_tokens}"] if batch_tokens is not None else []
-    command += [f"--dtype={dtype}"] if dtype else []
-    return command + ([f"--compilation_cache={cache}"] if cache is not None else [])
+    tree, flags = contender
+    return [sys.executable, os.path.join(tree, "eval.py"), f"--workdir={workdir}", "--checkpoint=latest", *flags]
 
 
 def run_eval(workdir: str, contender: EvalContender) -> tuple[float, dict[str, Any], bytes]:
@@ -165,10 +162,27 @@ def run_eval(workdir: str, contender: EvalContender) -> tuple[float, dict[str, A
         return seconds, json.load(f), h.read()
 
 
+# Run-config keys added after the baseline revision, left out of its copy of the run (whose eval.py would
+# reject them): float32_dot_outputs is False in a trained run's config, and that revision batched by sentences.
+KEYS_AFTER_BASELINE = {"model": ("float32_dot_outputs",), "eval": ("batch_tokens", "dtype")}
+
+
+def without_newer_keys(workdir: str) -> None:
+    """Drop KEYS_AFTER_BASELINE from the run config in `workdir` (a copy for the baseline revision)."""
+    path = os.path.join(workdir, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    for section, keys in KEYS_AFTER_BASELINE.items():
+        for key in keys:
+            config[section].pop(key, None)
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2)
+
+
 def compare_cli(workdir: str, revision: str, rounds: int, batch_tokens: tuple[int, ...],
                 dtypes: tuple[str, ...] = ()) -> dict[str, Any]:
-    """eval.py of `revision` against this tree's eval.py (default batching, each budget, and the last budget
-    decoding in each of `dtypes`), alternating."""
+    """eval.py of `revision` against this tree's eval.py (the run's settings, one CPU device, each token budget,
+    each of `dtypes`, and with its compilation cache filled), alternating."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     with tempfile.TemporaryDirectory() as scratch:
         old_tree = os.path.join(scratch, "before")
@@ -177,17 +191,19 @@ def compare_cli(workdir: str, revision: str, rounds: int, batch_tokens: tuple[in
         subprocess.run(["tar", "-x", "-C", old_tree], input=archive.stdout, check=True)
         # Today's runs compile every program (no cache), as the old revision does; the last contender
         # loads them from a cache filled before the rounds (a later eval.py of the same shapes).
-        contenders: dict[str, EvalContender] = {f"eval.py of {revision}": (old_tree, None, None, ""),
-                                                "eval.py today": (repo, 0, "", "")}
-        contenders.update({f"eval.py today, {t} tokens": (repo, t, "", "") for t in batch_tokens})
-        contenders.update({f"eval.py today, {batch_tokens[-1]} tokens, {dtype}": (repo, batch_tokens[-1], "", dtype)
-                           for dtype in dtypes})
-        warm = (repo, batch_tokens[-1], os.path.join(scratch, "compilation_cache"), "")
-        contenders[f"eval.py today, {batch_tokens[-1]} tokens, cache filled"] = warm
+        cold = "--compilation_cache="
+        contenders: dict[str, EvalContender] = {f"eval.py of {revision}": (old_tree, []),
+                                                "eval.py today": (repo, [cold]),
+                                                "eval.py today, one CPU device": (repo, [cold, "--cpu_devices=1"])}
+        contenders.update({f"eval.py today, {t} tokens": (repo, [cold, f"--batch_tokens={t}"]) for t in batch_tokens})
+        contenders.update({f"eval.py today, {dtype}": (repo, [cold, f"--dtype={dtype}"]) for dtype in dtypes})
+        warm = (repo, [f"--compilation_cache={os.path.join(scratch, 'compilation_cache')}"])
+        contenders["eval.py today, cache filled"] = warm
         copies = {}
         for name in contenders:
             copies[name] = os.path.join(scratch, f"run{len(copies)}")
             shutil.copytree(workdir, copies[name], ignore=shutil.ignore_patterns("eval", "run.lock"))
+        without_newer_keys(copies[f"eval.py of {revision}"])
         run_eval(copies[list(contenders)[-1]], warm)  # fills the cache
         results: dict[str, Any] = {}
 
@@ -214,12 +230,13 @@ def main() -> None:
     parser.add_argument("--workdir", default="runs/demo", help="a trained run (make demo writes runs/demo)")
     parser.add_argument("--sentences", type=int, default=0, help="translate the first N test sentences (0: all)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
-    parser.add_argument("--batch_tokens", default="256", help="comma-separated token budgets to time")
+    parser.add_argument("--batch_tokens", default="256", help="comma-separated token budgets to time (eval.py: "
+                        "besides the run's own; empty: none)")
     parser.add_argument("--cli_baseline", default="", help="also time eval.py of this git revision against today's")
     parser.add_argument("--skip_library", action="store_true", help="only the eval.py comparison")
     parser.add_argument("--dtypes", default="", help="comma-separated eval.py --dtype values to time too")
     args = parser.parse_args()
-    budgets = tuple(int(t) for t in args.batch_tokens.split(","))
+    budgets = tuple(int(t) for t in args.batch_tokens.split(",") if t)
     if not args.skip_library:
         run(args.workdir, args.sentences, args.rounds, budgets)
     if args.cli_baseline:

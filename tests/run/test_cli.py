@@ -81,6 +81,21 @@ def test_eval_translates_standard_input_line_by_line(trained):
     assert bfloat16.stdout == result.stdout
 
 
+def test_eval_splits_a_files_batches_over_cpu_devices_with_the_same_translations(trained, tmp_path):
+    _, workdir, _ = trained
+    text = tmp_path / "lines.txt"
+    text.write_text("The dog sleeps.\nI see the cat.\n\nThe cat sees the big dog.\nA bird.\n")
+    outputs = {}
+    # 1: one device; 3: each of 3 devices decodes a third of the (padded) rows; default: one per core.
+    for devices in ("1", "3", None):
+        result = run("eval.py", f"--workdir={workdir}", f"--translate={text}", "--beam_size=2",
+                     *([f"--cpu_devices={devices}"] if devices else []))
+        assert result.returncode == 0, result.stderr[-3000:]
+        outputs[devices] = result.stdout
+    assert len(outputs["1"].split("\n")) == 6 and outputs["1"].split("\n")[2] == ""
+    assert outputs["3"] == outputs["1"] and outputs[None] == outputs["1"]
+
+
 def test_eval_exports_a_ctranslate2_model_that_scores_as_ours(trained, tmp_path):
     ctranslate2 = pytest.importorskip("ctranslate2")
     import sentencepiece as spm

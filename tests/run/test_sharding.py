@@ -1,4 +1,4 @@
-"""The sharded train step gives one device's results on data=8 and data=4 x fsdp=2 meshes."""
+"""The sharded train step gives one device's results on data=8 and data=4 x fsdp=2 meshes; CPU device counts."""
 
 import json
 import os
@@ -10,8 +10,8 @@ import jax
 import numpy as np
 import pytest
 
-from transformer_jax.errors import MeshError
-from transformer_jax.run.sharding import make_mesh
+from transformer_jax.errors import ConfigError, MeshError
+from transformer_jax.run.sharding import make_mesh, set_cpu_devices
 from transformer_jax.training.checkpoints import Checkpointer
 
 # Runs in a fresh interpreter: the host-device count must be set before JAX starts.
@@ -91,3 +91,36 @@ def test_mesh_results_equal_one_device(tmp_path):
 def test_mesh_that_does_not_cover_the_devices_is_a_clear_error():
     with pytest.raises(MeshError, match="does not cover the 1 available devices"):
         make_mesh(data=2, fsdp=1)
+
+
+# Prints what set_cpu_devices returned and the devices JAX then has (a fresh interpreter each time).
+CPU_DEVICES_SCRIPT = (
+    "import sys, jax; from transformer_jax.run.sharding import set_cpu_devices; "
+    "count = set_cpu_devices(None if sys.argv[1] == 'default' else int(sys.argv[1])); "
+    "print(count, jax.device_count(), jax.devices()[0].platform)"
+)
+
+
+def cpu_devices_after(argument: str, **environment: str) -> list[str]:
+    env = {key: value for key, value in os.environ.items() if key not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env.update(JAX_PLATFORMS="cpu", **environment)
+    run = subprocess.run([sys.executable, "-c", CPU_DEVICES_SCRIPT, argument], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run.stdout.split()
+
+
+def test_cpu_devices_default_to_one_per_core_unless_the_user_chose():
+    cores = str(min(len(os.sched_getaffinity(0)), 8))
+    assert cpu_devices_after("default") == [cores, cores, "cpu"]
+    assert cpu_devices_after("0") == [cores, cores, "cpu"]
+    # A device count the user set in XLA_FLAGS or JAX_NUM_CPU_DEVICES stands, unless one is passed.
+    forced = "--xla_force_host_platform_device_count=3"
+    assert cpu_devices_after("default", XLA_FLAGS=forced) == ["None", "3", "cpu"]
+    assert cpu_devices_after("default", JAX_NUM_CPU_DEVICES="5") == ["None", "5", "cpu"]
+    assert cpu_devices_after("2", XLA_FLAGS=forced) == ["2", "2", "cpu"]
+
+
+def test_negative_cpu_devices_is_a_config_error():
+    with pytest.raises(ConfigError, match="cpu_devices=-1 must be >= 0"):
+        set_cpu_devices(-1)

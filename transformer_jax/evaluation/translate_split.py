@@ -232,33 +232,41 @@ def evaluate_checkpoint(run: Run, spec: str, split: str, options: DecodeOptions,
     return results
 
 
-def translate_lines(run: Run, params: Any, lines: Iterable[str], options: DecodeOptions) -> Iterator[str]:
-    """Translations of `lines`, yielded in order; `options.batch_size` lines are decoded together."""
+def translate_lines(run: Run, params: Any, lines: Iterable[str], options: DecodeOptions,
+                    mesh: Mesh | None = None) -> Iterator[str]:
+    """Translations of `lines`, yielded in order; `options.batch_size` lines are decoded together
+    (their rows split over `mesh` when given)."""
+    if mesh is not None:
+        params = replicate(nn.meta.unbox(params), mesh)  # once, not for every chunk
     buffer: list[str] = []
     for line in lines:
         buffer.append(line.rstrip("\n"))
         if len(buffer) == options.batch_size:
-            yield from _translate_chunk(run, params, buffer, options)
+            yield from _translate_chunk(run, params, buffer, options, mesh)
             buffer = []
     if buffer:
-        yield from _translate_chunk(run, params, buffer, options)
+        yield from _translate_chunk(run, params, buffer, options, mesh)
 
 
-def translate_file(run: Run, params: Any, path: str, options: DecodeOptions) -> Iterator[str]:
-    """Translations of each line of the UTF-8 text file `path` ("-": standard input, a line at a time)."""
+def translate_file(run: Run, params: Any, path: str, options: DecodeOptions,
+                   mesh: Mesh | None = None) -> Iterator[str]:
+    """Translations of each line of the UTF-8 text file `path` ("-": standard input, a line at a time,
+    on one device), batches split over `mesh` when given."""
     if path == "-":
         yield from translate_lines(run, params, sys.stdin, options.replace(batch_size=1))
         return
     if not os.path.isfile(path):
         raise DataError(f"--translate file {path} does not exist; pass a text file or -")
-    yield from translate_lines(run, params, read_lines(path), options)
+    yield from translate_lines(run, params, read_lines(path), options, mesh)
 
 
-def _translate_chunk(run: Run, params: Any, texts: list[str], options: DecodeOptions) -> list[str]:
+def _translate_chunk(run: Run, params: Any, texts: list[str], options: DecodeOptions,
+                     mesh: Mesh | None) -> list[str]:
     encoded = encode_pairs([(text, "") for text in texts], run.tokenizer)
     # Decode as many rows as there are lines (one for interactive use), not a full eval batch.
     options = options.replace(batch_size=min(options.batch_size, len(texts)))
-    return translate_encoded(params, run.model_config, encoded, run.tokenizer, options, show_progress=False)
+    return translate_encoded(params, run.model_config, encoded, run.tokenizer, options, show_progress=False,
+                             mesh=mesh)
 
 
 def format_results(results: dict[str, Any]) -> str:
