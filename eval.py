@@ -2,7 +2,7 @@
 
   python eval.py --workdir=DIR [--checkpoint=latest|best|STEP|average:N] [--split=test|dev]
                  [--beam_size=4 --alpha=0.6 --max_extra_length=50] [--mode=beam|greedy|sample]
-                 [--dtype=float32|bfloat16]
+                 [--dtype=float32|bfloat16] [--cpu_devices=N]
   python eval.py --workdir=DIR --translate=FILE|-        # translate text line by line
   python eval.py --workdir=DIR --checkpoint=average:5 --write_averaged=PATH
   python eval.py --workdir=DIR [--checkpoint=...] --export=ctranslate2:OUT   # a CTranslate2 model directory

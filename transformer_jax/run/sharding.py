@@ -1,4 +1,4 @@
-"""Device mesh, logical-axis rules and shardings for the train state and batches.
+"""Device mesh, logical-axis rules and shardings for the train state and batches; CPU device counts.
 
 The mesh has two axes: `data` (pure data parallelism: parameters replicated) and `fsdp` (data
 parallelism with parameters and optimizer state sharded). Batches split their leading axis over
