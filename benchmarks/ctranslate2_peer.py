@@ -1,6 +1,6 @@
 """CTranslate2 as a decoding peer: the same model exported, beam 4 and greedy on CPU, float32 and int8, against ours.
 
-  python benchmarks/ctranslate2_peer.py [--rounds=5]
+  python benchmarks/ctranslate2_peer.py [--rounds=5] [--cpu_devices=2] [--json=PATH]
 
 The model and shapes are decode_speed.py's: a randomly initialized Transformer (d_model 256, 3 layers,
 d_ff 1024, 4 heads, vocabulary 8000), 32 source sentences of 25 tokens, every output forced to 50
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import statistics
 import sys
@@ -146,6 +147,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cpu_devices", type=int, default=THREADS, help="ours also on this many CPU devices (1: not)")
+    parser.add_argument("--json", default=None, help="also write the figures here")
     args = parser.parse_args()
     import ctranslate2
 
@@ -160,6 +162,9 @@ def main() -> None:
         print(f"  {name:52s} {value:8.1f} sentences/s")
     for name, value in summary["ratios"].items():
         print(f"  {name:60s} {value:6.2f}x")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"ctranslate2": ctranslate2.__version__, **summary}, f, indent=2)
 
 
 if __name__ == "__main__":

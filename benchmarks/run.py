@@ -1,6 +1,7 @@
 """The benchmark harness: one command, a printed table per section, and a JSON file.
 
-    python benchmarks/run.py [--quick] [--sections train,e2e,widths,decode,options,pipeline,split] [--json PATH]
+    python benchmarks/run.py [--quick] [--sections train,e2e,widths,decode,ctranslate2,options,pipeline,split]
+                             [--json PATH]
 
 Sections:
   train    train step of ours and PyTorch's nn.Transformer (same dimensions, shared embeddings,
@@ -13,11 +14,15 @@ Sections:
            buckets, on a short-sentence and a WMT-like length profile, alternating rounds: real target
            tokens/s, the ratio to rows of max_length, and the share of attention scores wasted;
   decode   beam-4 and greedy sentences/s against an earlier revision's decoding, alternating in
-           worker processes (and the key/value cache's speed-up);
+           worker processes, ours in float32 and bfloat16 on one CPU device and on one per core (as
+           eval.py decodes on a CPU host; at most 8), and the key/value cache's speed-up;
+  ctranslate2  CTranslate2 on the same model exported, float32 and int8, one batch or parallel
+           batches, against ours (ctranslate2_peer.py, in its own process);
   options  scan_layers / remat: compile time, XLA's temporary memory and step time;
   pipeline the input pipeline alone (batches/s, padding efficiency);
   split    whole-split translation of the demo run's test set (runs/demo: `make demo` first), the
-           former batching against batching by source length with a token budget (split_speed.py).
+           former batching against batching by source length with a token budget, then the whole
+           eval.py command against the decoding issue's revision (split_speed.py).
 Needs the benchmark extra for the peer: pip install -e '.[bench]' (PyTorch CPU wheel).
 """
 
@@ -28,7 +33,9 @@ import datetime
 import json
 import os
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 from typing import Any
 
@@ -40,7 +47,8 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 import jax
 import jax.numpy as jnp
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 
 import decode_speed
 import end_to_end
@@ -153,8 +161,10 @@ def section_widths(args: argparse.Namespace, report: dict[str, Any]) -> None:
 
 
 def section_decode(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    cores = min(len(os.sched_getaffinity(0)), 8)
     result = decode_speed.run(repeats=2 if args.quick else 3, with_reference=not args.quick,
-                              rounds=3 if args.quick else 5, dtypes=("", "bfloat16"))
+                              rounds=3 if args.quick else 7, dtypes=("", "bfloat16"),
+                              devices=(1, cores) if cores > 1 else (1,))
     decode_speed.print_summary(result)
     report["decode"] = result
 
@@ -209,12 +219,26 @@ def section_pipeline(args: argparse.Namespace, report: dict[str, Any]) -> None:
     report["pipeline"] = input_pipeline.run(1.0 if args.quick else 5.0, builtin)
 
 
+def section_ctranslate2(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    # Its own process: ours runs on one CPU device per core there, a count fixed when JAX starts.
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(scratch, "ct2.json")
+        subprocess.run([sys.executable, os.path.join(HERE, "ctranslate2_peer.py"), f"--rounds={3 if args.quick else 7}",
+                        f"--json={path}"], check=True)
+        with open(path) as f:
+            report["ctranslate2"] = json.load(f)
+
+
 def section_split(args: argparse.Namespace, report: dict[str, Any]) -> None:
     report["split"] = split_speed.run("runs/demo", sentences=400 if args.quick else 0, rounds=1 if args.quick else 3)
+    if not args.quick:  # the whole eval.py command, as a user runs it, against the decoding issue's revision
+        report["split"]["eval_py"] = split_speed.compare_cli("runs/demo", decode_speed.BASELINE_REVISION, 3, (),
+                                                             ("bfloat16",))
 
 
 SECTIONS = {"train": section_train, "e2e": section_e2e, "widths": section_widths, "decode": section_decode,
-            "options": section_options, "pipeline": section_pipeline, "split": section_split}
+            "ctranslate2": section_ctranslate2, "options": section_options, "pipeline": section_pipeline,
+            "split": section_split}
 
 
 def main() -> None:
