@@ -218,6 +218,7 @@ EVAL_ROWS = [
     ("unknown mode", lambda s: ["--mode=topk"], ["--mode=topk: value should be one of <beam|greedy|sample>"]),
     ("zero beam", lambda s: ["--beam_size=0"], ["beam_size=0 must be a positive integer"]),
     ("unknown dtype", lambda s: ["--dtype=float16"], ["--dtype=float16: value should be one of <float32|bfloat16>"]),
+    ("negative CPU device count", lambda s: ["--cpu_devices=-1"], ["cpu_devices=-1 must be >= 0 (0: one per core)"]),
     ("negative length penalty", lambda s: ["--alpha=-1"], ["alpha=-1.0 must be >= 0"]),
     ("negative length limit", lambda s: ["--max_extra_length=-1"], ["max_extra_length=-1 must be"]),
     ("negative top_k", lambda s: ["--mode=sample", "--top_k=-1"], ["top_k=-1 must be 0 (keep every token) or"]),

@@ -72,7 +72,8 @@ def set_cpu_devices(count: int | None) -> int | None:
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     count = count or min(cores, MAX_AUTOMATIC_CPU_DEVICES)
-    jax.config.update("jax_num_cpu_devices", count)
+    if jax.config.jax_num_cpu_devices != count:  # (setting it again once JAX has started would raise)
+        jax.config.update("jax_num_cpu_devices", count)
     return count
 
 
