@@ -56,7 +56,7 @@ _COMPILATION_CACHE = flags.DEFINE_string(
     "Keep compiled programs here and load them in later runs (empty: off).")
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", None, "On a CPU backend, devices that split each batch's rows (0: one per core, at most 8; "
-    "default: XLA_FLAGS' device count if set, else 0). GPU/TPU backends are not affected.")
+    "default: the count XLA_FLAGS or JAX_NUM_CPU_DEVICES set, else 0). GPU/TPU backends are not affected.")
 flags.mark_flag_as_required("workdir")
 
 

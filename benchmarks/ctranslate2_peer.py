@@ -9,7 +9,8 @@ with alpha 0.6 (the length penalty formula differs, which changes no timing). Th
 `export_ctranslate2`; CTranslate2 appends EOS to each source, so it is given 24 of the 25 tokens: both
 encode 25 positions. Both sides use the 2 cores two ways: CTranslate2 with intra_threads=2 on one batch
 of 32, and with inter_threads=2 on two batches of 16 in parallel; ours on one CPU device, and on two
-devices each searching 16 rows (what eval.py does on a CPU host: `--cpu_devices`).
+devices each searching 16 rows (what eval.py does on a CPU host: `--cpu_devices`). On another machine
+"2" is its core count (at most 8, a power of two).
 Contenders alternate within each round; the figure is the median over rounds. Compilation is apart.
 """
 
@@ -41,37 +42,33 @@ from decode_speed import (  # noqa: E402
     SOURCE_LENGTH,
     beam_decoder,
     greedy_decoder,
+    split_device_count,
     split_rows,
 )
 
 from transformer_jax import Transformer  # noqa: E402
-from transformer_jax.decoding.beam_search import beam_search  # noqa: E402
 from transformer_jax.decoding.cache import cached_step  # noqa: E402
-from transformer_jax.decoding.sampling import greedy_decode  # noqa: E402
 from transformer_jax.decoding.translate import in_dtype  # noqa: E402
 from transformer_jax.export import export_ctranslate2  # noqa: E402
 
-NO_EOS = -1  # no token has this id: every one of our hypotheses runs to its maximum length
 OUTPUT_LENGTH = SOURCE_LENGTH + EXTRA_LENGTH
-THREADS = 2
+THREADS = split_device_count()  # this machine's cores (at most 8, a power of two)
 
 
 def our_decoders(params: Any, src: jax.Array) -> dict[str, Callable[[], Any]]:
-    """Our beam-4 and greedy searches in float32 and in bfloat16 (weights cast once; jitted inside, the
-    first call compiles)."""
+    """Our beam-4 and greedy searches (decode_speed.py's, no token is EOS) in float32 and in bfloat16 (weights
+    cast once), on one device and, with several CPU devices, split over them (the first call compiles)."""
     decoders = {}
+    devices = len(jax.devices("cpu"))
     for prefix, dtype in (("ours", ""), ("ours bfloat16", "bfloat16")):
         weights, config = in_dtype(params, CONFIG, dtype)
-        decoders[f"{prefix} beam {BEAM_SIZE}"] = lambda weights=weights, config=config: jax.block_until_ready(
-            beam_search(weights, config, src, beam_size=BEAM_SIZE, alpha=ALPHA, max_extra_length=EXTRA_LENGTH,
-                        eos_id=NO_EOS))
-        decoders[f"{prefix} greedy"] = lambda weights=weights, config=config: jax.block_until_ready(
-            greedy_decode(weights, config, src, max_extra_length=EXTRA_LENGTH, eos_id=NO_EOS))
-        if jax.device_count() > 1:  # the same searches, each device decoding its block of rows
-            for name, decoder in ((f"beam {BEAM_SIZE}", beam_decoder(cached_step, config)),
-                                  ("greedy", greedy_decoder(config))):
+        for name, decoder in ((f"beam {BEAM_SIZE}", beam_decoder(cached_step, config)),
+                              ("greedy", greedy_decoder(config))):
+            decoders[f"{prefix} {name}"] = (
+                lambda decoder=decoder, w=weights: jax.block_until_ready(decoder(w, src)))
+            if devices > 1:  # each device decoding its block of rows
                 split, placed_weights, placed_src = split_rows(decoder, weights, src)
-                decoders[f"{prefix}, {jax.device_count()} devices {name}"] = (
+                decoders[f"{prefix}, {devices} devices {name}"] = (
                     lambda split=split, w=placed_weights, s=placed_src: jax.block_until_ready(split(w, s)))
     return decoders
 
@@ -83,7 +80,7 @@ def ct2_decoders(directory: str, src: np.ndarray) -> dict[str, Callable[[], Any]
     pieces = [[f"t{t}" for t in row[:-1]] for row in src.tolist()]  # EOS is appended: 25 positions
     decoders = {}
     # (suffix, intra_threads, inter_threads, max_batch_size): one batch on both cores, or two in parallel.
-    for suffix, intra, inter, batch in (("", THREADS, 1, 0), (", 2 batches in parallel", 1, THREADS,
+    for suffix, intra, inter, batch in (("", THREADS, 1, 0), (f", {THREADS} batches in parallel", 1, THREADS,
                                                               NUM_SENTENCES // THREADS)):
         for compute_type in ("float32", "int8"):
             translator = ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,

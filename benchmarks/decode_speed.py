@@ -108,7 +108,7 @@ def measure(decoder: Callable, params: Any, src: jax.Array, repeats: int) -> dic
 def split_rows(decoder: Callable, params: Any, src: jax.Array) -> tuple[Callable, Any, jax.Array]:
     """`decoder` with every CPU device searching its own block of rows (as eval.py's `translate_rows`),
     and the inputs placed for it: parameters whole on each device, the rows split."""
-    mesh = Mesh(np.asarray(jax.devices()), ("rows",))
+    mesh = Mesh(np.asarray(jax.devices("cpu")), ("rows",))
     rows = PartitionSpec("rows")
     split = jax.jit(jax.shard_map(decoder, mesh=mesh, in_specs=(PartitionSpec(), rows), out_specs=rows,
                                   check_vma=False))
@@ -118,11 +118,9 @@ def split_rows(decoder: Callable, params: Any, src: jax.Array) -> tuple[Callable
 
 def worker_main(kind: str, dtype: str, devices: int) -> None:
     """A worker process decoding with whichever transformer_jax it imports (see `compare`), on `devices`
-    CPU devices (only this tree's workers are given a dtype or more than one device)."""
-    if devices > 1:
-        from transformer_jax.run.sharding import set_cpu_devices
-
-        set_cpu_devices(devices)
+    CPU devices (only this tree's workers are given a dtype)."""
+    if devices > 1:  # (through jax.config: an earlier revision has no set_cpu_devices)
+        jax.config.update("jax_num_cpu_devices", devices)
     params, src = inputs()
     config = CONFIG
     if dtype:
@@ -189,19 +187,25 @@ def compare(kind: str, trees: dict[str, tuple[str, str, int]], rounds: int) -> d
                 result[name]["round_speedups"] = [b / o for b, o in zip(times["before"], times[name])]
                 result[name]["sentences_as_before"] = sum(
                     b == o for b, o in zip(digests["before"], digests[name]))
+                same_devices = f"before, {trees[name][2]} devices"
+                if same_devices in trees and name != same_devices:
+                    result[name]["speedup_same_devices"] = (result[same_devices]["seconds"] /
+                                                            result[name]["seconds"])
     return result
 
 
 def run(repeats: int = 3, with_reference: bool = True, baseline: str | None = BASELINE_REVISION,
         rounds: int = 5, dtypes: tuple[str, ...] = ("",), devices: tuple[int, ...] = (1,)) -> dict[str, Any]:
     """Beam-4 and greedy sentences/s, ours (in each of `dtypes`, '' = the model's float32, on each count of
-    CPU `devices`) against `baseline` (a git revision on one device; None: ours alone)."""
+    CPU `devices`) against `baseline` (a git revision, on one device and on each count; None: ours alone)."""
     summary: dict[str, Any] = {"baseline_revision": baseline, "rounds": rounds}
     with tempfile.TemporaryDirectory() as directory:
         trees = {contender_name(dtype, count): (REPO, dtype, count) for count in devices for dtype in dtypes}
         before = baseline_tree(baseline, directory) if baseline else None
         if before:
-            trees = {"before": (before, "", 1), **trees}
+            # The earlier revision's search split over the same devices: how much of a gain is the split.
+            trees = {"before": (before, "", 1), **{f"before, {count} devices": (before, "", count)
+                                                    for count in devices if count > 1}, **trees}
         summary["decoders"] = {kind: compare(kind, trees, rounds) for kind in DECODERS}
     if with_reference:
         params, src = inputs()
@@ -216,6 +220,13 @@ def run(repeats: int = 3, with_reference: bool = True, baseline: str | None = BA
     return summary
 
 
+def split_device_count() -> int:
+    """CPU devices for the split contenders: one per usable core, at most 8, rounded down to a power of
+    two (so that they divide the NUM_SENTENCES rows)."""
+    cores = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8)
+    return 1 << (cores.bit_length() - 1)
+
+
 def contender_name(dtype: str, devices: int = 1) -> str:
     """'ours' for the model's own dtype on one device, else e.g. 'ours bfloat16, 2 devices'."""
     return ("ours" + (f" {dtype}" if dtype else "") + (f", {devices} devices" if devices > 1 else ""))
@@ -225,7 +236,10 @@ def print_summary(result: dict[str, Any]) -> None:
     """The decode section's table: sentences/s before and ours (per dtype), and the ratios."""
     for kind, row in result["decoders"].items():
         for name, ours in row.items():
-            if name == "before":
+            if name.startswith("before"):
+                if name != "before":
+                    print(f"{DECODERS[kind]:<32} {name:<24} {ours['sentences_per_s']:7.1f} sentences/s "
+                          f"({ours['seconds']:.2f} s)", flush=True)
                 continue
             line = (f"{DECODERS[kind]:<32} {name:<24} {ours['sentences_per_s']:7.1f} sentences/s "
                     f"({ours['seconds']:.2f} s)")
@@ -235,6 +249,8 @@ def print_summary(result: dict[str, Any]) -> None:
                          f" | /before {ours['speedup']:.2f}x (rounds {min(ours['round_speedups']):.2f}-"
                          f"{max(ours['round_speedups']):.2f}; sentences with the same tokens: "
                          f"{ours['sentences_as_before']}/{NUM_SENTENCES})")
+                if "speedup_same_devices" in ours:
+                    line += f" | /before on as many devices {ours['speedup_same_devices']:.2f}x"
             print(line, flush=True)
     if "cache_speedup" in result:
         reference = result["reference"]

@@ -15,7 +15,8 @@ Sections:
            tokens/s, the ratio to rows of max_length, and the share of attention scores wasted;
   decode   beam-4 and greedy sentences/s against an earlier revision's decoding, alternating in
            worker processes, ours in float32 and bfloat16 on one CPU device and on one per core (as
-           eval.py decodes on a CPU host; at most 8), and the key/value cache's speed-up;
+           eval.py decodes on a CPU host; at most 8, a power of two), the earlier revision on both
+           counts too, and the key/value cache's speed-up;
   ctranslate2  CTranslate2 on the same model exported, float32 and int8, one batch or parallel
            batches, against ours (ctranslate2_peer.py, in its own process);
   options  scan_layers / remat: compile time, XLA's temporary memory and step time;
@@ -161,10 +162,10 @@ def section_widths(args: argparse.Namespace, report: dict[str, Any]) -> None:
 
 
 def section_decode(args: argparse.Namespace, report: dict[str, Any]) -> None:
-    cores = min(len(os.sched_getaffinity(0)), 8)
+    split = decode_speed.split_device_count()
     result = decode_speed.run(repeats=2 if args.quick else 3, with_reference=not args.quick,
                               rounds=3 if args.quick else 7, dtypes=("", "bfloat16"),
-                              devices=(1, cores) if cores > 1 else (1,))
+                              devices=(1, split) if split > 1 else (1,))
     decode_speed.print_summary(result)
     report["decode"] = result
 
@@ -224,7 +225,7 @@ def section_ctranslate2(args: argparse.Namespace, report: dict[str, Any]) -> Non
     with tempfile.TemporaryDirectory() as scratch:
         path = os.path.join(scratch, "ct2.json")
         subprocess.run([sys.executable, os.path.join(HERE, "ctranslate2_peer.py"), f"--rounds={3 if args.quick else 7}",
-                        f"--json={path}"], check=True)
+                        f"--cpu_devices={decode_speed.split_device_count()}", f"--json={path}"], check=True)
         with open(path) as f:
             report["ctranslate2"] = json.load(f)
 

@@ -174,7 +174,7 @@ def without_newer_keys(workdir: str) -> None:
         config = json.load(f)
     for section, keys in KEYS_AFTER_BASELINE.items():
         for key in keys:
-            config[section].pop(key, None)
+            config.get(section, {}).pop(key, None)
     with open(path, "w") as f:
         json.dump(config, f, indent=2)
 

@@ -52,11 +52,11 @@ def test_translation_batches_group_by_source_length_alone_within_a_token_budget(
 
 
 def test_a_width_with_few_sentences_joins_the_next_wider_one():
-    # 100 sentences of 12 tokens (width 16) and 250 of 4 tokens (width 8): 250 fill at most four
+    # 100 sentences of 12 tokens (width 16) and 256 of 4 tokens (width 8): 256 fill exactly four
     # batches of 64 rows, so the short ones are decoded at width 16: one shape, one compile.
-    few = sources([12] * 100 + [4] * 250)
+    few = sources([12] * 100 + [4] * 256)
     assert {b["inputs"].shape for b in tb.translation_batches(few, 64)} == {(64, 16)}
-    assert tb.translation_widths(np.array([12] * 100 + [4] * 250), 64, 0).tolist() == [16] * 350
+    assert tb.translation_widths(np.array([12] * 100 + [4] * 256), 64, 0).tolist() == [16] * 356
     # 257 short ones fill more than four batches: they keep their own width.
     many = sources([12] * 100 + [4] * 257)
     assert {b["inputs"].shape for b in tb.translation_batches(many, 64)} == {(64, 16), (64, 8)}

@@ -1,7 +1,9 @@
 """train.py and eval.py as a user runs them: outputs, preemption, checkpoint choice, translation, errors."""
 
 import json
+import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -85,12 +87,19 @@ def test_eval_splits_a_files_batches_over_cpu_devices_with_the_same_translations
     _, workdir, _ = trained
     text = tmp_path / "lines.txt"
     text.write_text("The dog sleeps.\nI see the cat.\n\nThe cat sees the big dog.\nA bird.\n")
+    # Without a device count in the environment, so that the default is one device per core.
+    env = {key: value for key, value in os.environ.items() if key not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    cores = min(len(os.sched_getaffinity(0)), 8)
     outputs = {}
-    # 1: one device; 3: each of 3 devices decodes a third of the (padded) rows; default: one per core.
-    for devices in ("1", "3", None):
-        result = run("eval.py", f"--workdir={workdir}", f"--translate={text}", "--beam_size=2",
-                     *([f"--cpu_devices={devices}"] if devices else []))
+    for devices, expected in (("1", 1), ("3", 3), (None, cores)):
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "eval.py"), f"--workdir={workdir}", f"--translate={text}", "--beam_size=2",
+             "--verbosity=0", *([f"--cpu_devices={devices}"] if devices else [])],
+            cwd=ROOT, env=dict(env, JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=300)
         assert result.returncode == 0, result.stderr[-3000:]
+        # The rows really were split: 4 sentences (the empty line is not decoded) on `expected` devices.
+        assert re.search(rf"translating 4 sentences in \d+ batches on {expected} device\(s\)", result.stderr), (
+            result.stderr[-3000:])
         outputs[devices] = result.stdout
     assert len(outputs["1"].split("\n")) == 6 and outputs["1"].split("\n")[2] == ""
     assert outputs["3"] == outputs["1"] and outputs[None] == outputs["1"]

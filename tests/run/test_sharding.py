@@ -124,3 +124,11 @@ def test_cpu_devices_default_to_one_per_core_unless_the_user_chose():
 def test_negative_cpu_devices_is_a_config_error():
     with pytest.raises(ConfigError, match="cpu_devices=-1 must be >= 0"):
         set_cpu_devices(-1)
+
+
+def test_cpu_devices_once_jax_started_keep_its_count_or_are_a_config_error():
+    started = len(jax.devices("cpu"))  # JAX runs in this process from here on
+    assert set_cpu_devices(None) is None
+    assert set_cpu_devices(started) in (None, started)
+    with pytest.raises(ConfigError, match=f"JAX already started with {started} CPU device"):
+        set_cpu_devices(started + 1)

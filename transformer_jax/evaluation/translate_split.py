@@ -131,16 +131,20 @@ def translate_encoded(
     Each translation is one line: a newline the tokenizer's byte pieces produce becomes a space.
     With `mesh`, every batch's rows (padded to a multiple of the mesh size) are split over its devices
     and the translations gathered to every process. Sampling is not split (its draws depend on a
-    row's place in the batch): each device samples every row, as one device would.
+    row's place in the batch): the first device of each process samples every row, as one device would.
     """
     split_rows = mesh is not None and options.mode != "sample"
     if mesh is not None:
         # Without logical-axis boxes nothing inside the shard_map asks for a sharding.
         params = replicate(nn.meta.unbox(params), mesh)
+        if not split_rows:  # on one device: the mesh's other devices would only repeat its draws
+            params = jax.tree.map(lambda leaf: leaf.addressable_data(0), params)
     # A source that is only EOS was an empty line: its translation is empty, keeping lines aligned.
     empty = encoded.source.lengths <= 1
     batches = translation_batches(encoded, options.batch_size, options.batch_tokens, items=np.flatnonzero(~empty),
                                   row_multiple=mesh.size if split_rows else 1)
+    logging.info("translating %d sentences in %d batches on %d device(s)", int((~empty).sum()), len(batches),
+                 mesh.size if split_rows else 1)
     # The weights in the decoding dtype once, not inside every batch's search (which then casts nothing).
     params, config = in_dtype(params, config, options.dtype)
     # The search's own settings: batch sizes only choose the shapes, so they do not make another program.
@@ -236,6 +240,8 @@ def translate_lines(run: Run, params: Any, lines: Iterable[str], options: Decode
                     mesh: Mesh | None = None) -> Iterator[str]:
     """Translations of `lines`, yielded in order; `options.batch_size` lines are decoded together
     (their rows split over `mesh` when given)."""
+    if options.mode == "sample":
+        mesh = None  # sampling is not split over devices (see translate_encoded)
     if mesh is not None:
         params = replicate(nn.meta.unbox(params), mesh)  # once, not for every chunk
     buffer: list[str] = []

@@ -62,7 +62,9 @@ def set_cpu_devices(count: int | None) -> int | None:
     XLA:CPU spreads one device's large matmuls over the cores but runs a decoding step's many small
     operations on one thread: on 2 cores, two devices each searching half the rows (`translate_rows`)
     decode a split 1.8x faster than one device (BENCHMARKS.md, split). Returns the count set, or None
-    when the user's setting stands. Other backends (GPU, TPU) are not affected.
+    when the user's setting stands (or JAX has already started: then a count other than its own is a
+    ConfigError). Cores are those this process may run on (its affinity; a container's CPU quota is not
+    read). Other backends (GPU, TPU) are not affected.
     """
     if count is not None and count < 0:
         raise ConfigError(f"cpu_devices={count} must be >= 0 (0: one per core)")
@@ -71,9 +73,17 @@ def set_cpu_devices(count: int | None) -> int | None:
     if count is None and user_set:
         return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    count = count or min(cores, MAX_AUTOMATIC_CPU_DEVICES)
-    if jax.config.jax_num_cpu_devices != count:  # (setting it again once JAX has started would raise)
+    chosen, count = count, count or min(cores, MAX_AUTOMATIC_CPU_DEVICES)
+    if jax.config.jax_num_cpu_devices == count:
+        return count
+    try:
         jax.config.update("jax_num_cpu_devices", count)
+    except RuntimeError:  # JAX has started: its CPU devices are fixed for this process
+        started = len(jax.devices("cpu"))
+        if chosen is not None and chosen != started:
+            raise ConfigError(f"cpu_devices={chosen}: JAX already started with {started} CPU device(s) in this "
+                              "process; choose the count before any JAX work") from None
+        return None
     return count
 
 
