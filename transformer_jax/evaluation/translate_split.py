@@ -269,8 +269,10 @@ def translate_file(run: Run, params: Any, path: str, options: DecodeOptions,
 def _translate_chunk(run: Run, params: Any, texts: list[str], options: DecodeOptions,
                      mesh: Mesh | None) -> list[str]:
     encoded = encode_pairs([(text, "") for text in texts], run.tokenizer)
-    # Decode as many rows as there are lines (one for interactive use), not a full eval batch.
-    options = options.replace(batch_size=min(options.batch_size, len(texts)))
+    # Decode as many rows as there are lines (one for interactive use), not a full eval batch; over a mesh,
+    # rounded up to a multiple of its devices (rounded down, a few lines would take two batches).
+    rows = len(texts) if mesh is None else -(-len(texts) // mesh.size) * mesh.size
+    options = options.replace(batch_size=min(options.batch_size, rows))
     return translate_encoded(params, run.model_config, encoded, run.tokenizer, options, show_progress=False,
                              mesh=mesh)
 
