@@ -223,8 +223,10 @@ def run(repeats: int = 3, with_reference: bool = True, baseline: str | None = BA
 def split_device_count() -> int:
     """CPU devices for the split contenders: one per usable core, at most 8, rounded down to a power of
     two (so that they divide the NUM_SENTENCES rows)."""
-    cores = min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8)
-    return 1 << (cores.bit_length() - 1)
+    # Imported here: workers of an earlier revision import this file but never call this.
+    from transformer_jax.run.sharding import automatic_cpu_devices
+
+    return 1 << (automatic_cpu_devices().bit_length() - 1)
 
 
 def contender_name(dtype: str, devices: int = 1) -> str:

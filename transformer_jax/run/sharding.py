@@ -55,6 +55,13 @@ def make_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[jax.Device] | Non
 MAX_AUTOMATIC_CPU_DEVICES = 8
 
 
+def automatic_cpu_devices() -> int:
+    """One CPU device per core this process may run on (its affinity; a container's CPU quota is not read),
+    at most MAX_AUTOMATIC_CPU_DEVICES."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(cores, MAX_AUTOMATIC_CPU_DEVICES)
+
+
 def set_cpu_devices(count: int | None) -> int | None:
     """Give JAX's CPU backend `count` devices (0: one per usable core, at most 8); None leaves the choice
     to the user's XLA_FLAGS/JAX_NUM_CPU_DEVICES (else one per core, as 0). Call before any JAX work.
@@ -63,8 +70,7 @@ def set_cpu_devices(count: int | None) -> int | None:
     operations on one thread: on 2 cores, two devices each searching half the rows (`translate_rows`)
     decode a split 1.8x faster than one device (BENCHMARKS.md, split). Returns the count set, or None
     when the user's setting stands (or JAX has already started: then a count other than its own is a
-    ConfigError). Cores are those this process may run on (its affinity; a container's CPU quota is not
-    read). Other backends (GPU, TPU) are not affected.
+    ConfigError). Other backends (GPU, TPU) are not affected.
     """
     if count is not None and count < 0:
         raise ConfigError(f"cpu_devices={count} must be >= 0 (0: one per core)")
@@ -72,8 +78,7 @@ def set_cpu_devices(count: int | None) -> int | None:
         jax.config.jax_num_cpu_devices != -1)  # also set by the JAX_NUM_CPU_DEVICES variable
     if count is None and user_set:
         return None
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    chosen, count = count, count or min(cores, MAX_AUTOMATIC_CPU_DEVICES)
+    chosen, count = count, count or automatic_cpu_devices()
     if jax.config.jax_num_cpu_devices == count:
         return count
     try:
