@@ -12,16 +12,15 @@
 
 from absl import app, flags
 
-from transformer_jax.decoding.options import DecodeOptions
-from transformer_jax.evaluation.attention_plots import write_figures
-from transformer_jax.evaluation.checkpoint_selection import checkpoint_params, open_run, select_steps, write_params
-from transformer_jax.evaluation.translate_split import evaluate_checkpoint, format_results, translate_file
+from transformer_jax.base import make_mesh, set_cpu_devices
+from transformer_jax.base.compile_cache import default_cache_dir, use_compilation_cache
+from transformer_jax.base.console import quiet_console
+from transformer_jax.checkpoints import checkpoint_params, open_run, select_steps, write_params
+from transformer_jax.cli import interrupts_reported, parse_flags, user_errors
+from transformer_jax.config import decode_options, decoding_dtype, translation_batching
+from transformer_jax.decoding import DecodeOptions
+from transformer_jax.evaluation import evaluate_checkpoint, format_results, translate_file, write_figures
 from transformer_jax.export import export_run, export_target
-from transformer_jax.run.cli import interrupts_reported, parse_flags, user_errors
-from transformer_jax.run.compile_cache import default_cache_dir, use_compilation_cache
-from transformer_jax.run.config_schema import decode_options
-from transformer_jax.run.console import quiet_console
-from transformer_jax.run.sharding import make_mesh, set_cpu_devices
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The --workdir of a training run.")
 _CHECKPOINT = flags.DEFINE_string(
@@ -61,11 +60,17 @@ flags.mark_flag_as_required("workdir")
 
 
 def decoding_options(run_config) -> DecodeOptions:
-    """The run's decoding settings (its eval section), overridden by the flags given."""
+    """The run's search settings (its eval section), overridden by the flags given."""
     return decode_options(run_config).replace(
         mode=_MODE.value, beam_size=_BEAM.value, alpha=_ALPHA.value, max_extra_length=_EXTRA.value,
-        seed=_SEED.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value,
-        batch_size=_BATCH.value, batch_tokens=_BATCH_TOKENS.value, dtype=_DTYPE.value)
+        seed=_SEED.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
+
+
+def translation(run_config) -> dict:
+    """How the split or file is batched and the dtype it is decoded in: the run's, overridden by the flags."""
+    return dict(batching=translation_batching(run_config).replace(batch_size=_BATCH.value,
+                                                                 batch_tokens=_BATCH_TOKENS.value),
+                dtype=decoding_dtype(run_config) if _DTYPE.value is None else _DTYPE.value)
 
 
 def main(argv: list[str]) -> None:
@@ -90,10 +95,10 @@ def main(argv: list[str]) -> None:
         target = export_target(_EXPORT.value) if _EXPORT.value else None  # checked before any work
         run = open_run(_WORKDIR.value)
         try:
-            options = decoding_options(run.config)
+            options, batching_and_dtype = decoding_options(run.config), translation(run.config)  # checked first
             if not (_AVERAGED.value or _TRANSLATE.value or target):
                 print(format_results(evaluate_checkpoint(run, _CHECKPOINT.value, _SPLIT.value, options,
-                                                        mesh=make_mesh())))
+                                                         mesh=make_mesh(), **batching_and_dtype)))
                 return
             steps = select_steps(run.checkpointer, _CHECKPOINT.value, run.config.eval.average_last)
             if target:
@@ -103,9 +108,9 @@ def main(argv: list[str]) -> None:
                 write_params(checkpoint_params(run, steps), _AVERAGED.value)
                 print(f"wrote the parameters of steps {steps} to {_AVERAGED.value}")
             else:
-                for translation in translate_file(run, checkpoint_params(run, steps), _TRANSLATE.value, options,
-                                                  mesh=make_mesh()):
-                    print(translation, flush=True)
+                for line in translate_file(run, checkpoint_params(run, steps), _TRANSLATE.value, options,
+                                           mesh=make_mesh(), **batching_and_dtype):
+                    print(line, flush=True)
                     printed[0] += 1
         finally:
             run.checkpointer.close()

@@ -4,25 +4,17 @@ Resumes from the newest checkpoint in --workdir. At the end, translates the test
 search and prints SacreBLEU (the signature included).
 """
 
-import os
-
 import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer_jax.evaluation.plots import plot_learning_curves
-from transformer_jax.evaluation.translate_split import evaluate_split, write_results
-from transformer_jax.run.cli import (
-    initialize_distributed,
-    interrupts_reported,
-    parse_flags,
-    training_workdir,
-    user_errors,
-)
-from transformer_jax.run.compile_cache import default_cache_dir, use_compilation_cache
-from transformer_jax.run.config_schema import check_run_config, decode_options
-from transformer_jax.run.console import quiet_console
-from transformer_jax.training.loop import Trainer
+from transformer_jax.base import workdir as layout
+from transformer_jax.base.compile_cache import default_cache_dir, use_compilation_cache
+from transformer_jax.base.console import quiet_console
+from transformer_jax.cli import initialize_distributed, interrupts_reported, parse_flags, training_workdir, user_errors
+from transformer_jax.config import check_run_config, decode_options, decoding_dtype, translation_batching
+from transformer_jax.evaluation import evaluate_split, plot_learning_curves, write_results
+from transformer_jax.training import Trainer
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (see configs/).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, tokenizer, logs and outputs.")
@@ -41,12 +33,13 @@ flags.mark_flags_as_required(["config", "workdir"])
 def train(config, workdir: str, stage: list[str]) -> None:
     """Train (resuming), then translate and score the test split; `stage` says what is finished so far."""
     trainer = Trainer(config, workdir)
-    data, model_config, options = trainer.data, trainer.model_config, decode_options(config)
+    data, model_config = trainer.data, trainer.model_config
+    translation = dict(batching=translation_batching(config), dtype=decoding_dtype(config),
+                       target_lang=config.data.target_lang, mesh=trainer.mesh)
 
     def dev_bleu(params):
-        scores, _ = evaluate_split(params, model_config, data.dev, data.tokenizer, options,
-                                   target_lang=config.data.target_lang,
-                                   limit=config.training.dev_bleu_sentences, mesh=trainer.mesh)
+        scores, _ = evaluate_split(params, model_config, data.dev, data.tokenizer, decode_options(config),
+                                   limit=config.training.dev_bleu_sentences, **translation)
         return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
 
     try:
@@ -56,11 +49,10 @@ def train(config, workdir: str, stage: list[str]) -> None:
     stage[0] = f"training finished at step {int(state.step)} (checkpoint saved); the test translation was not"
     if state.step < config.training.num_train_steps:
         return  # stopped early by a signal; the checkpoint is saved
-    scores, hypotheses = evaluate_split(state.params, model_config, data.test, data.tokenizer, options,
-                                        target_lang=config.data.target_lang, show_progress=True,
-                                        mesh=trainer.mesh)
+    scores, hypotheses = evaluate_split(state.params, model_config, data.test, data.tokenizer, decode_options(config),
+                                        show_progress=True, **translation)
     if jax.process_index() == 0:
-        write_results(os.path.join(workdir, "test_final"), {"step": int(state.step), **scores}, hypotheses)
+        write_results(layout.run_path(workdir, layout.FINAL_TEST), {"step": int(state.step), **scores}, hypotheses)
         print(f"test SacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})")
         print(f"test chrF {scores['chrf']:.2f}; tokenized compound-split BLEU (paper-style, "
               f"not comparable with SacreBLEU) {scores['tokenized_compound_split_bleu']:.2f}")

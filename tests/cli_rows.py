@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))  # the checkout's package, not an installed copy
 
 from absl import flags  # noqa: E402
 
-from transformer_jax.run.cli import parse_flags  # noqa: E402
+from transformer_jax.cli.commands import parse_flags  # noqa: E402
 
 
 def load(script: str):

@@ -1,22 +1,58 @@
-"""The README's code examples run as written."""
+"""The README's and docs/ pages' code examples run, and every flag, key, file and make target they name exists."""
 
 import pathlib
 import re
+from collections.abc import Iterator
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PACKAGE_MAP = ROOT / "docs" / "package.md"
 
 
-def readme_block(marker: str) -> str:
-    """The ```python block that follows `<!-- marker -->` in the README."""
-    match = re.search(rf"<!-- {marker} -->\s*```python\n(.*?)```", README.read_text(), re.S)
-    assert match, f"README has no python block after <!-- {marker} -->"
-    return match.group(1)
+def doc_pages() -> Iterator[tuple[pathlib.Path, str]]:
+    """(path, text) of README.md and of every docs/*.md page."""
+    for path in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        yield path, path.read_text(encoding="utf-8")
+
+
+def all_docs_text() -> str:
+    return "\n".join(text for _, text in doc_pages())
+
+
+def test_the_docs_pages_exist_and_link_back_to_the_readme():
+    pages = [path for path, _ in doc_pages() if path != README]
+    names = {path.name for path in pages}
+    assert {"training.md", "scaling.md", "evaluation.md", "modules.md", "configuration.md",
+            "package.md", "guarantees.md"} <= names
+    readme = README.read_text(encoding="utf-8")
+    for path in pages:
+        assert f"(docs/{path.name}" in readme, f"README does not link to docs/{path.name}"
+        assert "](../README.md)" in path.read_text(encoding="utf-8").split("\n## ", 1)[0], (
+            f"docs/{path.name} does not link back to the README before its first section")
+
+
+def marked_block(marker: str) -> tuple[pathlib.Path, str]:
+    """The ```python block that follows `<!-- marker -->`, in whichever page holds the marker."""
+    found = [(path, match.group(1)) for path, text in doc_pages()
+             for match in re.finditer(rf"<!-- {marker} -->\s*```python\n(.*?)```", text, re.S)]
+    assert len(found) == 1, f"expected one python block after <!-- {marker} -->, found {len(found)}"
+    return found[0]
+
+
+def run_marked_block(marker: str) -> dict:
+    path, source = marked_block(marker)
+    namespace: dict = {}
+    exec(compile(source, f"{path.relative_to(ROOT)}:{marker}", "exec"), namespace)
+    return namespace
+
+
+def test_reuse_example_is_in_the_readme():
+    path, _ = marked_block("reuse-example")
+    assert path == README
 
 
 def test_reuse_example_trains_a_classifier_on_the_encoder():
-    namespace: dict = {}
-    exec(compile(readme_block("reuse-example"), "README.md:reuse-example", "exec"), namespace)
-    losses = namespace["losses"]
+    losses = run_marked_block("reuse-example")["losses"]
     assert len(losses) == 20
     assert losses[-1] < 0.5 * losses[0]
 
@@ -26,8 +62,7 @@ def test_nnx_example_wraps_the_modules_and_steps_like_linen():
     import numpy as np
     import optax
 
-    namespace: dict = {}
-    exec(compile(readme_block("nnx-example"), "README.md:nnx-example", "exec"), namespace)
+    namespace = run_marked_block("nnx-example")
     before, after = namespace["before"], namespace["after"]
     # The NNX step is the linen step: the same gradients and Adam update from the same weights.
     linen_model, loss_of, src, tgt_in = (namespace[k] for k in ("linen_model", "loss_of", "src", "tgt_in"))
@@ -49,12 +84,9 @@ def test_nnx_example_wraps_the_modules_and_steps_like_linen():
     assert float(loss_of(namespace["nnx_logits"])) < float(namespace["loss_before"])
 
 
-ROOT = README.parent
-
-
-def bash_blocks() -> list[str]:
-    """The README's ```bash blocks, with backslash-continued lines joined."""
-    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), re.S)
+def bash_blocks(text: str) -> list[str]:
+    """A page's ```bash blocks, with backslash-continued lines joined."""
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.S)
     return [block.replace("\\\n", " ") for block in blocks]
 
 
@@ -66,70 +98,113 @@ def script_flags(script: str) -> set[str]:
     return names | {"help", "helpfull", "verbosity"}  # absl's own flags
 
 
-def test_every_train_and_eval_flag_in_the_readme_exists():
-    commands = [line for block in bash_blocks() for line in block.splitlines()]
-    commands += re.findall(r"`((?:python )?(?:train|eval)\.py [^`]*)`", README.read_text())
+def test_every_train_and_eval_flag_in_the_docs_exists():
+    commands = []  # (page, command line)
+    for path, text in doc_pages():
+        commands += [(path.name, line) for block in bash_blocks(text) for line in block.splitlines()]
+        commands += [(path.name, line) for line in re.findall(r"`((?:python )?(?:train|eval)\.py [^`]*)`", text)]
     checked = 0
     for script in ("train.py", "eval.py"):
         defined = script_flags(script)
-        for command in commands:
+        for page, command in commands:
             if f"{script} " not in command:
                 continue
             used = set(re.findall(r"(?<![\w-])--(\w+)", command.split(script, 1)[1]))
-            assert used <= defined, f"README uses {sorted(used - defined)} with {script}: {command.strip()}"
+            assert used <= defined, f"{page} uses {sorted(used - defined)} with {script}: {command.strip()}"
             checked += 1
     assert checked >= 10
-    # Flags named in prose belong to train.py or eval.py, or to the other tools the README runs.
+    # Flags named in prose belong to train.py or eval.py, or to the other tools the docs run.
     others = {"file_format", "data_dir", "zone", "worker", "command", "update", "logdir",
               "nodes", "ntasks", "gpus",  # srun
               "xla_force_host_platform_device_count", "xla_gpu_deterministic_ops"}  # XLA_FLAGS
     aot = script_flags("transformer_jax/aot/__main__.py")  # python -m transformer_jax.aot
     known = script_flags("train.py") | script_flags("eval.py") | aot | others
-    named = set(re.findall(r"(?<![\w-])--(\w+)", README.read_text()))
-    assert named - known == set(), f"README names flags that no script defines: {sorted(named - known)}"
+    for path, text in doc_pages():
+        named = set(re.findall(r"(?<![\w-])--(\w+)", text))
+        assert named - known == set(), f"{path.name} names flags that no script defines: {sorted(named - known)}"
 
 
-def test_every_config_key_in_the_readme_exists():
-    from transformer_jax.run.config_schema import default_config
+def test_every_config_key_in_the_docs_exists():
+    from transformer_jax.config.schema import default_config
 
     config = default_config()
-    keys = set(re.findall(r"--config\.([\w.]+?)(?==|\s|`|$)", README.read_text(), re.M))
-    # Keys named in prose, e.g. `training.keep_checkpoints` or `data.pack=False` (not `eval.py`).
-    keys |= set(re.findall(r"`((?:model|data|training|mesh|eval)\.(?!py`)\w+)(?:=[^`]*)?`", README.read_text()))
+    keys: dict[str, str] = {}  # key -> the page naming it
+    for path, text in doc_pages():
+        found = set(re.findall(r"--config\.([\w.]+?)(?==|\s|`|$)", text, re.M))
+        # Keys named in prose, e.g. `training.keep_checkpoints` or `data.pack=False` (not `eval.py`).
+        found |= set(re.findall(r"`((?:model|data|training|mesh|eval)\.(?!py`)\w+)(?:=[^`]*)?`", text))
+        keys.update({key: path.name for key in found})
     assert len(keys) >= 15
-    for key in sorted(keys):
+    for key, page in sorted(keys.items()):
         if key == "KEY":
             continue
         section, _, name = key.partition(".")
-        assert section in config and name in config[section], f"README names --config.{key}, which does not exist"
+        assert section in config and name in config[section], f"{page} names --config.{key}, which does not exist"
 
 
-def test_every_repository_file_the_readme_names_exists():
-    text = README.read_text()
-    paths = set(re.findall(r"(?<![\w/<.])((?:transformer_jax|configs|tests|benchmarks)/[\w/]+\.\w+)", text))
+def package_map_rows() -> list[str]:
+    """docs/package.md's module rows: `| \\`model/attention.py\\` | ... |`, paths relative to transformer_jax/."""
+    rows = [line for line in PACKAGE_MAP.read_text(encoding="utf-8").splitlines() if line.startswith("| `")]
+    assert rows, "docs/package.md has no module rows"
+    return rows
+
+
+def package_map_modules() -> set[str]:
+    """The modules the package map's rows name in their first cell."""
+    return {path for row in package_map_rows() for path in re.findall(r"`([\w/]+\.py)`", row.split(" | ")[0])}
+
+
+def test_every_repository_file_the_docs_name_exists():
+    missing = []
+    count = 0
     top_level = ("train.py", "eval.py", "Makefile", "BENCHMARKS.md", "pyproject.toml")
-    paths |= {name for name in top_level if name in text}
+    for path, text in doc_pages():
+        paths = set(re.findall(r"(?<![\w/<.])((?:transformer_jax|configs|tests|benchmarks)/[\w/]+\.\w+)", text))
+        paths |= {name for name in top_level if name in text}
+        count += len(paths)
+        missing += [f"{path.name}: {name}" for name in sorted(paths) if not (ROOT / name).exists()]
     # The package map names files relative to the package: `model/attention.py`, `errors.py`.
-    section = text.split("## 7. The package map", 1)[1].split("\n## ", 1)[0]
-    rows = [line for line in section.splitlines() if line.startswith("| `")]
-    paths |= {f"transformer_jax/{path}" for row in rows for path in re.findall(r"`([\w/]+\.py)`", row.split(" | ")[0])}
-    assert len(paths) >= 50
-    missing = sorted(path for path in paths if not (ROOT / path).exists())
-    assert not missing, f"README names files that do not exist: {missing}"
+    modules = {f"transformer_jax/{module}" for module in package_map_modules()}
+    count += len(modules)
+    missing += [f"package.md: {name}" for name in sorted(modules) if not (ROOT / name).exists()]
+    assert count >= 50
+    assert not missing, f"the docs name files that do not exist: {missing}"
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", text, flags=re.S), re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+
+
+def test_every_relative_link_in_the_docs_leads_to_a_file_and_heading():
+    broken = []
+    for path, text in doc_pages():
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
+            if "://" in target:
+                continue
+            linked = (path.parent / target) if target else path
+            if not linked.exists():
+                broken.append(f"{path.name}: {target}")
+            elif anchor and anchor not in heading_anchors(linked.read_text(encoding="utf-8")):
+                broken.append(f"{path.name}: {target}#{anchor}")
+    assert not broken, f"links to files or headings that do not exist: {broken}"
 
 
 def test_the_package_map_names_every_module():
-    section = README.read_text().split("## 7. The package map", 1)[1].split("\n## ", 1)[0]
     modules = sorted(path.relative_to(ROOT / "transformer_jax").as_posix()
                      for path in (ROOT / "transformer_jax").rglob("*.py"))
-    missing = [module for module in modules
-               if not module.endswith("__init__.py") and f"`{module}`" not in section]
-    assert not missing, f"the README's package map does not list {missing}"
+    listed = package_map_modules()
+    missing = [module for module in modules if not module.endswith("__init__.py") and module not in listed]
+    assert not missing, f"docs/package.md's package map does not list {missing}"
 
 
-def test_make_targets_in_the_readme_exist():
-    targets = set(re.findall(r"^make (\w+)", "\n".join(bash_blocks()), re.M))
-    assert targets == {"demo", "test"}
+def test_make_targets_in_the_docs_exist():
+    readme_targets = set(re.findall(r"^make (\w+)", "\n".join(bash_blocks(README.read_text(encoding="utf-8"))), re.M))
+    assert readme_targets == {"demo", "test"}
     makefile = (ROOT / "Makefile").read_text()
-    for target in targets:
-        assert re.search(rf"^{target}:", makefile, re.M), f"Makefile has no target {target}"
+    for path, text in doc_pages():
+        targets = set(re.findall(r"^make (\w+)", "\n".join(bash_blocks(text)), re.M))
+        targets |= set(re.findall(r"`make (\w+)`", text))
+        for target in targets:
+            assert re.search(rf"^{target}:", makefile, re.M), f"{path.name} runs make {target}; the Makefile has no such target"

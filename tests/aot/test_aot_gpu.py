@@ -20,7 +20,7 @@ from transformer_jax.aot.report import table, verdict
 from transformer_jax.aot.topology import GPU_TYPES, Topology, cuda_plugin_missing, describe
 from transformer_jax.errors import ConfigError
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.run.sharding import BATCH_AXES
+from transformer_jax.base.sharding import BATCH_AXES
 
 GB = 10**9
 
@@ -53,7 +53,7 @@ def test_the_command_names_the_missing_plugin_in_one_line(tmp_path):
     if cuda_plugin_missing() is None:
         pytest.skip("the CUDA plugin is installed here: the error under test cannot occur")
     config = tmp_path / "config.py"
-    config.write_text("from transformer_jax.run.config_schema import default_config\n\n"
+    config.write_text("from transformer_jax.config.schema import default_config\n\n"
                       "def get_config():\n    return default_config()\n")
     result = subprocess.run([sys.executable, "-m", "transformer_jax.aot", f"--config={config}", "--topology=h100-8"],
                             cwd=ROOT, capture_output=True, text=True, timeout=300, env=script_env())
@@ -79,9 +79,8 @@ def test_the_stored_h100_target_config_matches_the_chip_table():
 def gpu_report(peak_gb: float) -> str:
     """The report of a one-program run whose train step needs `peak_gb` on one H100 (CPU devices stand in)."""
     topology = Topology("h100", tuple(jax.devices("cpu")[:1]), CHIPS["h100"], 1)
-    shapes = RunShapes(TransformerConfig(vocab_size=1000, dtype="bfloat16"), rows=8, width=256, eval_rows=8,
-                       eval_width=256)
-    program = Program("train step", int(peak_gb * GB), 0, 0, 0, 0, 1e12, 1e10, {})
+    shapes = RunShapes(TransformerConfig(vocab_size=1000, dtype="bfloat16"), rows=8, width=256)
+    program = Program("train step 8x256", int(peak_gb * GB), 0, 0, 0, 0, 1e12, 1e10, {})
     result = verdict(shapes, [program], topology, accumulation=1)
     mesh = Mesh(np.asarray(topology.devices).reshape(1, 1), BATCH_AXES)
     return table(topology, mesh, shapes, [program], result, accumulation=1)

@@ -8,7 +8,7 @@ import pytest
 
 from transformer_jax.data import batching
 from transformer_jax.data.encoded import EncodedPairs, Ragged
-from transformer_jax.data.tokenizer import BOS_ID, EOS_ID
+from transformer_jax.model.special_tokens import BOS_ID, EOS_ID
 from transformer_jax.errors import DataError
 from transformer_jax.model import masks
 from transformer_jax.model.masks import PAD_ID

@@ -11,7 +11,8 @@ from transformer_jax.data.encoded import (
     load_encoded,
     save_encoded,
 )
-from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, train_tokenizer
+from transformer_jax.data.tokenizer import train_tokenizer
+from transformer_jax.model.special_tokens import BOS_ID, EOS_ID
 from transformer_jax.errors import DataError
 
 

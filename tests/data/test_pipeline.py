@@ -5,9 +5,10 @@ import os
 import numpy as np
 import pytest
 
+from transformer_jax.base import workdir as layout
 from transformer_jax.data import pipeline
 from transformer_jax.errors import ConfigError
-from transformer_jax.run.config_schema import check_run_config, default_config
+from transformer_jax.config.schema import check_run_config, default_config
 
 
 def tiny_config():
@@ -21,7 +22,7 @@ def tiny_config():
 def test_a_resume_reads_the_encoded_corpus_instead_of_encoding_the_training_text(tmp_path, monkeypatch):
     workdir = str(tmp_path)
     first = pipeline.prepare_data(tiny_config(), workdir)
-    assert os.path.exists(os.path.join(workdir, pipeline.ENCODED_FILENAME))
+    assert os.path.exists(os.path.join(workdir, layout.ENCODED_TRAIN))
     assert first.train.pack and first.train.row_width <= 64
     assert first.train.get_state()["layout"]["row_width"] == first.train.row_width
     assert first.train.get_state()["layout"]["rows_sized_for"] == "real tokens"  # the automatic width (row_width.py)

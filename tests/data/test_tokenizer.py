@@ -5,6 +5,7 @@ import os
 import numpy as np
 import pytest
 
+from transformer_jax.base import workdir as layout
 from transformer_jax.data import tokenizer as tk
 from transformer_jax.data.builtin.corpus import builtin_corpus
 from transformer_jax.errors import DataError
@@ -56,7 +57,7 @@ def test_decode_stops_at_eos_and_skips_bos_and_padding(trained):
 
 def test_model_is_saved_in_the_workdir_and_reused(trained, pairs):
     workdir, tokenizer = trained
-    path = os.path.join(workdir, tk.MODEL_FILENAME)
+    path = os.path.join(workdir, layout.TOKENIZER)
     modified = os.path.getmtime(path)
     # Different training data would give a different model: reuse must not retrain.
     reused = tk.load_or_train_tokenizer(str(workdir), pairs[:50], vocab_size=300)

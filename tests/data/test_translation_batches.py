@@ -4,7 +4,7 @@ import numpy as np
 
 from transformer_jax.data import translation_batches as tb
 from transformer_jax.data.encoded import EncodedPairs, Ragged
-from transformer_jax.data.tokenizer import EOS_ID
+from transformer_jax.model.special_tokens import EOS_ID
 from transformer_jax.model.masks import PAD_ID
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from transformer_jax import Transformer, TransformerConfig
-from transformer_jax.data.tokenizer import BOS_ID, EOS_ID
+from transformer_jax.model.special_tokens import BOS_ID, EOS_ID
 from transformer_jax.decoding.beam_search import beam_search
 from transformer_jax.decoding.sampling import greedy_decode
 from transformer_jax.model.masks import PAD_ID

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.data.tokenizer import BOS_ID, EOS_ID
+from transformer_jax.model.special_tokens import BOS_ID, EOS_ID
 from transformer_jax.decoding.beam_search import beam_search, beam_search_loop, best_extensions
 from transformer_jax.decoding.cache import StepState
 from transformer_jax.decoding.sampling import greedy_choice, token_loop

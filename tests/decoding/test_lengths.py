@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.data.tokenizer import EOS_ID
+from transformer_jax.model.special_tokens import EOS_ID
 from transformer_jax.decoding.lengths import length_penalty, max_output_lengths
 from transformer_jax.decoding.sampling import greedy_decode
 from transformer_jax.model.masks import PAD_ID

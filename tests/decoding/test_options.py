@@ -16,8 +16,7 @@ def test_defaults_are_the_papers():
 
 @pytest.mark.parametrize("field, value", [
     ("temperature", 0.0), ("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5), ("beam_size", 0),
-    ("mode", "nucleus"), ("top_k", -1), ("alpha", -0.1), ("max_extra_length", 0), ("batch_size", 0),
-    ("batch_tokens", -1),
+    ("mode", "nucleus"), ("top_k", -1), ("alpha", -0.1), ("max_extra_length", 0),
 ])
 def test_a_bad_value_raises_a_config_error_naming_the_field(field, value):
     with pytest.raises(ConfigError, match=field):
@@ -33,3 +32,16 @@ def test_replace_ignores_none_and_validates_again():
         options.replace(top_p=2.0)
     with pytest.raises(ConfigError, match="unknown"):
         options.replace(beams=8)
+
+
+def test_search_settings_are_apart_from_batching_and_precision():
+    """DecodeOptions says what to search for; how a split is batched and the dtype are other objects."""
+    from transformer_jax.data.shapes import TranslationBatching
+
+    fields = set(DecodeOptions.__dataclass_fields__)
+    assert fields == {"mode", "beam_size", "alpha", "max_extra_length", "temperature", "top_k", "top_p", "seed"}
+    assert TranslationBatching() == TranslationBatching(batch_size=64, batch_tokens=0)
+    assert TranslationBatching(8).replace(batch_tokens=None, batch_size=4) == TranslationBatching(4, 0)
+    for field, value in (("batch_size", 0), ("batch_tokens", -1), ("batch_size", True)):
+        with pytest.raises(ConfigError, match=field):
+            TranslationBatching(**{field: value})

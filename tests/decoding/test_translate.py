@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from transformer_jax.decoding.beam_search import beam_search
-from transformer_jax.decoding.cache import cached_step, decoding_platform
+from transformer_jax.decoding.cache import cached_step
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.sampling import sample_decode
-from transformer_jax.decoding.translate import in_dtype, translate_batch
+from transformer_jax.decoding.translate import decoding_precision, translate_batch
 from transformer_jax.errors import ConfigError
 
 
@@ -36,18 +36,20 @@ def test_translate_batch_modes_and_argument_errors(model, beam_output, greedy_ou
 def test_bfloat16_decoding_casts_the_weights_and_keeps_the_translations(model, greedy_output, beam_output,
                                                                         beam_settings):
     params, config, src = model
-    assert in_dtype(params, config, "")[1] is config and in_dtype(params, config, "float32")[1] is config
-    cast, cast_config = in_dtype(params, config, "bfloat16")
+    # A float32 model on an accelerator is decoded as it is; on a CPU its matmuls return float32 (the same values).
+    assert decoding_precision(params, config, "", "tpu")[1] is config
+    assert decoding_precision(params, config, "float32", "gpu")[1] is config
+    assert decoding_precision(params, config, "", "cpu")[1] == config.replace(float32_dot_outputs=True)
+    cast, cast_config = decoding_precision(params, config, "bfloat16", "cpu")
     assert (cast_config.dtype, cast_config.param_dtype) == ("bfloat16", "bfloat16")
     assert {leaf.dtype for leaf in jax.tree.leaves(cast)} == {jnp.dtype(jnp.bfloat16)}
-    # The caches the steps attend over stay float32: XLA:CPU has no native bfloat16 batched matmul.
+    # On CPUs the caches the steps attend over stay float32: XLA:CPU has no native bfloat16 batched matmul.
     state = jax.eval_shape(lambda p: cached_step(p, cast_config, src, 2, 5)[1], cast)
     assert {leaf.dtype for leaf in jax.tree.leaves(state.shared["slot_cache"])} == {jnp.dtype(jnp.float32)}
-    with decoding_platform("tpu"):  # accelerators keep bfloat16 caches (half the memory)
-        state = jax.eval_shape(lambda p: cached_step(p, cast_config, src, 2, 5)[1], cast)
+    tpu_params, tpu_config = decoding_precision(params, config, "bfloat16", "tpu")
+    state = jax.eval_shape(lambda p: cached_step(p, tpu_config, src, 2, 5)[1], tpu_params)
     assert {leaf.dtype for leaf in jax.tree.leaves(state.shared["slot_cache"])} == {jnp.dtype(jnp.bfloat16)}
-    greedy = np.asarray(translate_batch(params, config, src, DecodeOptions(
-        mode="greedy", max_extra_length=6, dtype="bfloat16")))
+    greedy = np.asarray(translate_batch(cast, cast_config, src, DecodeOptions(mode="greedy", max_extra_length=6)))
     assert greedy.shape == greedy_output.shape and (greedy == greedy_output).mean() >= 0.9
     tokens, scores = beam_search(cast, cast_config, src, **beam_settings)
     same = (np.asarray(tokens) == beam_output[0]).all(axis=-1)
@@ -56,4 +58,4 @@ def test_bfloat16_decoding_casts_the_weights_and_keeps_the_translations(model, g
     assert not np.array_equal(np.asarray(scores)[same], beam_output[1][same])
     np.testing.assert_allclose(np.asarray(scores)[same], beam_output[1][same], atol=0.05)
     with pytest.raises(ConfigError, match="dtype='float16' is not one of"):
-        DecodeOptions(dtype="float16")
+        decoding_precision(params, config, "float16", "cpu")

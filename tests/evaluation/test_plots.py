@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from transformer_jax import Transformer, sinusoidal_encoding
-from transformer_jax.data.tokenizer import BOS_ID
+from transformer_jax.model.special_tokens import BOS_ID
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.errors import DataError
 from transformer_jax.evaluation.attention_plots import attention_pair
-from transformer_jax.evaluation.checkpoint_selection import checkpoint_params, open_run
+from transformer_jax.checkpoints.selection import checkpoint_params, open_run
 from transformer_jax.evaluation.introspection import (
     attention_maps,
     collect_attention,

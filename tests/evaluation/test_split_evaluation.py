@@ -28,12 +28,13 @@ SCRIPT = textwrap.dedent(
     from transformer_jax.data.batching import eval_batches
     from transformer_jax.data.encoded import EncodedPairs, Ragged
     from transformer_jax.decoding.options import DecodeOptions
-    from transformer_jax.decoding.translate import translate_batch
-    from transformer_jax.evaluation.perplexity import evaluate_loss, place_rows
-    from transformer_jax.evaluation.translate_split import replicate, translate_encoded, translate_rows
-    from transformer_jax.run.sharding import batch_sharding, init_sharded, make_mesh
-    from transformer_jax.training.jitted_steps import jit_steps
+    from transformer_jax.data.shapes import TranslationBatching
+    from transformer_jax.decoding.translate import translate_batch, translate_rows
+    from transformer_jax.training.dev_loss import evaluate_loss, place_rows
+    from transformer_jax.evaluation.translate_split import replicate, translate_encoded
+    from transformer_jax.base.sharding import batch_sharding, init_sharded, make_mesh
     from transformer_jax.training.state import create_train_state
+    from transformer_jax.training.step import eval_step
 
     CONFIG = TransformerConfig.preset("tiny", vocab_size=50, max_len=32, norm_position="pre",
                                       positional_encoding="learned", tie_output_embedding=False)
@@ -45,8 +46,7 @@ SCRIPT = textwrap.dedent(
     # 21 pairs of 1 to 21 source tokens (the first an empty line: EOS alone), targets the other way.
     CORPUS = EncodedPairs(Ragged.from_lists([sentence(n) for n in range(1, 22)]),
                           Ragged.from_lists([sentence(n) for n in range(22, 1, -1)]))
-    OPTIONS = {mode: DecodeOptions(mode=mode, beam_size=3, max_extra_length=4, batch_size=BATCH)
-               for mode in ("greedy", "beam", "sample")}
+    OPTIONS = {mode: DecodeOptions(mode=mode, beam_size=3, max_extra_length=4) for mode in ("greedy", "beam", "sample")}
     COLLECTIVE = r"\\b(all-gather|all-reduce|reduce-scatter|collective-permute|all-to-all|collective-broadcast)\\b"
 
     class Ids:
@@ -68,7 +68,7 @@ SCRIPT = textwrap.dedent(
         mesh = make_mesh(data, fsdp, devices)
         state, shardings = init_sharded(lambda: create_train_state(MODEL, optax.sgd(0.1), seed=0), mesh)
         params = jax.jit(vary, out_shardings=shardings.params)(state.params)
-        return mesh, params, jit_steps(mesh, shardings, MODEL.apply, 0.1, 1)
+        return mesh, params, jax.jit(lambda p, b: eval_step(p, MODEL.apply, b, 0.1))
 
     def loss_sums(step, params, mesh):
         batch_sums = []
@@ -85,9 +85,10 @@ SCRIPT = textwrap.dedent(
         cost = step.lower(params, batch if mesh is None else place_rows(batch, mesh)).compile().cost_analysis()
         return (cost[0] if isinstance(cost, list) else cost)["flops"]
 
-    def translations(params, mesh, modes=("greedy", "beam"), **changes):
-        return {mode: translate_encoded(params, CONFIG, CORPUS, Ids(), OPTIONS[mode].replace(**changes),
-                                        show_progress=False, mesh=mesh) for mode in modes}
+    def translations(params, mesh, modes=("greedy", "beam"), batch_size=BATCH):
+        return {mode: translate_encoded(params, CONFIG, CORPUS, Ids(), OPTIONS[mode],
+                                        batching=TranslationBatching(batch_size), show_progress=False, mesh=mesh)
+                for mode in modes}
 
     def collectives(jitted, *args):
         return sorted(set(re.findall(COLLECTIVE, jitted.lower(*args).compile().as_text())))
@@ -95,17 +96,17 @@ SCRIPT = textwrap.dedent(
     results = {}
     if sys.argv[1] == "process":
         mesh, params, steps = setup(4, 2)
-        results["data4_fsdp2"] = {"loss": loss_sums(steps.eval_step, params, mesh),
+        results["data4_fsdp2"] = {"loss": loss_sums(steps, params, mesh),
                                   "translations": translations(params, mesh)}
     else:
         _, params, steps = setup(1, 1, jax.devices()[:1])
-        results["one"] = {"loss": loss_sums(steps.eval_step, params, None), "flops": flops(steps.eval_step, params, None),
+        results["one"] = {"loss": loss_sums(steps, params, None), "flops": flops(steps, params, None),
                           "translations": translations(params, None, ("greedy", "beam", "sample")),
                           "alone": translations(params, None, batch_size=1)}
         for name, (data, fsdp) in {"data8": (8, 1), "data4_fsdp2": (4, 2)}.items():
             mesh, params, steps = setup(data, fsdp)
-            results[name] = {"loss": loss_sums(steps.eval_step, params, mesh),
-                             "flops": flops(steps.eval_step, params, mesh),
+            results[name] = {"loss": loss_sums(steps, params, mesh),
+                             "flops": flops(steps, params, mesh),
                              "translations": translations(params, mesh, ("greedy", "beam", "sample"))}
         src = place_rows(eval_batches(CORPUS, BATCH, row_multiple=8)[0]["inputs"], mesh)
         results["collectives"] = {

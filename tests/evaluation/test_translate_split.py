@@ -10,9 +10,11 @@ import pytest
 
 from transformer_jax import Transformer, TransformerConfig
 from transformer_jax.data.encoded import encode_pairs
-from transformer_jax.data.tokenizer import EOS_ID, train_tokenizer
+from transformer_jax.data.tokenizer import train_tokenizer
+from transformer_jax.model.special_tokens import EOS_ID
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.errors import DataError
+from transformer_jax.data.shapes import TranslationBatching
 from transformer_jax.evaluation.translate_split import fit_to_model, translate_encoded
 
 SENTENCES = ["the dog sleeps", "a cat sees the dog", "the bird sings a song", "dogs and cats"] * 20
@@ -40,12 +42,13 @@ def test_every_sentence_is_translated_in_order_and_empty_lines_stay_empty(tokeni
     params = Transformer(config).init(jax.random.key(0), dummy, dummy)["params"]
     lines = ["the dog sleeps", "", "a cat sees the dog " * 6, "dogs"]  # the third exceeds max_len
     encoded = encode_pairs([(line, "") for line in lines], tokenizer)
-    options = DecodeOptions(mode="greedy", max_extra_length=3, batch_size=2)
-    outputs = translate_encoded(params, config, encoded, tokenizer, options, show_progress=False)
+    options = DecodeOptions(mode="greedy", max_extra_length=3)
+    outputs = translate_encoded(params, config, encoded, tokenizer, options, batching=TranslationBatching(2),
+                                show_progress=False)
     assert len(outputs) == 4 and outputs[1] == ""
     # Each row decodes the same alone as in the batch: outputs are re-aligned with their inputs.
     alone = translate_encoded(params, config, encoded.select(np.array([3])), tokenizer, options,
-                              show_progress=False)
+                              batching=TranslationBatching(2), show_progress=False)
     assert alone == [outputs[3]]
 
 
@@ -82,13 +85,13 @@ def varied_model():
     return config, params, EncodedPairs(Ragged.from_lists(sources), Ragged.from_lists(targets))
 
 
-def translate_as_before(params, config, encoded, options):
+def translate_as_before(params, config, encoded, options, batch_size):
     """The former batching: batch_size sentences grouped by max(source, target) in buckets 16/32/64, PAD rows."""
     from transformer_jax.data.batching import eval_batches, restore_order
     from transformer_jax.evaluation.translate_split import _translate
 
     outputs, indices, rng = [], [], jax.random.key(options.seed)
-    for batch in eval_batches(encoded, options.batch_size):
+    for batch in eval_batches(encoded, batch_size):
         rng, key = jax.random.split(rng)
         outputs += Ids().decode_batch(np.asarray(_translate(params, batch["inputs"], key, config, options)))
         indices += batch["index"].tolist()
@@ -98,9 +101,10 @@ def translate_as_before(params, config, encoded, options):
 @pytest.mark.parametrize("mode", ["beam", "greedy"])
 def test_batching_by_source_length_and_tokens_translates_as_before(varied_model, mode):
     config, params, encoded = varied_model
-    options = DecodeOptions(mode=mode, beam_size=3, max_extra_length=8, batch_size=16)
-    before = translate_as_before(params, config, encoded, options)
-    after = translate_encoded(params, config, encoded, Ids(), options.replace(batch_tokens=128), show_progress=False)
+    options = DecodeOptions(mode=mode, beam_size=3, max_extra_length=8)
+    before = translate_as_before(params, config, encoded, options, batch_size=16)
+    after = translate_encoded(params, config, encoded, Ids(), options, batching=TranslationBatching(16, 128),
+                              show_progress=False)
     strip = lambda text: text.split(" 0")[0]  # widths differ now, so the PAD after EOS does too
     assert [strip(text) for text in after] == [strip(text) for text in before]
     # Outputs end on EOS at many lengths (so batches stop at different steps), some run to the limit.

@@ -11,7 +11,7 @@ from transformer_jax import Transformer, TransformerConfig
 from transformer_jax.errors import ConfigError
 from transformer_jax.model import DECODING_COLLECTIONS
 from transformer_jax.model.stacks import scanned_layout, unscanned_layout
-from transformer_jax.run.sharding import LOGICAL_AXIS_RULES
+from transformer_jax.base.sharding import LOGICAL_AXIS_RULES
 from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer
 from transformer_jax.training.state import create_train_state
 

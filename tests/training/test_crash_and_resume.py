@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from runs import run_script, start_script, write_config
 
-from transformer_jax.training.checkpoints import Checkpointer
+from transformer_jax.checkpoints.manager import Checkpointer
 
 STEPS = 12
 KEEP = 2

@@ -11,7 +11,7 @@ from gcs_emulator import BUCKET, emulator_in_this_process
 
 from runs import ROOT, run_script, script_env, write_config
 from transformer_jax.errors import CheckpointError
-from transformer_jax.evaluation.checkpoint_selection import write_params
+from transformer_jax.checkpoints.selection import write_params
 
 
 class Bucket:

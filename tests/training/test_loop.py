@@ -10,8 +10,8 @@ import pytest
 
 from transformer_jax.data.pipeline import prepare_data
 from transformer_jax.errors import ConfigError, TrainingError
-from transformer_jax.run.config_schema import model_config
-from transformer_jax.training.checkpoints import Checkpointer
+from transformer_jax.config.schema import model_config
+from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.training.loop import Trainer
 from transformer_jax.training.metrics_log import read_metrics
 
@@ -137,7 +137,7 @@ def test_training_steps_make_no_implicit_host_device_transfers(run_config, tmp_p
         metrics = trainer.update()
     assert int(jax.device_get(trainer.state.step)) == 2 and np.isfinite(jax.device_get(metrics["loss"]))
     # Python ints, as update() once passed them: an implicit transfer
-    trainer.jitted = dataclasses.replace(trainer.jitted, micro_steps=[0, 1])
+    trainer.micro_steps = [0, 1]
     with pytest.raises(Exception, match="Disallowed host-to-device transfer"):
         trainer.update()
     trainer.close()

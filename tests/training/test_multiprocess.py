@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from runs import finish_all, free_port, script_env, snapshot, start_script, write_config
-from transformer_jax.training.checkpoints import Checkpointer
+from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.training.metrics_log import read_metrics
 
 GLOBAL_DEVICES = 4

@@ -16,8 +16,8 @@ import time
 import jax
 
 from runs import finish_all, free_port, script_env, start_script, write_config
-from transformer_jax.run.sharding import make_mesh
-from transformer_jax.training.checkpoints import Checkpointer
+from transformer_jax.base.sharding import make_mesh
+from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.training.metrics_log import read_metrics
 from transformer_jax.training.preemption import StopAgreement, StopFlag
 

@@ -15,12 +15,16 @@ os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # the CUDA plugin
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from transformer_jax.run.cli import parse_flags, user_errors  # noqa: E402
+from transformer_jax.cli import parse_flags, user_errors  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (see configs/).", lock_config=True)
 _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology (v5e:16x16, v4:4x4x4, ...), Cloud type (v5e-256) "
                                 "or GPUs of one host (h100, h100-8).")
 _SLICES = flags.DEFINE_integer("num_slices", 1, "Slices joined by the data-center network (multi-slice).")
+_WORKDIR = flags.DEFINE_string(
+    "workdir", None, "Compile for the batch shapes this run directory's corpus gives, as train.py will (its "
+    "tokenizer and encoded corpus are prepared there, as train.py would, or reused); without it, rows of "
+    "data.max_length.")
 _HBM_GB = flags.DEFINE_float("hbm_gb", None, "Memory per device in GB instead of the chip's (e.g. to keep headroom).")
 flags.mark_flags_as_required(["config", "topology"])
 
@@ -31,7 +35,7 @@ def main(argv: list[str]) -> None:
         from transformer_jax.aot.plan import plan_run
 
         report, fits = plan_run(_CONFIG.value, _TOPOLOGY.value, _SLICES.value,
-                                None if _HBM_GB.value is None else int(_HBM_GB.value * 1e9))
+                                None if _HBM_GB.value is None else int(_HBM_GB.value * 1e9), _WORKDIR.value)
         print(report)
         if not fits:
             sys.exit(1)

@@ -1,8 +1,8 @@
 """Compile a run's programs for a topology from abstract shapes alone: no parameters, no data.
 
 The programs are the ones `train.py` runs, built by the same code (the model, optimizer and
-train state of `training/`, the shardings of `run/sharding.py`, the jitted steps of
-`training/jitted_steps.py`): the train step (or, with gradient accumulation, the micro-step and the
+train state of `training/`, the shardings of `base/sharding.py`, the jitted steps of
+`training/programs.py`): the train step (or, with gradient accumulation, the micro-step and the
 update), the dev-loss step and beam-search decoding, each lowered against ShapeDtypeStructs that
 carry their shardings and compiled by the topology's own compiler (libtpu for TPUs, the CUDA plugin's XLA:GPU
 for GPUs).
@@ -12,23 +12,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Callable
+from typing import Any
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import ml_collections
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
-from transformer_jax.data.batching import packed_batch_shape
-from transformer_jax.evaluation.translate_split import translate_rows
+from transformer_jax.config.schema import decode_options, decoding_dtype, model_config, translation_batching
+from transformer_jax.data.pipeline import prepare_data
+from transformer_jax.data.shapes import BatchShapes, nominal_batch_shapes
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.model.transformer import Transformer
-from transformer_jax.run.config_schema import decode_options, model_config
-from transformer_jax.run.sharding import abstract_with_shardings, batch_sharding, state_shardings
-from transformer_jax.training.jitted_steps import jit_steps
-from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer
-from transformer_jax.training.state import create_train_state
+from transformer_jax.training.programs import RunPrograms, build_run
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
@@ -107,85 +101,53 @@ def host_cost_analysis(compiled: Any) -> dict[str, float]:
 
 @dataclasses.dataclass(frozen=True)
 class RunShapes:
-    """What a step of the run processes: the model, the global batch and its row width."""
+    """What the report needs of a run's shapes: the model, and the largest training batch (rows x width)."""
 
     model: TransformerConfig
-    rows: int  # global rows of one micro-batch
-    width: int  # tokens per row (source and target)
-    eval_rows: int
-    eval_width: int
-
-
-def run_shapes(config: ml_collections.ConfigDict, mesh: Mesh) -> RunShapes:
-    """The shapes `train.py` would feed on `mesh` (vocabulary: data.vocab_size, as the tokenizer is not trained)."""
-    model = model_config(config, config.model.vocab_size or config.data.vocab_size)
-    rows, width = packed_batch_shape(config.data.tokens_per_batch, config.data.max_length, mesh.size)
-    # Dev/test batches: eval_batch_size sentences, rounded up so every device gets rows, at the longest bucket.
-    eval_rows = -(-config.data.eval_batch_size // mesh.size) * mesh.size
-    return RunShapes(model, rows, width, eval_rows, min(256, model.max_len))
+    rows: int  # global rows of the largest micro-batch
+    width: int  # its tokens per row (source and target)
+    batches: BatchShapes | None = None  # every shape the programs were compiled for
 
 
 PROGRAMS = ("train", "dev_loss", "decode")
 
 
-def compile_run(config: ml_collections.ConfigDict, mesh: Mesh,
-                which: tuple[str, ...] = PROGRAMS) -> tuple[RunShapes, list[Program]]:
-    """Compile the train step(s), the dev-loss step and beam-search decoding of `config` on `mesh` (`which` of them)."""
-    shapes = run_shapes(config, mesh)
-    model = Transformer(shapes.model)
-    training = config.training
-    schedule = paper_learning_rate(shapes.model.d_model, training.warmup_steps, training.learning_rate_scale)
-    optimizer = paper_optimizer(schedule, training.adam_b1, training.adam_b2, training.adam_eps,
-                                training.grad_clip_norm or None)
-    abstract_state = jax.eval_shape(lambda: create_train_state(model, optimizer, training.seed))
-    shardings = state_shardings(mesh, abstract_state)
-    state = abstract_with_shardings(abstract_state, shardings)
-    steps = jit_steps(mesh, shardings, model.apply, training.label_smoothing, training.accumulation_steps,
-                      place_micro_steps=False)
-    programs = []
+def run_programs(config: ml_collections.ConfigDict, mesh: Mesh, workdir: str | None = None) -> RunPrograms:
+    """The run builder's programs of `config` on `mesh`, for the batch shapes train.py would feed.
+
+    With `workdir`, the shapes are the ones its corpus gives (the data pipeline prepares the run's
+    tokenizer and encoded corpus there, as train.py does, reusing what is already there); without,
+    rows of data.max_length, and the vocabulary is data.vocab_size (the tokenizer is not trained).
+    """
+    if workdir:
+        data = prepare_data(config, workdir, row_multiple=mesh.size)
+        vocab_size = data.tokenizer.vocab_size
+        shapes = data.batch_shapes(config.data.eval_batch_size, translation_batching(config),
+                                   model_config(config, vocab_size).max_len, mesh.size)
+    else:
+        vocab_size = config.model.vocab_size or config.data.vocab_size
+        shapes = nominal_batch_shapes(config.data.tokens_per_batch, config.data.max_length, config.data.pack,
+                                      config.data.eval_batch_size, translation_batching(config),
+                                      model_config(config, vocab_size).max_len, mesh.size)
+    return build_run(config, mesh, vocab_size, shapes)
+
+
+def run_shapes(programs: RunPrograms) -> RunShapes:
+    """The report's view of the built run's shapes."""
+    rows, width = max(programs.shapes.train, key=lambda shape: shape[0] * shape[1])
+    return RunShapes(programs.model_config, rows, width, programs.shapes)
+
+
+def compile_run(config: ml_collections.ConfigDict, mesh: Mesh, which: tuple[str, ...] = PROGRAMS,
+                workdir: str | None = None) -> tuple[RunShapes, list[Program]]:
+    """Compile `which` of the run's programs on `mesh` (see `run_programs`): the train step(s), the dev-loss
+    step and the search the run decodes dev/test sets with; returns the shapes and the compiled figures."""
+    programs = run_programs(config, mesh, workdir)
+    lowered = []
     if "train" in which:
-        batch = abstract_batch(mesh, shapes.rows, shapes.width, packed=config.data.pack)
-        programs += _compile_train(steps, state, batch, mesh, training.accumulation_steps)
+        lowered += programs.lower_train()
     if "dev_loss" in which:
-        eval_batch = abstract_batch(mesh, shapes.eval_rows, shapes.eval_width, packed=False)
-        programs.append(_compile("dev loss", steps.eval_step, state.params, eval_batch))
+        lowered += programs.lower_dev_loss()
     if "decode" in which:
-        programs.append(_compile_decode(config, mesh, shapes, state.params))
-    return shapes, programs
-
-
-def _compile_train(steps: Any, state: Any, batch: dict[str, jax.ShapeDtypeStruct], mesh: Mesh,
-                   accumulation: int) -> list[Program]:
-    """The train step, or with accumulation the micro-step and the update (as Trainer.update runs them)."""
-    if accumulation == 1:
-        return [_compile("train step", steps.train_step, state, batch)]
-    micro = jax.ShapeDtypeStruct((), jnp.int32, sharding=NamedSharding(mesh, PartitionSpec()))
-    # The update's in_shardings place the gradient sums; their abstract shapes are enough here.
-    grads = jax.eval_shape(steps.micro_gradients, state, batch, micro)
-    return [_compile("micro-step gradients", steps.micro_gradients, state, batch, micro),
-            _compile("apply accumulated gradients", steps.apply_gradients, state, *grads)]
-
-
-def _compile_decode(config: ml_collections.ConfigDict, mesh: Mesh, shapes: RunShapes, params: Any) -> Program:
-    """Beam search as the run decodes dev/test sets: each device searches its own rows, parameters whole."""
-    options = decode_options(config)
-    replicated = NamedSharding(mesh, PartitionSpec())
-    params = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=replicated),
-                          nn.meta.unbox(params))
-    src = jax.ShapeDtypeStruct((shapes.eval_rows, shapes.eval_width), jnp.int32, sharding=batch_sharding(mesh))
-    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
-    decode = jax.jit(lambda p, s, k: translate_rows(p, s, k, shapes.model, options, mesh))
-    return _compile(f"beam search (beam {options.beam_size})", decode, params, src, key)
-
-
-def abstract_batch(mesh: Mesh, rows: int, width: int, packed: bool) -> dict[str, jax.ShapeDtypeStruct]:
-    """A training/eval batch as ShapeDtypeStructs split over the mesh's batch axes."""
-    keys = ["inputs", "targets", "target_inputs"]
-    if packed:
-        keys += ["inputs_segmentation", "targets_segmentation", "inputs_position", "targets_position"]
-    sharding = batch_sharding(mesh)
-    return {key: jax.ShapeDtypeStruct((rows, width), jnp.int32, sharding=sharding) for key in keys}
-
-
-def _compile(name: str, jitted: Callable, *args: Any) -> Program:
-    return program_of(name, jitted.lower(*args).compile())
+        lowered.append(programs.lower_search(decode_options(config), decoding_dtype(config)))
+    return run_shapes(programs), [program_of(name, program.compile()) for name, program in lowered]

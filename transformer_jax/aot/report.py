@@ -59,10 +59,12 @@ def verdict(shapes: RunShapes, programs: list[Program], topology: Topology, accu
             hbm_bytes: int | None = None) -> Verdict:
     """Fit and predicted speed of one optimizer update of the run."""
     devices = len(topology.devices)
-    train = [p for p in programs if p.name in ("train step", "micro-step gradients")][0]
+    # The update of the largest training batch: its train step, or its micro-step (x accumulation) and the update.
+    train = [p for p in programs if p.name in (f"train step {shapes.rows}x{shapes.width}",
+                                               f"micro-step gradients {shapes.rows}x{shapes.width}")][0]
     counts = [(train, accumulation)]
     peak_train = train.total_bytes
-    if train.name == "micro-step gradients":
+    if train.name.startswith("micro-step gradients"):
         counts.append(([p for p in programs if p.name == "apply accumulated gradients"][0], 1))
         # Between micro-steps the running sum of gradients lives beside the state.
         peak_train += train.output_bytes
@@ -99,14 +101,15 @@ def table(topology: Topology, mesh: Mesh, shapes: RunShapes, programs: list[Prog
         f"attention={model.attention_backend}",
         f"batch           {shapes.rows} rows x {shapes.width} tokens per micro-step, x{accumulation} accumulation "
         f"= {accumulation * shapes.rows * shapes.width:,} target token slots per update; "
-        f"{shapes.rows / devices:g} rows per {device}",
+        f"{shapes.rows / devices:g} rows per {device}"
+        + (f"\nshapes          {shapes.batches.describe()}" if shapes.batches else ""),
         "",
-        f"{'program':<28} {'arguments':>11} {'outputs':>11} {'aliased':>11} {'temporaries':>12} {'total':>11} "
+        f"{'program':<40} {'arguments':>11} {'outputs':>11} {'aliased':>11} {'temporaries':>12} {'total':>11} "
         f"{'TFLOP/GPU' if gpu else 'TFLOP/dev':>10}  collectives",
     ]
     for p in programs:
         collectives = ", ".join(f"{op} x{count} ({_gb(size)})" for op, (count, size) in sorted(p.collectives.items()))
-        lines.append(f"{p.name:<28} {_gb(p.argument_bytes):>11} {_gb(p.output_bytes):>11} {_gb(p.alias_bytes):>11} "
+        lines.append(f"{p.name:<40} {_gb(p.argument_bytes):>11} {_gb(p.output_bytes):>11} {_gb(p.alias_bytes):>11} "
                      f"{_gb(p.temp_bytes):>12} {_gb(p.total_bytes):>11} {p.flops / 1e12:>10.3f}  {collectives or '-'}")
     paper_days = PAPER_STEPS * PAPER_TOKENS_PER_STEP / result.tokens_per_second / 86400
     lines += [

@@ -19,13 +19,11 @@ import math
 import os
 
 import jax
-import numpy as np
-from jax.experimental import mesh_utils
 from jax.sharding import Mesh
 
 from transformer_jax.aot.chips import CHIPS, Chip, chip_for, gpu_target_config
 from transformer_jax.errors import ConfigError
-from transformer_jax.run.sharding import BATCH_AXES
+from transformer_jax.base.sharding import make_mesh
 
 # Compile-only use touches no chip, so several processes may load libtpu at once (it otherwise takes a
 # lock file that a second process, e.g. this command run from a test, cannot get).
@@ -154,31 +152,5 @@ def _describe_gpus(name: str, num_slices: int) -> Topology:
 
 
 def mesh_for(topology: Topology, data: int, fsdp: int) -> Mesh:
-    """A (data, fsdp) mesh over the topology's devices, laid out along its interconnect.
-
-    -1 for one axis takes the remaining devices. With several slices the data axis spans them (only
-    gradients cross the slower data-center network); fsdp stays inside a slice.
-    """
-    count = len(topology.devices)
-    if data == -1:
-        data = count // fsdp if fsdp > 0 else 0
-    if fsdp == -1:
-        fsdp = count // data if data > 0 else 0
-    if data <= 0 or fsdp <= 0 or data * fsdp != count:
-        raise ConfigError(f"mesh data={data} x fsdp={fsdp} does not cover the {count} devices of "
-                          f"{topology.name}; set --config.mesh.data and --config.mesh.fsdp to multiply to {count}")
-    devices = list(topology.devices)
-    if topology.num_slices > 1:
-        if data % topology.num_slices:
-            raise ConfigError(f"mesh.data={data} is not a multiple of the {topology.num_slices} slices; "
-                              "the data axis must span the slices")
-        grid = mesh_utils.create_hybrid_device_mesh(
-            (data // topology.num_slices, fsdp), (topology.num_slices, 1), devices)
-        return Mesh(np.asarray(grid), BATCH_AXES)
-    try:
-        grid = mesh_utils.create_device_mesh((data, fsdp), devices, allow_split_physical_axes=True)
-    except (AssertionError, ValueError, NotImplementedError):
-        # mesh_utils lays out only one device per chip; libtpu describes v4 one device per TensorCore.
-        # Then the devices go in id order, which walks the torus axis by axis.
-        grid = np.asarray(sorted(devices, key=lambda d: d.id)).reshape(data, fsdp)
-    return Mesh(np.asarray(grid), BATCH_AXES)
+    """The run's (data, fsdp) mesh (base.sharding.make_mesh, as train.py builds it) over the topology's devices."""
+    return make_mesh(data, fsdp, topology.devices, topology.num_slices, where=topology.name)

@@ -26,23 +26,12 @@ from collections.abc import Sequence
 import numpy as np
 
 from transformer_jax.data.encoded import EncodedPairs, Ragged
-from transformer_jax.data.tokenizer import BOS_ID
+from transformer_jax.model.special_tokens import BOS_ID
+from transformer_jax.data.shapes import BATCH_KEYS, PACKED_KEYS, length_buckets, round_rows, round_up, round_width, rows_per_batch
 from transformer_jax.errors import DataError
 from transformer_jax.model.masks import PAD_ID
 
 Batch = dict[str, np.ndarray]
-# The arrays of a training batch, all int32 [rows, length]; packed batches add segment ids and positions.
-BATCH_KEYS = ("inputs", "targets", "target_inputs")
-PACKED_KEYS = BATCH_KEYS + ("inputs_segmentation", "inputs_position", "targets_segmentation", "targets_position")
-
-
-def length_buckets(max_length: int, smallest: int = 8) -> tuple[int, ...]:
-    """Bucket lengths: multiples of 8 up to 32, then steps of about 1.5x, ending at max_length."""
-    buckets, length = [], smallest
-    while length < max_length:
-        buckets.append(length)
-        length = length + 8 if length < 32 else int(math.ceil(length * 1.5 / 8) * 8)
-    return tuple(buckets) + (max_length,)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +85,7 @@ def plan_buckets(corpus: EncodedPairs, rng: np.random.Generator, tokens_per_batc
         members = permutation[bucket_of == bucket]
         if len(members) == 0:
             continue
-        per_batch = _rows_per_batch(tokens_per_batch, length, row_multiple)
+        per_batch = rows_per_batch(tokens_per_batch, length, row_multiple)
         first_batch = len(batch_rows)
         num_batches = -(-len(members) // per_batch)
         items.append(members)
@@ -178,20 +167,6 @@ def plan_packed(corpus: EncodedPairs, rng: np.random.Generator, rows_per_width: 
                         placement[:, 3], batch_rows, batch_lengths)
 
 
-def packed_batch_shape(tokens_per_batch: int, max_length: int, row_multiple: int = 1) -> tuple[int, int]:
-    """(rows, width) of every packed global batch: rows of max_length tokens, a multiple of row_multiple."""
-    return _rows_per_batch(tokens_per_batch, max_length, row_multiple), max_length
-
-
-def _rows_per_batch(tokens_per_batch: int, length: int, row_multiple: int) -> int:
-    rows = tokens_per_batch // length // row_multiple * row_multiple
-    if rows == 0:
-        raise DataError(f"data.tokens_per_batch={tokens_per_batch} is too small for {row_multiple} rows (one per "
-                        f"device) of {length} tokens; set --config.data.tokens_per_batch={row_multiple * length} "
-                        "or more")
-    return rows
-
-
 def materialize(corpus: EncodedPairs, plan: EpochPlan, batch: int, packed: bool,
                 process_index: int = 0, process_count: int = 1) -> Batch:
     """This process's block of rows [p * n, (p + 1) * n) of one planned batch (n = rows / process_count)."""
@@ -259,7 +234,7 @@ class BatchIterator:
         # pair rounded up to 8 (at most max_length), so a corpus far below max_length never pays for it.
         self.row_width = min(row_width or max_length, max_length)
         longest = int(max(corpus.source.lengths.max(), corpus.target.lengths.max())) if len(corpus) else 0
-        self.long_width = min(max_length, -(-longest // 8) * 8) if longest > self.row_width else None
+        self.long_width = min(max_length, round_width(longest)) if longest > self.row_width else None
         # Each global batch's rows are dealt out to the processes, so rows must divide evenly.
         self.row_multiple = math.lcm(row_multiple, process_count)
         self.devices = row_multiple  # as given: recorded in the state to explain a change of layout
@@ -297,7 +272,7 @@ class BatchIterator:
         """Rows of a global batch of this width or bucket length: as given per width, else the token budget's."""
         if self.rows_per_width is not None:
             return self.rows_per_width[length]
-        return _rows_per_batch(self.tokens_per_batch, length, self.row_multiple)
+        return rows_per_batch(self.tokens_per_batch, length, self.row_multiple)
 
     def batch_shapes(self) -> list[tuple[int, int]]:
         """The global (rows, length) shapes of the batches an epoch holds (every epoch the same ones), sorted."""
@@ -332,7 +307,7 @@ class BatchIterator:
         [rows, length] of every bucket) agree; the other entries name the settings for messages.
         """
         lengths = self.widths() if self.pack else list(self.buckets)
-        # The rows of _rows_per_batch, without its error: a state is saved whatever the buckets.
+        # The rows of rows_per_batch, without its error: a state is saved whatever the buckets.
         shapes = [[self.rows_per_width[length] if self.rows_per_width else
                    self.tokens_per_batch // length // self.row_multiple * self.row_multiple, length]
                   for length in lengths]
@@ -402,8 +377,8 @@ def eval_batches(corpus: EncodedPairs, batch_size: int, buckets: Sequence[int] =
     `batch_size` pairs in rows padded up to a multiple of `row_multiple` (e.g. the mesh size, so every
     device gets as many rows); padding rows are all PAD.
     """
-    rows_per_batch = -(-batch_size // row_multiple) * row_multiple
-    if rows_per_batch % process_count:
+    batch_rows = round_rows(batch_size, row_multiple)
+    if batch_rows % process_count:
         raise DataError(f"eval batch_size={batch_size} must be a multiple of process_count={process_count}")
     if len(corpus) == 0:
         return []
@@ -413,16 +388,16 @@ def eval_batches(corpus: EncodedPairs, batch_size: int, buckets: Sequence[int] =
     batch_ids = np.arange(len(order)) // batch_size
     # Batch length: the smallest bucket that fits; longer than all buckets: the next multiple of the last.
     batch_longest = np.maximum.reduceat(longest[order], np.arange(0, len(order), batch_size))
-    lengths = [next((b for b in buckets if b >= n), -(-int(n) // buckets[-1]) * buckets[-1]) for n in batch_longest]
+    lengths = [next((b for b in buckets if b >= n), round_up(n, buckets[-1])) for n in batch_longest]
     rows = np.arange(len(order)) % batch_size
     zeros = np.zeros_like(order)
     plan = _finish_plan(order, batch_ids, rows, zeros, zeros, zeros + 1,
-                        np.full(num_batches, rows_per_batch), np.asarray(lengths))
-    per_process = rows_per_batch // process_count
+                        np.full(num_batches, batch_rows), np.asarray(lengths))
+    per_process = batch_rows // process_count
     batches = []
     for b in range(num_batches):
         batch = materialize(corpus, plan, b, False, process_index, process_count)
-        index = np.full(rows_per_batch, -1, dtype=np.int32)
+        index = np.full(batch_rows, -1, dtype=np.int32)
         index[rows[batch_ids == b]] = order[batch_ids == b]
         batch["index"] = index[process_index * per_process:(process_index + 1) * per_process]
         batches.append(batch)

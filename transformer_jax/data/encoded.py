@@ -11,9 +11,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
+from transformer_jax.data.tokenizer import Tokenizer
+
+from transformer_jax.model.special_tokens import EOS_ID
 from transformer_jax.errors import DataError
-from transformer_jax.run.files import is_file, is_local, read_bytes, unique_name, write_atomically
+from transformer_jax.base.files import is_file, is_local, read_bytes, unique_name, write_atomically
 
 
 @dataclasses.dataclass(frozen=True)

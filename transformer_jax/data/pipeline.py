@@ -8,19 +8,29 @@ import logging
 import os
 
 import ml_collections
+import numpy as np
 
 from transformer_jax.data.batching import BatchIterator
 from transformer_jax.data.encoded import EncodedPairs, encode_pairs, filter_by_length, load_encoded, save_encoded
 from transformer_jax.data.row_width import choose_packed_rows
+from transformer_jax.data.shapes import (
+    BatchShapes,
+    TranslationBatching,
+    loss_widths,
+    round_rows,
+    translation_rows,
+    translation_widths,
+    widest_translation_width,
+)
 from transformer_jax.data.sources import Pair, drop_empty_pairs, load_splits
 from transformer_jax.data.tokenizer import (
-    MODEL_FILENAME,
     Tokenizer,
     load_or_train_tokenizer,
 )
 from transformer_jax.errors import DataError
-from transformer_jax.run.config_schema import model_config
-from transformer_jax.run.files import is_file, is_local, read_text
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.base.files import is_file, is_local, read_text
+from transformer_jax.base import workdir as layout
 
 
 @dataclasses.dataclass
@@ -39,6 +49,24 @@ class RunData:
     train: BatchIterator
     dev: EvalSet
     test: EvalSet
+
+    def batch_shapes(self, eval_batch_size: int, batching: TranslationBatching, model_max_len: int,
+                     row_multiple: int) -> BatchShapes:
+        """The global batch shapes this corpus gives a run's programs (`row_multiple`: the mesh's devices)."""
+        dev = self.dev.encoded
+        longest = int(max(dev.source.lengths.max(), dev.target.lengths.max())) if len(dev) else self.train.row_width
+        dev_rows = round_rows(eval_batch_size, row_multiple)
+        width, long_width = loss_widths(longest, self.train.row_width)
+        sources = np.concatenate([self.dev.encoded.source.lengths, self.test.encoded.source.lengths])
+        widest = widest_translation_width(model_max_len)
+        if len(sources):
+            widest = int(translation_widths(sources, batching.batch_size, batching.batch_tokens,
+                                            row_multiple=row_multiple).max())
+        return BatchShapes(
+            train=tuple(self.train.batch_shapes()), train_keys=self.train.batch_keys(),
+            dev_loss=((dev_rows, width),) + (((dev_rows, long_width),) if long_width else ()),
+            translation=(translation_rows(widest, batching.batch_size, batching.batch_tokens, row_multiple),
+                         min(widest, model_max_len)))
 
 
 def load_run_splits(data: ml_collections.ConfigDict, seed: int, splits: tuple[str, ...]) -> dict[str, list[Pair]]:
@@ -67,8 +95,8 @@ def check_tokenizer_settings(config: ml_collections.ConfigDict, workdir: str) ->
     The settings of the run that trained it are read from `<workdir>/config.json`; without a
     tokenizer or a config.json there is nothing to compare.
     """
-    saved_config = os.path.join(workdir, "config.json")
-    if not (is_file(os.path.join(workdir, MODEL_FILENAME)) and is_file(saved_config)):
+    saved_config = layout.run_path(workdir, layout.CONFIG)
+    if not (is_file(layout.run_path(workdir, layout.TOKENIZER)) and is_file(saved_config)):
         return
     try:
         saved = json.loads(read_text(saved_config))["data"]
@@ -80,7 +108,7 @@ def check_tokenizer_settings(config: ml_collections.ConfigDict, workdir: str) ->
     for key in TOKENIZER_SETTINGS:
         if key in saved and saved[key] != config.data[key]:
             raise DataError(
-                f"data.{key}={config.data[key]!r} differs from the {saved[key]!r} that {workdir}/{MODEL_FILENAME} "
+                f"data.{key}={config.data[key]!r} differs from the {saved[key]!r} that {workdir}/{layout.TOKENIZER} "
                 f"was trained with; resume with --config.data.{key}={saved[key]!r}, or use a new workdir"
             )
 
@@ -106,7 +134,7 @@ def shared_tokenizer(
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices("tokenizer ready")
-    return tokenizer or Tokenizer.load(os.path.join(workdir, MODEL_FILENAME))
+    return tokenizer or Tokenizer.load(layout.run_path(workdir, layout.TOKENIZER))
 
 
 def eval_set(pairs: list[Pair], tokenizer: Tokenizer) -> EvalSet:
@@ -124,17 +152,13 @@ def training_rows(config: ml_collections.ConfigDict, train: EncodedPairs, vocab_
     data = config.data
     if data.row_width or not data.pack:
         return min(data.row_width or data.max_length, data.max_length), None
-    layout = choose_packed_rows(train, model_config(config, vocab_size), data.tokens_per_batch, data.max_length,
+    layout = choose_packed_rows(train, TransformerConfig.for_run(config.model, vocab_size, data.max_length), data.tokens_per_batch, data.max_length,
                                 row_multiple)
     shapes = ", ".join(f"{rows}x{width} ({layout.fills[width]:.0%} of slots real)"
                        for width, rows in layout.rows.items())
     logging.info("packed batches of %s (rows x tokens), chosen from the corpus to hold as many real tokens as "
                  "rows of data.max_length=%d would (%.0f%% real)", shapes, data.max_length, 100 * layout.reference_fill)
     return layout.width, layout.rows
-
-
-# The training split, tokenized (empty pairs dropped, not yet filtered by length), kept for resumes.
-ENCODED_FILENAME = "train_encoded.npz"
 
 
 def encoded_corpus_key(data: ml_collections.ConfigDict, seed: int, tokenizer: Tokenizer) -> str:
@@ -159,14 +183,14 @@ def cached_training_corpus(config: ml_collections.ConfigDict, workdir: str
     (None, {}, None) when there is no tokenizer yet or no encoded corpus made for these settings.
     """
     check_tokenizer_settings(config, workdir)
-    if not is_file(os.path.join(workdir, MODEL_FILENAME)):
+    if not is_file(layout.run_path(workdir, layout.TOKENIZER)):
         return None, {}, None
-    tokenizer = Tokenizer.load(os.path.join(workdir, MODEL_FILENAME))
+    tokenizer = Tokenizer.load(layout.run_path(workdir, layout.TOKENIZER))
     key = encoded_corpus_key(config.data, config.training.seed, tokenizer)
-    train = load_encoded(os.path.join(workdir, ENCODED_FILENAME), key)
+    train = load_encoded(layout.run_path(workdir, layout.ENCODED_TRAIN), key)
     if train is None:
         return None, {}, None
-    logging.info("read the encoded training corpus from %s (%d pairs)", ENCODED_FILENAME, len(train))
+    logging.info("read the encoded training corpus from %s (%d pairs)", layout.ENCODED_TRAIN, len(train))
     return train, load_run_splits(config.data, config.training.seed, ("dev", "test")), tokenizer
 
 
@@ -191,7 +215,7 @@ def prepare_data(
         tokenizer = shared_tokenizer(config, workdir, train_pairs, process_index, process_count)
         train = encode_pairs(train_pairs, tokenizer, consume=True)  # the text goes as the arrays grow
         if process_index == 0:
-            save_encoded(os.path.join(workdir, ENCODED_FILENAME), train, encoded_corpus_key(data, config.training.seed,
+            save_encoded(layout.run_path(workdir, layout.ENCODED_TRAIN), train, encoded_corpus_key(data, config.training.seed,
                                                                                         tokenizer))
     train, too_long = filter_by_length(train, data.max_length)
     if too_long:

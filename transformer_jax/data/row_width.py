@@ -46,8 +46,9 @@ import dataclasses
 
 import numpy as np
 
-from transformer_jax.data.batching import first_fit, length_buckets
+from transformer_jax.data.batching import first_fit
 from transformer_jax.data.encoded import EncodedPairs
+from transformer_jax.data.shapes import length_buckets, round_width
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.flops import train_step_flops
 
@@ -152,7 +153,7 @@ def packed_rows(source_lengths: np.ndarray, target_lengths: np.ndarray, model: T
     if reference_fill is None:
         reference_fill = packing_fill(source_lengths[:sample_size], target_lengths[:sample_size], max_length)
     target = reference_real_tokens(tokens_per_batch, max_length, reference_fill, row_multiple)
-    widest = min(max_length, -(-int(longest.max()) // 8) * 8)
+    widest = round_width(longest.max(), max_length)
     long_width = widest if longest.max() > width else None
     groups = {width: longest <= width} | ({long_width: longest > width} if long_width else {})
     fills = {}
@@ -191,7 +192,7 @@ def epoch_cost(source_lengths: np.ndarray, target_lengths: np.ndarray, model: Tr
 def candidate_widths(longest: int, max_length: int, tokens_per_batch: int, row_multiple: int) -> list[int]:
     """Widths worth pricing: the bucket lengths up to the longest pair (at most max_length), each holding one
     row per device."""
-    widest = min(max_length, -(-longest // 8) * 8)
+    widest = round_width(longest, max_length)
     return [width for width in length_buckets(widest) if width >= min(SMALLEST_WIDTH, widest)
             and tokens_per_batch // width >= row_multiple]
 
@@ -209,7 +210,7 @@ def choose_packed_rows(corpus: EncodedPairs, model: TransformerConfig, tokens_pe
     reference_fill = packing_fill(source[:sample_size], target[:sample_size], max_length)
     # A width no pair fits in would only add an unused shape.
     candidates = [width for width in candidate_widths(int(longest.max()), max_length, tokens_per_batch, row_multiple)
-                  if width >= longest.min()] or [min(max_length, -(-int(longest.max()) // 8) * 8)]
+                  if width >= longest.min()] or [round_width(longest.max(), max_length)]
     layouts = {width: packed_rows(source, target, model, tokens_per_batch, max_length, width, row_multiple,
                                   sample_size, reference_fill) for width in candidates}
     costs = {width: epoch_cost(source, target, model, layout) for width, layout in layouts.items()}

@@ -1,7 +1,6 @@
 """SentencePiece tokenizer: one joint source/target vocabulary, trained once per run and reused.
 
-Special ids are fixed for the whole project: pad=0, unk=1, bos=2, eos=3. Padding is never a real
-token, so it cannot collide with unknown words. With byte fallback (the default) any UTF-8 text is
+Special ids are the project's (model/special_tokens.py): pad=0, unk=1, bos=2, eos=3. With byte fallback (the default) any UTF-8 text is
 representable: characters outside the vocabulary become byte pieces instead of <unk>.
 """
 
@@ -17,11 +16,10 @@ import numpy as np
 import sentencepiece as spm
 
 from transformer_jax.errors import DataError
-from transformer_jax.model.masks import PAD_ID
-from transformer_jax.run.files import exists, is_file, read_bytes, write_atomically
+from transformer_jax.model.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_jax.base.files import exists, is_file, read_bytes, write_atomically
+from transformer_jax.base import workdir as layout
 
-UNK_ID, BOS_ID, EOS_ID = 1, 2, 3
-MODEL_FILENAME = "tokenizer.model"
 
 
 class Tokenizer:
@@ -137,7 +135,7 @@ def load_or_train_tokenizer(workdir: str, train_pairs: Sequence[tuple[str, str]]
                             model_type: str = "unigram", byte_fallback: bool = True,
                             sample_size: int = 1_000_000, seed: int = 0) -> Tokenizer:
     """Reuse `<workdir>/tokenizer.model` if it exists (resume, eval); otherwise train and save it."""
-    path = os.path.join(workdir, MODEL_FILENAME)
+    path = layout.run_path(workdir, layout.TOKENIZER)
     if exists(path):
         return Tokenizer.load(path)
     sentences = sample_sentences(train_pairs, sample_size, seed)

@@ -16,37 +16,7 @@ import numpy as np
 
 from transformer_jax.data.batching import Batch, place_sequences
 from transformer_jax.data.encoded import EncodedPairs
-
-# Source widths: fine steps, as a batch's search runs at its padded source width.
-TRANSLATION_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
-# A width holding at most this many batches of sentences is decoded at the next wider width in use.
-SMALL_WIDTH_BATCHES = 4
-
-
-def translation_rows(width: int, batch_size: int, batch_tokens: int, row_multiple: int = 1) -> int:
-    """Rows of a translation batch of padded source `width`: batch_size, or batch_tokens // width (at most
-    batch_size) when batch_tokens > 0; rounded down to a multiple of row_multiple, at least one multiple."""
-    rows = min(batch_size, batch_tokens // width) if batch_tokens else batch_size
-    return max(row_multiple, rows // row_multiple * row_multiple)
-
-
-def translation_widths(source_lengths: np.ndarray, batch_size: int, batch_tokens: int,
-                       buckets: Sequence[int] = TRANSLATION_BUCKETS, row_multiple: int = 1) -> np.ndarray:
-    """Each sentence's padded source width: its smallest bucket, small widths merged into wider ones.
-
-    Beyond the last bucket, widths are multiples of it. Narrowest first, a width whose sentences fill
-    at most SMALL_WIDTH_BATCHES batches of its rows joins the next wider width in use.
-    """
-    bucket_widths, lengths = np.asarray(buckets, np.int64), np.asarray(source_lengths, np.int64)
-    smallest = bucket_widths[np.minimum(np.searchsorted(bucket_widths, lengths), len(buckets) - 1)]
-    widths = np.where(lengths <= buckets[-1], smallest, -(-lengths // buckets[-1]) * buckets[-1])
-    used = sorted(set(widths.tolist()))
-    for narrow, wide in zip(used, used[1:]):
-        members = widths == narrow
-        if members.sum() <= SMALL_WIDTH_BATCHES * translation_rows(narrow, batch_size, batch_tokens, row_multiple):
-            widths[members] = wide
-    return widths
-
+from transformer_jax.data.shapes import TRANSLATION_BUCKETS, round_rows, translation_rows, translation_widths
 
 def translation_batches(corpus: EncodedPairs, batch_size: int, batch_tokens: int = 0,
                         items: np.ndarray | None = None, buckets: Sequence[int] = TRANSLATION_BUCKETS,
@@ -67,7 +37,7 @@ def translation_batches(corpus: EncodedPairs, batch_size: int, batch_tokens: int
     order = items[sorted_positions]
     widths = translation_widths(lengths, batch_size, batch_tokens, buckets, row_multiple)[sorted_positions]
     # Never more rows than the sentences need (one line from standard input decodes as one row).
-    most_rows = -(-len(items) // row_multiple) * row_multiple
+    most_rows = round_rows(len(items), row_multiple)
     batches, start = [], 0
     while start < len(order):
         width = int(widths[start])

@@ -1,29 +1,18 @@
 """Decoding: turning source ids into output ids with a trained Transformer.
 
-`options` (DecodeOptions: mode, beam, length penalty, limits, sampling) -> `lengths` (output length
-limits, length penalty) -> `cache` (the cached one-position step and the full-prefix reference) ->
-`sampling` (greedy and sampled decoding) and `beam_search` -> `translate` (one entry point for every
-mode, and `in_dtype`: weights and config for decoding in bfloat16 or float32).
+`options` (DecodeOptions: what a search looks for: mode, beam, length penalty, limits, sampling) ->
+`lengths` (output length limits, length penalty) -> `cache` (the cached one-position step and the
+full-prefix reference) -> `sampling` (greedy and sampled decoding) and `beam_search` -> `translate`
+(one entry point for every mode, the precision a search runs in, the search split over a mesh).
 """
 
-from transformer_jax.decoding.beam_search import (
-    BeamSearchOutput,
-    beam_search,
-    beam_search_loop,
-)
-from transformer_jax.decoding.cache import StepState, cached_step, decoding_platform, prefix_step
-from transformer_jax.decoding.lengths import length_penalty, max_output_lengths
+from transformer_jax.decoding.beam_search import BeamSearchOutput, beam_search
+from transformer_jax.decoding.cache import StepState, cached_step, prefix_step
 from transformer_jax.decoding.options import DecodeOptions
-from transformer_jax.decoding.sampling import (
-    filter_logits,
-    greedy_decode,
-    sample_decode,
-    token_loop,
-)
-from transformer_jax.decoding.translate import in_dtype, translate_batch
+from transformer_jax.decoding.sampling import greedy_decode, sample_decode
+from transformer_jax.decoding.translate import DTYPES, decoding_precision, translate_batch, translate_rows
 
 __all__ = [
-    "BeamSearchOutput", "DecodeOptions", "StepState", "beam_search", "beam_search_loop", "cached_step",
-    "decoding_platform", "filter_logits", "greedy_decode", "in_dtype", "length_penalty", "max_output_lengths",
-    "prefix_step", "sample_decode", "token_loop", "translate_batch",
+    "DTYPES", "BeamSearchOutput", "DecodeOptions", "StepState", "beam_search", "cached_step", "decoding_precision",
+    "greedy_decode", "prefix_step", "sample_decode", "translate_batch", "translate_rows",
 ]

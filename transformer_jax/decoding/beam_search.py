@@ -18,8 +18,6 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.decoding.cache import (
-    BOS_ID,
-    EOS_ID,
     NEG_INF,
     StepFn,
     StepState,
@@ -31,7 +29,7 @@ from transformer_jax.decoding.lengths import length_penalty, output_lengths
 from transformer_jax.decoding.options import is_python_number, require
 from transformer_jax.decoding.top_k import top_k_in_blocks
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.model.masks import PAD_ID
+from transformer_jax.model.special_tokens import BOS_ID, EOS_ID, PAD_ID
 
 
 class BeamSearchOutput(NamedTuple):

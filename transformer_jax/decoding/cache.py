@@ -9,9 +9,7 @@ cached step is tested and benchmarked against). PAD and BOS are never generated.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -25,12 +23,9 @@ from transformer_jax.model.attention import (
     SLOT_CACHE,
 )
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.model.masks import PAD_ID
+from transformer_jax.model.special_tokens import BOS_ID, PAD_ID
 from transformer_jax.model.transformer import Transformer
 
-# Token ids of the tokenizer (transformer_jax.data.tokenizer has the same; a test checks they agree).
-BOS_ID = 2
-EOS_ID = 3
 NEG_INF = -jnp.inf
 
 
@@ -50,32 +45,6 @@ class StepState:
 # step_fn(tokens [B*N, 1], state) -> (log-probabilities [B*N, V], state): one decoding step. Beam
 # search needs the state to be a StepState; greedy decoding and sampling take any state.
 StepFn = Callable[[jax.Array, Any], tuple[jax.Array, Any]]
-
-
-# The platform decoding is traced for, when it is not JAX's default backend (see `decoding_platform`).
-_PLATFORM: contextvars.ContextVar[str | None] = contextvars.ContextVar("decoding_platform", default=None)
-
-
-@contextlib.contextmanager
-def decoding_platform(platform: str) -> Iterator[None]:
-    """Trace decoding for `platform` ("cpu", "gpu", "tpu"), e.g. a mesh's devices compiled ahead of time."""
-    token = _PLATFORM.set(platform)
-    try:
-        yield
-    finally:
-        _PLATFORM.reset(token)
-
-
-def decoding_config(config: TransformerConfig) -> TransformerConfig:
-    """The model config a decoding step runs: on CPUs, matmuls return float32 and the caches are float32.
-
-    XLA:CPU runs bfloat16 matmuls natively only with a float32 result, and batched ones (attention over
-    the caches) not at all (model/precision.py); accelerators keep the model's own dtypes. A float32
-    model is the same either way.
-    """
-    if (_PLATFORM.get() or jax.default_backend()) == "cpu":
-        return config.replace(float32_dot_outputs=True)
-    return config
 
 
 def reorder_hypotheses(per_hypothesis: Any, rows_BN: jax.Array, axis: int) -> Any:
@@ -104,10 +73,9 @@ def cached_step(
     The caches and the step counters are the shared part. The self-attention cache is kept in
     chunks of positions (32, 32, 64, ...: `history_chunks`) and a step reads only the chunks
     written so far, so a sentence that ends at 20 tokens never reads the rest of a cache of 70.
-    On CPUs, matmuls return float32 before rounding to the compute dtype and the caches are float32
-    (`decoding_config`): bfloat16 decoding then runs at bfloat16 speed on CPUs too.
+    The caches take the dtype `config` gives them (`decoding.translate.decoding_precision` chooses it).
     """
-    model = Transformer(decoding_config(config), decoding=True)
+    model = Transformer(config, decoding=True)
     encoded_BxSxD = model.apply({"params": params}, src_tokens_BxS, method=Transformer.encode)
     # Only the ids repeat per beam (for the cross-attention padding mask), not the encoder output.
     src_BNxS = jnp.repeat(src_tokens_BxS, beam_size, axis=0)
@@ -135,7 +103,7 @@ def prefix_step(
     params: Any, config: TransformerConfig, src_tokens_BxS: jax.Array, beam_size: int, output_length: int
 ) -> tuple[StepFn, StepState]:
     """A step without a cache: `Transformer.__call__` on the whole prefix padded to L, every step."""
-    model = Transformer(decoding_config(config))
+    model = Transformer(config)
     src_BNxS = jnp.repeat(src_tokens_BxS, beam_size, axis=0)
 
     def step(tokens_BNx1: jax.Array, state: StepState) -> tuple[jax.Array, StepState]:

@@ -1,8 +1,8 @@
-"""How to decode, as one typed object: mode, beam size, length penalty, length limit, sampling, batch sizes.
+"""What a search looks for, as one typed object: mode, beam size, length penalty, length limit, sampling.
 
 The defaults are the paper's (section 6.1): beam search with beam 4, length penalty alpha 0.6, outputs
 at most 50 tokens longer than their source. A run's `eval` section (and `data.eval_batch_size`)
-builds one (`transformer_jax.run.config_schema.decode_options`); `eval.py`'s flags override it.
+builds one (`transformer_jax.config.schema.decode_options`); `eval.py`'s flags override it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from transformer_jax.errors import ConfigError
 
 DecodeMode = Literal["beam", "greedy", "sample"]
 MODES = ("beam", "greedy", "sample")
-DTYPES = ("", "float32", "bfloat16")
 
 
 def require(condition: bool, message: str) -> None:
@@ -30,7 +29,7 @@ def is_python_number(value: Any) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class DecodeOptions:
-    """Decoding settings, validated on construction (a bad value raises ConfigError naming it).
+    """Search settings, validated on construction (a bad value raises ConfigError naming it).
 
     Attributes:
       mode: "beam" (beam search, the best hypothesis), "greedy" or "sample".
@@ -41,13 +40,6 @@ class DecodeOptions:
       top_k: sample among the k most likely tokens; 0 keeps all (mode "sample").
       top_p: nucleus mass, in (0, 1]; 1 keeps all (mode "sample").
       seed: random seed of sampling (mode "sample").
-      batch_size: sentences decoded together when translating a split or a file (at most).
-      batch_tokens: when > 0, a split's batches hold about this many source token slots (rows x the
-        batch's padded source length, at most batch_size rows): long sentences go in fewer rows.
-      dtype: "" decodes in the model's own compute dtype; "float32" or "bfloat16" casts the weights
-        and runs the matmuls in that dtype (softmax and scores stay float32; on CPUs the attention over
-        the caches too). bfloat16 halves the weights' bytes; BENCHMARKS.md gives its speed and BLEU
-        against float32 on a CPU with AVX512-BF16 (not measured on accelerators).
     """
 
     mode: DecodeMode = "beam"
@@ -58,21 +50,13 @@ class DecodeOptions:
     top_k: int = 0
     top_p: float = 1.0
     seed: int = 0
-    batch_size: int = 64
-    batch_tokens: int = 0
-    dtype: str = ""
 
     def __post_init__(self) -> None:
         require(self.mode in MODES, f"decoding mode={self.mode!r} is not one of {list(MODES)}")
-        for name in ("beam_size", "max_extra_length", "batch_size"):
+        for name in ("beam_size", "max_extra_length"):
             value = getattr(self, name)
             require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
                     f"{name}={value!r} must be a positive integer")
-        require(isinstance(self.batch_tokens, int) and not isinstance(self.batch_tokens, bool)
-                and self.batch_tokens >= 0,
-                f"batch_tokens={self.batch_tokens!r} must be 0 (batch_size sentences a batch) or a positive integer")
-        require(self.dtype in DTYPES,
-                f"decoding dtype={self.dtype!r} is not one of {list(DTYPES)} ('' = the model's own dtype)")
         require(isinstance(self.top_k, int) and self.top_k >= 0,
                 f"top_k={self.top_k!r} must be 0 (keep every token) or a positive integer")
         require(is_python_number(self.alpha) and self.alpha >= 0,

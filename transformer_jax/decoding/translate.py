@@ -1,28 +1,46 @@
-"""One entry point for every decoding mode: source ids and DecodeOptions in, output ids out."""
+"""One entry point for every decoding mode, the precision a search runs in, and the search split over a mesh.
+
+`decoding_precision` chooses, once per program, the weights' dtype and the model config a search runs;
+`translate_batch` runs the search `DecodeOptions` asks for on a batch; `translate_rows` runs it on a
+batch whose rows are split over a device mesh, each device searching its own rows alone.
+"""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec
 
+from transformer_jax.base.sharding import BATCH_AXES
 from transformer_jax.decoding.beam_search import beam_search
-from transformer_jax.decoding.options import DecodeOptions
+from transformer_jax.decoding.options import DecodeOptions, require
 from transformer_jax.decoding.sampling import greedy_decode, sample_decode
 from transformer_jax.model.config import TransformerConfig
 
+DTYPES = ("", "float32", "bfloat16")
 
-def in_dtype(params: Any, config: TransformerConfig, dtype: str) -> tuple[Any, TransformerConfig]:
-    """`params` cast to `dtype` and `config` computing and storing in it; unchanged for dtype ''.
 
-    Floating-point leaves only (LayerNorm statistics, softmax and logits stay float32 in the model).
+def decoding_precision(params: Any, config: TransformerConfig, dtype: str,
+                       platform: str) -> tuple[Any, TransformerConfig]:
+    """The weights and model config a search runs on `platform` ("cpu", "gpu", "tpu"), in `dtype`.
+
+    dtype "" keeps the model's own dtype; "float32" or "bfloat16" casts the floating-point weights and
+    runs the matmuls in it (softmax, LayerNorm statistics and scores stay float32). On CPUs the matmuls
+    also return float32 before rounding and the caches are float32 (`TransformerConfig.float32_dot_outputs`,
+    model/precision.py): XLA:CPU runs bfloat16 matmuls natively only that way. Accelerators keep the
+    model's dtypes (bfloat16 caches take half the memory). A float32 model is the same either way.
     """
-    if not dtype or (config.dtype, config.param_dtype) == (dtype, dtype):
-        return params, config
-    target = jnp.dtype(dtype)
-    cast = jax.tree.map(lambda x: x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
-    return cast, config.replace(dtype=dtype, param_dtype=dtype)
+    require(dtype in DTYPES, f"decoding dtype={dtype!r} is not one of {list(DTYPES)} ('' = the model's own dtype)")
+    if dtype and (config.dtype, config.param_dtype) != (dtype, dtype):
+        target = jnp.dtype(dtype)
+        params = jax.tree.map(lambda x: x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+        config = config.replace(dtype=dtype, param_dtype=dtype)
+    if platform == "cpu" and not config.float32_dot_outputs:
+        config = config.replace(float32_dot_outputs=True)
+    return params, config
 
 
 def translate_batch(
@@ -31,11 +49,9 @@ def translate_batch(
 ) -> jax.Array:
     """[B, S] source ids -> [B, L] output ids by `options.mode`: "beam" (the best), "greedy" or "sample".
 
-    Sampling draws from `rng`, or from `jax.random.key(options.seed)` when none is given. With
-    `options.dtype`, the weights are cast to it first (inside a caller's jit: once per call; to
-    translate many batches, cast once with `in_dtype` and pass dtype='').
+    Runs in the precision `params` and `config` have (see `decoding_precision`). Sampling draws from
+    `rng`, or from `jax.random.key(options.seed)` when none is given.
     """
-    params, config = in_dtype(params, config, options.dtype)
     if options.mode == "beam":
         return beam_search(params, config, src_tokens, beam_size=options.beam_size, alpha=options.alpha,
                            max_extra_length=options.max_extra_length)[0][:, 0]
@@ -44,3 +60,22 @@ def translate_batch(
     rng = jax.random.key(options.seed) if rng is None else rng
     return sample_decode(params, config, src_tokens, rng, temperature=options.temperature,
                          top_k=options.top_k, top_p=options.top_p, max_extra_length=options.max_extra_length)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "options", "mesh"))
+def translate_rows(params: Any, src_BxS: jax.Array, rng: jax.Array, config: TransformerConfig,
+                   options: DecodeOptions, mesh: Mesh) -> jax.Array:
+    """[B, S] -> [B, L] output ids, each device decoding its own block of rows with the whole parameters.
+
+    `params` must be replicated on `mesh` (and in the precision `decoding_precision` chose for the mesh's
+    platform) and B a multiple of its size. Inside the shard_map every device searches alone: a search
+    over a batch sharded by jit would gather caches across devices at every step. Every device gets the
+    same `rng`, so mode "sample" would draw other tokens than one device (translating a split does not
+    split sampling).
+    """
+    rows = PartitionSpec(BATCH_AXES)
+    # check_vma=False: the search loops' carries start as constants (typed as replicated) and become
+    # per-device values, which the check rejects; nothing here communicates, so nothing relies on it.
+    decode = jax.shard_map(lambda p, src, key: translate_batch(p, config, src, options, key), mesh=mesh,
+                           in_specs=(PartitionSpec(), rows, PartitionSpec()), out_specs=rows, check_vma=False)
+    return decode(params, src_BxS, rng)

@@ -8,18 +8,17 @@ from typing import Any, Callable
 
 import numpy as np
 
-from transformer_jax.data.tokenizer import BOS_ID, EOS_ID
+from transformer_jax.model.special_tokens import BOS_ID, EOS_ID
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.translate import translate_batch
 from transformer_jax.errors import ConfigError
-from transformer_jax.evaluation.checkpoint_selection import Run, checkpoint_params, open_run, select_steps
+from transformer_jax.checkpoints.selection import Run, checkpoint_params, open_run, select_steps
 from transformer_jax.evaluation.introspection import (
     ATTENTION_KINDS,
     attention_maps,
     positional_encoding_matrix,
 )
 from transformer_jax.evaluation.plots import (
-    PLOTS_DIRNAME,
     add_to_tensorboard,
     attention_figure,
     attention_title,
@@ -29,6 +28,7 @@ from transformer_jax.evaluation.plots import (
 )
 from transformer_jax.evaluation.translate_split import checkpoint_tag, fit_to_model
 from transformer_jax.model.masks import PAD_ID
+from transformer_jax.base import workdir as layout
 
 
 def decode_one(run: Run, params: Any, source_ids: np.ndarray, options: DecodeOptions) -> np.ndarray:
@@ -86,7 +86,7 @@ def plot_attention(run: Run, params: Any, steps: list[int], source: str, target:
         figure = attention_figure(maps[kind], *axes[kind], attention_title(kind, detail))
         figures[f"attention/{kind}"] = figure
         name = f"attention.{plot_slug(source)}.{tag}.{kind}.png"
-        paths.append(save_png(figure, os.path.join(run.workdir, PLOTS_DIRNAME, name)))
+        paths.append(save_png(figure, layout.run_path(run.workdir, layout.PLOTS, name)))
     add_to_tensorboard(run.workdir, figures, steps[-1])
     return paths
 
@@ -95,7 +95,7 @@ def plot_positional_encoding(run: Run, params: Any, step: int) -> str:
     """Write the positional-encoding matrix to `<workdir>/plots/positional_encoding.png` (and TensorBoard)."""
     matrix = positional_encoding_matrix(run.model_config, params)
     figure = positional_encoding_figure(matrix, run.model_config.positional_encoding)
-    path = save_png(figure, os.path.join(run.workdir, PLOTS_DIRNAME, "positional_encoding.png"))
+    path = save_png(figure, layout.run_path(run.workdir, layout.PLOTS, layout.POSITIONAL_ENCODING_PLOT))
     add_to_tensorboard(run.workdir, {"positional_encoding": figure}, step)
     return path
 

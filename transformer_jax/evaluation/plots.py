@@ -16,8 +16,9 @@ import numpy as np
 
 from transformer_jax.errors import DataError
 from transformer_jax.evaluation.introspection import ATTENTION_TITLES
-from transformer_jax.run.files import is_file, read_text, write_atomically
+from transformer_jax.base.files import is_file, read_text, write_atomically
 from transformer_jax.training.metrics_log import read_records, tensorboard_writer
+from transformer_jax.base import workdir as layout
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -33,8 +34,6 @@ def _agg_figure(**options: Any) -> Figure:
     FigureCanvasAgg(figure)
     return figure
 
-PLOTS_DIRNAME = "plots"
-LEARNING_CURVES_FILENAME = "learning_curves.png"
 LEARNING_CURVE_PANELS = ("loss", "learning rate", "dev BLEU")
 # Panels are this many inches per token, within bounds that keep 6 layers x 16 heads readable.
 _INCHES_PER_TOKEN, _MIN_PANEL, _MAX_PANEL = 0.11, 1.4, 2.6
@@ -163,17 +162,17 @@ def plot_learning_curves(workdir: str) -> str:
 
     Returns the PNG's path. Raises DataError when the run has logged no metrics yet.
     """
-    metrics_path = os.path.join(workdir, "metrics.jsonl")
+    metrics_path = layout.run_path(workdir, layout.METRICS)
     records = read_records(metrics_path) if is_file(metrics_path) else []
     if not records:
         raise DataError(f"no metrics in {metrics_path}; train first (train.py) or pass the run's --workdir")
-    final_path = os.path.join(workdir, "test_final.json")
+    final_path = layout.run_path(workdir, layout.FINAL_TEST + ".json")
     test_bleu = None
     if is_file(final_path):
         final = json.loads(read_text(final_path))
         test_bleu = (int(final["step"]), float(final["bleu"]))
     figure = learning_curves_figure(records, test_bleu)
-    return save_png(figure, os.path.join(workdir, PLOTS_DIRNAME, LEARNING_CURVES_FILENAME))
+    return save_png(figure, layout.run_path(workdir, layout.PLOTS, layout.LEARNING_CURVES))
 
 
 def attention_title(kind: str, detail: str) -> str:

@@ -15,7 +15,7 @@ import json
 import logging
 import os
 import sys
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import flax.linen as nn
 import jax
@@ -24,60 +24,31 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
+from transformer_jax.base import workdir as layout
+from transformer_jax.base.files import write_atomically
+from transformer_jax.base.sharding import make_mesh
+from transformer_jax.checkpoints.selection import Run, checkpoint_params, select_steps
 from transformer_jax.data.batching import restore_order
 from transformer_jax.data.encoded import EncodedPairs, encode_pairs
 from transformer_jax.data.pipeline import EvalSet, eval_set, load_run_splits
+from transformer_jax.data.shapes import TranslationBatching, round_rows
 from transformer_jax.data.sources import read_lines
-from transformer_jax.data.tokenizer import EOS_ID, Tokenizer
+from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.data.translation_batches import translation_batches
-from transformer_jax.decoding.cache import decoding_platform
 from transformer_jax.decoding.options import DecodeOptions
-from transformer_jax.decoding.translate import in_dtype, translate_batch
+from transformer_jax.decoding.translate import decoding_precision, translate_batch, translate_rows
 from transformer_jax.errors import DataError
-from transformer_jax.evaluation.checkpoint_selection import (
-    Run,
-    checkpoint_params,
-    select_steps,
-)
-from transformer_jax.evaluation.perplexity import evaluate_loss, place_rows
 from transformer_jax.evaluation.scores import translation_scores
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.model.transformer import Transformer
-from transformer_jax.run.files import write_atomically
-from transformer_jax.run.sharding import BATCH_AXES
-from transformer_jax.training.step import eval_step
+from transformer_jax.model.special_tokens import EOS_ID
+from transformer_jax.training.dev_loss import evaluate_loss, place_rows
+from transformer_jax.training.programs import build_run
 
 
 @functools.partial(jax.jit, static_argnames=("config", "options"))
 def _translate(params: Any, src_tokens: jax.Array, rng: jax.Array, config: TransformerConfig,
                options: DecodeOptions) -> jax.Array:
     return translate_batch(params, config, src_tokens, options, rng)
-
-
-@functools.partial(jax.jit, static_argnames=("config", "smoothing"))
-def _loss_sums(params: Any, batch: dict[str, jax.Array], config: TransformerConfig, smoothing: float) -> dict:
-    """A batch's summed loss metrics; jitted once per (config, smoothing), not once per call."""
-    return eval_step(params, Transformer(config).apply, batch, smoothing)
-
-
-@functools.partial(jax.jit, static_argnames=("config", "options", "mesh"))
-def translate_rows(params: Any, src_BxS: jax.Array, rng: jax.Array, config: TransformerConfig,
-                   options: DecodeOptions, mesh: Mesh) -> jax.Array:
-    """[B, S] -> [B, L] output ids, each device decoding its own block of rows with the whole parameters.
-
-    `params` must be replicated on `mesh` and B a multiple of its size. Inside the shard_map every
-    device searches alone: a search over a batch sharded by jit would gather caches across devices
-    at every step. Every device gets the same `rng`, so mode "sample" would draw other tokens than one
-    device (`translate_encoded` does not split sampling).
-    """
-    rows = PartitionSpec(BATCH_AXES)
-    # check_vma=False: the search loops' carries start as constants (typed as replicated) and become
-    # per-device values, which the check rejects; nothing here communicates, so nothing relies on it.
-    decode = jax.shard_map(lambda p, src, key: translate_batch(p, config, src, options, key), mesh=mesh,
-                           in_specs=(PartitionSpec(), rows, PartitionSpec()), out_specs=rows,
-                           check_vma=False)
-    with decoding_platform(mesh.devices.flat[0].platform):  # the mesh's, also when compiled ahead of time
-        return decode(params, src_BxS, rng)
 
 
 def replicate(tree: Any, mesh: Mesh) -> Any:
@@ -124,7 +95,8 @@ def fit_to_model(src_BxS: np.ndarray, max_len: int) -> np.ndarray:
 
 def translate_encoded(
     params: Any, config: TransformerConfig, encoded: EncodedPairs, tokenizer: Tokenizer,
-    options: DecodeOptions = DecodeOptions(), *, show_progress: bool = True, mesh: Mesh | None = None,
+    options: DecodeOptions = DecodeOptions(), *, batching: TranslationBatching = TranslationBatching(),
+    dtype: str = "", show_progress: bool = True, mesh: Mesh | None = None,
 ) -> list[str]:
     """Detokenized translations of every source sentence, in corpus order; empty sources give ''.
 
@@ -132,6 +104,7 @@ def translate_encoded(
     With `mesh`, every batch's rows (padded to a multiple of the mesh size) are split over its devices
     and the translations gathered to every process. Sampling is not split (its draws depend on a
     row's place in the batch): the first device of each process samples every row, as one device would.
+    The search runs in `dtype` ("" the model's own), its precision chosen once for the devices' platform.
     """
     split_rows = mesh is not None and options.mode != "sample"
     if mesh is not None:
@@ -141,15 +114,13 @@ def translate_encoded(
             params = jax.tree.map(lambda leaf: leaf.addressable_data(0), params)
     # A source that is only EOS was an empty line: its translation is empty, keeping lines aligned.
     empty = encoded.source.lengths <= 1
-    batches = translation_batches(encoded, options.batch_size, options.batch_tokens, items=np.flatnonzero(~empty),
+    batches = translation_batches(encoded, batching.batch_size, batching.batch_tokens, items=np.flatnonzero(~empty),
                                   row_multiple=mesh.size if split_rows else 1)
     logging.info("translating %d sentences in %d batches on %d device(s)", int((~empty).sum()), len(batches),
                  mesh.size if split_rows else 1)
-    # The weights in the decoding dtype once, not inside every batch's search (which then casts nothing).
-    params, config = in_dtype(params, config, options.dtype)
-    # The search's own settings: batch sizes only choose the shapes, so they do not make another program.
-    search_options = options.replace(batch_size=DecodeOptions.batch_size, batch_tokens=DecodeOptions.batch_tokens,
-                                     dtype="")
+    # The weights in the decoding dtype once, not inside every batch's search.
+    platform = jax.default_backend() if mesh is None else mesh.devices.flat[0].platform
+    params, config = decoding_precision(params, config, dtype, platform)
     rng = jax.random.key(options.seed)
     outputs: list[str] = []
     indices: list[int] = []
@@ -162,7 +133,7 @@ def translate_encoded(
             if batch is not None:
                 rng, key = jax.random.split(rng)
                 src = fit_to_model(batch["inputs"], config.max_len)
-                started = (_dispatch_batch(params, src, key, config, search_options, mesh if split_rows else None),
+                started = (_dispatch_batch(params, src, key, config, options, mesh if split_rows else None),
                            batch["index"])
             if pending is not None:
                 ids, index = _fetch_ids(pending[0]), pending[1]
@@ -178,26 +149,26 @@ def translate_encoded(
 
 def evaluate_split(
     params: Any, config: TransformerConfig, split: EvalSet, tokenizer: Tokenizer, options: DecodeOptions, *,
-    target_lang: str = "de", label_smoothing: float | None = None, limit: int = 0,
-    show_progress: bool = False, mesh: Mesh | None = None,
+    batching: TranslationBatching = TranslationBatching(), dtype: str = "", target_lang: str = "de",
+    loss_step: Callable | None = None, limit: int = 0, show_progress: bool = False, mesh: Mesh | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Translate `split` (its first `limit` pairs when limit > 0) and score it against its references.
 
-    Returns the scores (SacreBLEU and chrF with signatures, the paper-style BLEU; with
-    `label_smoothing`, also loss, NLL, perplexity and accuracy over the same pairs) and the hypotheses.
+    Returns the scores (SacreBLEU and chrF with signatures, the paper-style BLEU; with `loss_step`
+    (the run builder's dev-loss step), also loss, NLL, perplexity and accuracy over the same pairs) and
+    the hypotheses.
     With `mesh`, translating and the loss are split over its devices (see `translate_encoded`).
     """
     encoded = split.encoded if not limit else split.encoded.select(np.arange(min(limit, len(split.pairs))))
     references = [target for _, target in split.pairs[: len(encoded)]]
     if mesh is not None:
         params = replicate(nn.meta.unbox(params), mesh)  # once, for decoding and the loss
-    hypotheses = translate_encoded(params, config, encoded, tokenizer, options, show_progress=show_progress,
-                                   mesh=mesh)
+    hypotheses = translate_encoded(params, config, encoded, tokenizer, options, batching=batching, dtype=dtype,
+                                   show_progress=show_progress, mesh=mesh)
     results: dict[str, Any] = {"sentences": len(encoded),
                                **translation_scores(hypotheses, references, target_lang)}
-    if label_smoothing is not None:
-        loss_step = functools.partial(_loss_sums, config=config, smoothing=label_smoothing)
-        results.update(evaluate_loss(loss_step, params, encoded, options.batch_size, mesh))
+    if loss_step is not None:
+        results.update(evaluate_loss(loss_step, params, encoded, batching.batch_size, mesh))
     return results, hypotheses
 
 
@@ -215,30 +186,33 @@ def checkpoint_tag(steps: list[int]) -> str:
     return f"average_{len(steps)}_to_{steps[-1]}"
 
 
-def evaluate_checkpoint(run: Run, spec: str, split: str, options: DecodeOptions,
+def evaluate_checkpoint(run: Run, spec: str, split: str, options: DecodeOptions, *,
+                        batching: TranslationBatching = TranslationBatching(), dtype: str = "",
                         mesh: Mesh | None = None) -> dict[str, Any]:
     """Translate every sentence of `split` with the checkpoint(s) `spec` names; write and return the scores.
 
     "average" averages the run's `eval.average_last` checkpoints. Hypotheses go to
     `<workdir>/eval/<split>.<tag>.hyp`, scores to the matching `.json`. With `mesh`, the work is split
-    over its devices.
+    over its devices; the loss is the run builder's dev-loss step, as in training.
     """
+    loss_step = build_run(run.config, mesh or make_mesh(devices=jax.devices()[:1]), run.tokenizer.vocab_size
+                          ).dev_loss_step
     steps = select_steps(run.checkpointer, spec, run.config.eval.average_last)
     params = checkpoint_params(run, steps)
     pairs = load_run_splits(run.config.data, run.config.training.seed, (split,))[split]
     scores, hypotheses = evaluate_split(
-        params, run.model_config, eval_set(pairs, run.tokenizer), run.tokenizer, options,
-        target_lang=run.config.data.target_lang, label_smoothing=run.config.training.label_smoothing,
-        show_progress=True, mesh=mesh)
+        params, run.model_config, eval_set(pairs, run.tokenizer), run.tokenizer, options, batching=batching,
+        dtype=dtype, target_lang=run.config.data.target_lang, loss_step=loss_step, show_progress=True, mesh=mesh)
     results = {"split": split, "checkpoint": spec, "steps": steps, **scores}
-    base = os.path.join(run.workdir, "eval", f"{split}.{checkpoint_tag(steps)}")
+    base = layout.run_path(run.workdir, layout.EVAL, f"{split}.{checkpoint_tag(steps)}")
     results["hypotheses_path"] = write_results(base, results, hypotheses)
     return results
 
 
-def translate_lines(run: Run, params: Any, lines: Iterable[str], options: DecodeOptions,
+def translate_lines(run: Run, params: Any, lines: Iterable[str], options: DecodeOptions, *,
+                    batching: TranslationBatching = TranslationBatching(), dtype: str = "",
                     mesh: Mesh | None = None) -> Iterator[str]:
-    """Translations of `lines`, yielded in order; `options.batch_size` lines are decoded together
+    """Translations of `lines`, yielded in order; `batching.batch_size` lines are decoded together
     (their rows split over `mesh` when given)."""
     if options.mode == "sample":
         mesh = None  # sampling is not split over devices (see translate_encoded)
@@ -247,34 +221,36 @@ def translate_lines(run: Run, params: Any, lines: Iterable[str], options: Decode
     buffer: list[str] = []
     for line in lines:
         buffer.append(line.rstrip("\n"))
-        if len(buffer) == options.batch_size:
-            yield from _translate_chunk(run, params, buffer, options, mesh)
+        if len(buffer) == batching.batch_size:
+            yield from _translate_chunk(run, params, buffer, options, batching, dtype, mesh)
             buffer = []
     if buffer:
-        yield from _translate_chunk(run, params, buffer, options, mesh)
+        yield from _translate_chunk(run, params, buffer, options, batching, dtype, mesh)
 
 
-def translate_file(run: Run, params: Any, path: str, options: DecodeOptions,
+def translate_file(run: Run, params: Any, path: str, options: DecodeOptions, *,
+                   batching: TranslationBatching = TranslationBatching(), dtype: str = "",
                    mesh: Mesh | None = None) -> Iterator[str]:
     """Translations of each line of the UTF-8 text file `path` ("-": standard input, a line at a time,
     on one device), batches split over `mesh` when given."""
     if path == "-":
-        yield from translate_lines(run, params, sys.stdin, options.replace(batch_size=1))
+        yield from translate_lines(run, params, sys.stdin, options, batching=batching.replace(batch_size=1),
+                                   dtype=dtype)
         return
     if not os.path.isfile(path):
         raise DataError(f"--translate file {path} does not exist; pass a text file or -")
-    yield from translate_lines(run, params, read_lines(path), options, mesh)
+    yield from translate_lines(run, params, read_lines(path), options, batching=batching, dtype=dtype, mesh=mesh)
 
 
 def _translate_chunk(run: Run, params: Any, texts: list[str], options: DecodeOptions,
-                     mesh: Mesh | None) -> list[str]:
+                     batching: TranslationBatching, dtype: str, mesh: Mesh | None) -> list[str]:
     encoded = encode_pairs([(text, "") for text in texts], run.tokenizer)
     # Decode as many rows as there are lines (one for interactive use), not a full eval batch; over a mesh,
     # rounded up to a multiple of its devices (rounded down, a few lines would take two batches).
-    rows = len(texts) if mesh is None else -(-len(texts) // mesh.size) * mesh.size
-    options = options.replace(batch_size=min(options.batch_size, rows))
-    return translate_encoded(params, run.model_config, encoded, run.tokenizer, options, show_progress=False,
-                             mesh=mesh)
+    rows = len(texts) if mesh is None else round_rows(len(texts), mesh.size)
+    batching = batching.replace(batch_size=min(batching.batch_size, rows))
+    return translate_encoded(params, run.model_config, encoded, run.tokenizer, options, batching=batching,
+                             dtype=dtype, show_progress=False, mesh=mesh)
 
 
 def format_results(results: dict[str, Any]) -> str:

@@ -17,7 +17,7 @@ from transformer_jax.errors import ConfigError
 from transformer_jax.export.ctranslate2 import check_output_directory, export_ctranslate2, import_ctranslate2
 
 if TYPE_CHECKING:
-    from transformer_jax.evaluation.checkpoint_selection import Run
+    from transformer_jax.checkpoints.selection import Run
 
 FORMATS = ("ctranslate2",)
 
@@ -44,14 +44,14 @@ def export_target(value: str) -> ExportTarget:
 
 def export_run(run: Run, params: Any, target: ExportTarget) -> str:
     """Write `params` of `run` as `target` asks, with the run's tokenizer beside it; returns the directory."""
-    from transformer_jax.data.tokenizer import MODEL_FILENAME
-    from transformer_jax.run.files import read_bytes
+    from transformer_jax.base import workdir as layout
+    from transformer_jax.base.files import read_bytes
 
     tokenizer = run.tokenizer
     vocabulary = [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
-    tokenizer_model = read_bytes(os.path.join(run.workdir, MODEL_FILENAME))
+    tokenizer_model = read_bytes(layout.run_path(run.workdir, layout.TOKENIZER))
     return export_ctranslate2(params, run.model_config, vocabulary, target.directory,
-                              extra_files={MODEL_FILENAME: tokenizer_model})
+                              extra_files={layout.TOKENIZER: tokenizer_model})
 
 
 __all__ = ["FORMATS", "ExportTarget", "export_ctranslate2", "export_run", "export_target"]

@@ -25,13 +25,13 @@ from typing import Any
 import flax.linen as nn
 import numpy as np
 
-from transformer_jax.data.tokenizer import BOS_ID, EOS_ID, UNK_ID
+from transformer_jax.model.special_tokens import BOS_ID, EOS_ID, UNK_ID
 from transformer_jax.errors import ConfigError
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.masks import PAD_ID
 from transformer_jax.model.positional_encoding import sinusoidal_encoding
 from transformer_jax.model.stacks import unscanned_layout
-from transformer_jax.run.files import is_local
+from transformer_jax.base.files import is_local
 
 # Added to the output logits of tokens our decoding never emits (PAD, BOS). Finite, so float16
 # compute stays finite; exp() of it underflows to 0 like our -inf mask.

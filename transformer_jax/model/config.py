@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import jax.numpy as jnp
@@ -139,6 +140,22 @@ class TransformerConfig:
             raise ConfigError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
         return PRESETS[name].replace(**overrides)
 
+
+    @classmethod
+    def for_run(cls, model_fields: Mapping[str, Any], vocab_size: int, max_length: int) -> "TransformerConfig":
+        """A run's model: its `model` settings with the tokenizer's `vocab_size` (a set model.vocab_size must
+        equal it), checked to hold pairs of `max_length` tokens (data.max_length) and the BOS position."""
+        fields = dict(model_fields)
+        if fields["vocab_size"] not in (0, vocab_size):
+            raise ConfigError(
+                f"model.vocab_size={fields['vocab_size']} disagrees with the tokenizer's {vocab_size} "
+                "pieces; set model.vocab_size=0 (take the tokenizer's) or retrain the tokenizer"
+            )
+        model = cls(**{**fields, "vocab_size": vocab_size})
+        if model.max_len < max_length + 1:
+            raise ConfigError(f"model.max_len={model.max_len} is shorter than data.max_length + 1 = "
+                              f"{max_length + 1}; raise model.max_len")
+        return model
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-PAD_ID = 0
+from transformer_jax.model.special_tokens import PAD_ID
 # Masked logits are set to this large finite negative (not -inf) so no row can produce NaN.
 MASK_VALUE = float(jnp.finfo(jnp.float32).min)
 

@@ -1,43 +1,33 @@
-"""The training loop: builds a run (mesh, data, sharded state, jitted steps) and trains it, resuming.
+"""The training loop: builds a run (mesh, data, the run builder's programs) and trains it, resuming.
 
-The loop's helpers live beside it: `jitted_steps` (the steps on the mesh), `log_window` (train
-metrics and progress), `periodic_eval` (dev loss and BLEU), `checkpoints` (save and resume).
+The loop's helpers live beside it: `programs` (the run builder: state layout and jitted steps),
+`log_window` (train metrics and progress), `periodic_eval` (dev loss and BLEU), `dev_loss`, and the
+checkpoints of `transformer_jax.checkpoints` (save and resume).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from typing import Any, Callable
 
 import jax
 import ml_collections
 
+from transformer_jax.base import workdir as layout
+from transformer_jax.base.console import say
+from transformer_jax.base.sharding import abstract_with_shardings, global_batch, make_mesh
+from transformer_jax.checkpoints.manager import Checkpointer, best_metric_for
+from transformer_jax.config.schema import check_run_config, model_config, translation_batching, write_run_config
 from transformer_jax.data.pipeline import RunData, prepare_data
 from transformer_jax.errors import ConfigError, TrainingError
-from transformer_jax.evaluation.perplexity import evaluate_loss
-from transformer_jax.model.transformer import Transformer
-from transformer_jax.run.config_schema import (
-    check_run_config,
-    model_config,
-    write_run_config,
-)
-from transformer_jax.run.console import say
-from transformer_jax.run.sharding import (
-    abstract_with_shardings,
-    global_batch,
-    init_sharded,
-    make_mesh,
-)
-from transformer_jax.training.checkpoints import Checkpointer, best_metric_for
-from transformer_jax.training.jitted_steps import compile_batch_shapes, jit_steps
+from transformer_jax.training.dev_loss import evaluate_loss
 from transformer_jax.training.log_window import LogWindow
-from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer
 from transformer_jax.training.periodic_eval import PeriodicEval
 from transformer_jax.training.preemption import StopAgreement, StopFlag
-from transformer_jax.training.state import TrainState, create_train_state
+from transformer_jax.training.programs import build_run
+from transformer_jax.training.state import TrainState
 
 
 def check_skip_streak(state: TrainState, max_skipped_updates: int,
@@ -68,25 +58,16 @@ class Trainer:
             config, workdir, row_multiple=self.mesh.size,
             process_index=jax.process_index(), process_count=jax.process_count(),
         )
-        self.model_config = model_config(config, self.data.tokenizer.vocab_size)
-        self.model = Transformer(self.model_config)
-        training = config.training
-        self.schedule = paper_learning_rate(
-            self.model_config.d_model, training.warmup_steps, training.learning_rate_scale
-        )
-        optimizer = paper_optimizer(
-            self.schedule, training.adam_b1, training.adam_b2, training.adam_eps,
-            training.grad_clip_norm or None,
-        )
-        self.state, self.shardings = init_sharded(
-            lambda: create_train_state(self.model, optimizer, training.seed), self.mesh
-        )
+        vocab_size = self.data.tokenizer.vocab_size
+        shapes = self.data.batch_shapes(config.data.eval_batch_size, translation_batching(config),
+                                        model_config(config, vocab_size).max_len, self.mesh.size)
+        self.programs = build_run(config, self.mesh, vocab_size, shapes)
+        self.model_config, self.schedule = self.programs.model_config, self.programs.schedule
+        self.state, self.shardings = self.programs.init_state(), self.programs.shardings
+        self.micro_steps = self.programs.micro_steps()
         self.checkpointer = Checkpointer(
-            os.path.join(workdir, "checkpoints"), training.keep_checkpoints,
-            *best_metric_for(training.bleu_every),
-        )
-        self.jitted = jit_steps(
-            self.mesh, self.shardings, self.model.apply, training.label_smoothing, training.accumulation_steps
+            layout.run_path(workdir, layout.CHECKPOINTS), config.training.keep_checkpoints,
+            *best_metric_for(config.training.bleu_every),
         )
 
     def restore_latest(self) -> tuple[int, list[dict[str, Any]]]:
@@ -114,15 +95,15 @@ class Trainer:
         accumulation = self.config.training.accumulation_steps
         with jax.transfer_guard("disallow"):
             batches = [self._next_global_batch() for _ in range(accumulation)]
-            jitted = self.jitted
+            programs = self.programs
             if accumulation == 1:
-                self.state, metrics = jitted.train_step(self.state, batches[0])
+                self.state, metrics = programs.train_step(self.state, batches[0])
                 return metrics
-            grads, sums = jitted.micro_gradients(self.state, batches[0], jitted.micro_steps[0])
+            grads, sums = programs.micro_gradients(self.state, batches[0], self.micro_steps[0])
             for index, batch in enumerate(batches[1:], start=1):
-                more_grads, more_sums = jitted.micro_gradients(self.state, batch, jitted.micro_steps[index])
-                grads, sums = jitted.add_trees(grads, more_grads), jitted.add_trees(sums, more_sums)
-            self.state, metrics = jitted.apply_gradients(self.state, grads, sums)
+                more_grads, more_sums = programs.micro_gradients(self.state, batch, self.micro_steps[index])
+                grads, sums = programs.add_trees(grads, more_grads), programs.add_trees(sums, more_sums)
+            self.state, metrics = programs.apply_gradients(self.state, grads, sums)
             return metrics
 
     def _next_global_batch(self) -> dict[str, jax.Array]:
@@ -141,9 +122,10 @@ class Trainer:
         A shape first met mid-run would be compiled then, each process at its own pace, while the others
         wait for it in the step's collectives (which time out on a loaded host).
         """
-        shapes, start = self.data.train.batch_shapes(), time.perf_counter()
-        compile_batch_shapes(self.jitted, self.state, self.mesh, shapes, self.data.train.batch_keys(),
-                             self.config.training.accumulation_steps)
+        start = time.perf_counter()
+        for _, lowered in self.programs.lower_train(self.state, self.micro_steps[0]):
+            lowered.compile()
+        shapes = list(self.programs.shapes.train)
         logging.info("compiled the train step for batches of %s (rows x tokens) in %.1f s",
                      ", ".join(f"{rows}x{length}" for rows, length in shapes), time.perf_counter() - start)
         return shapes
@@ -151,7 +133,7 @@ class Trainer:
     def dev_loss(self, params: Any = None) -> dict[str, float]:
         """Loss, NLL, perplexity and token accuracy on the whole dev set (of the current state by default)."""
         params = self.state.params if params is None else params
-        return evaluate_loss(self.jitted.eval_step, params, self.data.dev.encoded, self.config.data.eval_batch_size,
+        return evaluate_loss(self.programs.dev_loss_step, params, self.data.dev.encoded, self.config.data.eval_batch_size,
                              self.mesh, row_width=self.data.train.row_width)
 
     def save(self, step: int, window: list, metrics: dict[str, float] | None = None) -> None:

@@ -12,7 +12,8 @@ import os
 import uuid
 from typing import Any, Mapping
 
-from transformer_jax.run.files import append_text, exists, read_text, write_atomically
+from transformer_jax.base.files import append_text, exists, read_text, write_atomically
+from transformer_jax.base import workdir as layout
 
 
 def tensorboard_writer(workdir: str, **kwargs: Any) -> Any:
@@ -27,7 +28,7 @@ def tensorboard_writer(workdir: str, **kwargs: Any) -> Any:
     )
 
     suffix = f".{os.getpid()}.{uuid.uuid4().hex[:8]}"
-    return SummaryWriter(os.path.join(workdir, "tensorboard"), filename_suffix=suffix, **kwargs)
+    return SummaryWriter(layout.run_path(workdir, layout.TENSORBOARD), filename_suffix=suffix, **kwargs)
 
 
 class MetricsLog:
@@ -40,8 +41,8 @@ class MetricsLog:
 
     def __init__(self, workdir: str, enabled: bool = True, resume_step: int = 0) -> None:
         self.enabled = enabled
-        self.path = os.path.join(workdir, "metrics.jsonl")
-        self.timing_path = os.path.join(workdir, "timing.jsonl")
+        self.path = layout.run_path(workdir, layout.METRICS)
+        self.timing_path = layout.run_path(workdir, layout.TIMING)
         self._writer = None
         if not enabled:
             return
@@ -104,4 +105,4 @@ def read_records(path: str) -> list[dict[str, Any]]:
 
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
     """All records of `<workdir>/metrics.jsonl`, in order."""
-    return read_records(os.path.join(workdir, "metrics.jsonl"))
+    return read_records(layout.run_path(workdir, layout.METRICS))

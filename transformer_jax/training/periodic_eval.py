@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from transformer_jax.run.console import say
+from transformer_jax.base.console import say
 from transformer_jax.training.metrics_log import MetricsLog
 
 MetricsOf = Callable[[Any], dict[str, float]]  # parameters -> metrics of the dev set

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from transformer_jax.run.sharding import batch_sharding
+from transformer_jax.base.sharding import batch_sharding
 
 
 @dataclasses.dataclass

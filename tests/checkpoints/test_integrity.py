@@ -1,0 +1,72 @@
+"""Checkpoint integrity: checksums that see any change, shape checks, read failures named as corruption."""
+
+import json
+
+import numpy as np
+import pytest
+
+from transformer_jax.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    ShapeMismatchError,
+)
+from transformer_jax.checkpoints.integrity import (
+    check_shapes,
+    newest_intact,
+    reading,
+    state_checksums,
+    tree_is_finite,
+    unbox_saved,
+)
+
+
+def test_checksums_change_with_any_value_or_position():
+    tree = {"a": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(5, np.int32)}
+    base = state_checksums(tree)
+    assert set(base) == {"a", "b"} and state_checksums(tree) == base
+    swapped = {"a": tree["a"][::-1], "b": tree["b"]}  # the same values, other places
+    assert state_checksums(swapped)["a"] != base["a"] and state_checksums(swapped)["b"] == base["b"]
+    flipped = tree["a"].copy()
+    flipped.view(np.uint32)[1, 2] ^= 1  # one bit of one value
+    assert state_checksums({"a": flipped, "b": tree["b"]})["a"] != base["a"]
+
+
+def test_saved_boxes_are_unboxed_and_non_finite_values_found():
+    saved = {"dense": {"kernel": {"value": np.ones((2, 3))}}, "scale": [{"value": np.zeros(2)}]}
+    unboxed = unbox_saved(saved)
+    assert unboxed["dense"]["kernel"].shape == (2, 3) and unboxed["scale"][0].shape == (2,)
+    assert bool(tree_is_finite(unboxed))
+    unboxed["scale"][0][1] = np.inf
+    assert not bool(tree_is_finite(unboxed))
+
+
+def test_check_shapes_names_the_first_leaf_that_differs():
+    expected = {"params": {"embed": np.zeros((10, 4)), "out": np.zeros(4)}}
+    check_shapes({"params": {"embed": {"value": np.zeros((10, 4))}, "out": np.zeros(4)}}, expected, "ckpt")
+    with pytest.raises(ShapeMismatchError, match=r"ckpt does not match the config: params/embed is \(12, 4\)"):
+        check_shapes({"params": {"embed": np.zeros((12, 4)), "out": np.zeros(4)}}, expected, "ckpt")
+    with pytest.raises(ShapeMismatchError, match="params/out is missing on disk"):
+        check_shapes({"params": {"embed": np.zeros((10, 4))}}, expected, "ckpt")
+
+
+def test_read_failures_become_corrupt_checkpoint_errors_but_shape_mismatches_do_not():
+    with pytest.raises(CorruptCheckpointError, match=r"^ckpt/3 cannot be read \(Expecting property name.*\); advice$"):
+        with reading("ckpt/3", "; advice"):
+            json.loads("{")
+    with pytest.raises(ShapeMismatchError):
+        with reading("ckpt/3"):
+            raise ShapeMismatchError("differs")
+
+
+def test_newest_intact_skips_unreadable_steps_and_reports_them():
+    def restore(step):
+        if step > 4:
+            raise CorruptCheckpointError(f"step {step} damaged")
+        return f"state {step}"
+
+    step, state, unreadable = newest_intact("ckpt", [6, 5, 4, 2], restore)
+    assert (step, state, [(bad, str(error)) for bad, error in unreadable]) == (
+        4, "state 4", [(6, "step 6 damaged"), (5, "step 5 damaged")])
+    assert newest_intact("ckpt", [], restore) is None
+    with pytest.raises(CheckpointError, match=r"no checkpoint in ckpt can be restored \(newest: step 6 damaged\)"):
+        newest_intact("ckpt", [6, 5], restore)

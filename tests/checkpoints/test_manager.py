@@ -1,0 +1,92 @@
+"""Damaged checkpoints: detected on restore, reported, set aside (never deleted), the previous one used."""
+
+import gc
+import logging
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from runs import tiny_run_config
+
+from transformer_jax.errors import CheckpointError
+from transformer_jax.checkpoints.manager import Checkpointer
+from transformer_jax.training.loop import Trainer
+from transformer_jax.training.metrics_log import read_metrics
+
+# When Orbax fails to read a damaged file it abandons the other reads of that restore; their
+# coroutines complain when collected ("Exception ignored in ... _read_array_index_and_device_put").
+pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+
+
+def biggest_array_file(step_dir):
+    return max((p for p in (step_dir / "state").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+def truncate(step_dir):
+    path = biggest_array_file(step_dir)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def flip_a_bit(step_dir):
+    path = biggest_array_file(step_dir)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10  # inside the stored array values: only the checksum can tell
+    path.write_bytes(bytes(data))
+
+
+def garble_json(step_dir):
+    (step_dir / "data" / "metadata").write_text('{"epoch": ')
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished 6-step tiny run: checkpoints at 4 and 6 (plus the best by dev loss)."""
+
+    workdir = tmp_path_factory.mktemp("finished")
+    trainer = Trainer(tiny_run_config(), str(workdir))
+    trainer.run()
+    trainer.close()
+    return workdir
+
+
+@pytest.mark.parametrize("damage, reported", [(truncate, "cannot be read"), (flip_a_bit, "does not match its checksum")])
+def test_a_damaged_latest_checkpoint_is_reported_set_aside_and_the_run_redone_from_the_previous(
+        finished, tmp_path, run_config, caplog, damage, reported):
+    workdir = tmp_path / "run"
+    shutil.copytree(finished, workdir)
+    damage(workdir / "checkpoints" / "6")
+    damaged = {p.relative_to(workdir / "checkpoints" / "6"): p.read_bytes()
+               for p in (workdir / "checkpoints" / "6").rglob("*") if p.is_file()}
+
+    with caplog.at_level(logging.WARNING):
+        trainer = Trainer(run_config, str(workdir))
+        trainer.run()
+        trainer.close()
+
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(f"{workdir}/checkpoints/6" in w and reported in w for w in warnings), warnings
+    aside = workdir / "checkpoints.corrupt" / "6"
+    assert {p.relative_to(aside): p.read_bytes() for p in aside.rglob("*") if p.is_file()} == damaged
+    # Resumed from step 4: steps 5 and 6 were trained again, exactly as the first time.
+    assert (workdir / "metrics.jsonl").read_bytes() == (finished / "metrics.jsonl").read_bytes()
+    assert [r["step"] for r in read_metrics(str(workdir))][-3:] == [5, 6, 6]
+    restored, original = (Checkpointer(str(d / "checkpoints"), read_only=True).restore_params(6)
+                          for d in (workdir, finished))
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(original), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    gc.collect()  # collect the abandoned reads here, under this module's warning filter
+
+
+def test_when_no_checkpoint_restores_the_run_stops_and_moves_nothing(finished, tmp_path, run_config):
+    workdir = tmp_path / "run"
+    shutil.copytree(finished, workdir)
+    steps = Checkpointer(str(workdir / "checkpoints"), read_only=True).steps()
+    for step in steps:
+        garble_json(workdir / "checkpoints" / str(step))
+    trainer = Trainer(run_config, str(workdir))
+    with pytest.raises(CheckpointError, match="no checkpoint in .* can be restored"):
+        trainer.restore_latest()
+    trainer.close()
+    assert Checkpointer(str(workdir / "checkpoints"), read_only=True).steps() == steps
+    assert not (workdir / "checkpoints.corrupt").exists()

@@ -1,0 +1,276 @@
+"""train.py and eval.py as a user runs them: outputs, preemption, checkpoint choice, translation, errors."""
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from runs import assert_one_line_error, write_config
+from transformer_jax.checkpoints.manager import Checkpointer
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def run(script: str, *args: str, stdin: str | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=ROOT, input=stdin,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny run trained by train.py: 6 steps, checkpoints at 2, 4 (dropped), 6 (+ best)."""
+    directory = tmp_path_factory.mktemp("run")
+    config = write_config(directory)
+    workdir = directory / "workdir"
+    result = run("train.py", f"--config={config}", f"--workdir={workdir}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return config, workdir, result
+
+
+def test_train_prints_sacrebleu_with_signature_and_writes_outputs(trained):
+    _, workdir, result = trained
+    assert "test SacreBLEU" in result.stdout and "nrefs:1|case:mixed|eff:no|tok:13a" in result.stdout
+    final = json.loads((workdir / "test_final.json").read_text())
+    assert final["step"] == 6 and 0.0 <= final["bleu"] <= 100.0
+    hypotheses = (workdir / "test_final.hyp").read_text().splitlines()
+    assert len(hypotheses) == 16  # every test sentence, in order
+    assert (workdir / "tokenizer.model").exists() and (workdir / "config.json").exists()
+
+
+def test_eval_latest_and_average_write_results_next_to_the_run(trained):
+    _, workdir, _ = trained
+    latest = run("eval.py", f"--workdir={workdir}", "--checkpoint=latest", "--beam_size=2")
+    assert latest.returncode == 0, latest.stderr[-3000:]
+    assert "SacreBLEU" in latest.stdout and "paper-style; not comparable" in latest.stdout
+    results = json.loads((workdir / "eval" / "test.step_6.json").read_text())
+    assert results["steps"] == [6] and results["sentences"] == 16 and np.isfinite(results["perplexity"])
+    assert len((workdir / "eval" / "test.step_6.hyp").read_text().splitlines()) == 16
+
+    steps = Checkpointer(str(workdir / "checkpoints"), asynchronous=False).steps()
+    averaged = workdir / "averaged"
+    result = run("eval.py", f"--workdir={workdir}", "--checkpoint=average:2", f"--write_averaged={averaged}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    import orbax.checkpoint as ocp
+
+    written = ocp.StandardCheckpointer().restore(str(averaged))
+    checkpointer = Checkpointer(str(workdir / "checkpoints"), asynchronous=False)
+    last_two = [checkpointer.restore_params(step) for step in steps[-2:]]
+    expected = jax.tree.map(lambda a, b: (np.asarray(a) + np.asarray(b)) / 2, *last_two)
+    for got, want in zip(jax.tree.leaves(written), jax.tree.leaves(expected)):
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_eval_translates_standard_input_line_by_line(trained):
+    _, workdir, _ = trained
+    result = run("eval.py", f"--workdir={workdir}", "--translate=-", "--mode=greedy",
+                 stdin="The dog sleeps.\n\nI see the cat.\n")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""  # empty input line -> empty output
+    # Decoding in bfloat16 (weights cast once): the same translations of these lines.
+    bfloat16 = run("eval.py", f"--workdir={workdir}", "--translate=-", "--mode=greedy", "--dtype=bfloat16",
+                   stdin="The dog sleeps.\n\nI see the cat.\n")
+    assert bfloat16.returncode == 0, bfloat16.stderr[-3000:]
+    assert bfloat16.stdout == result.stdout
+
+
+def test_eval_splits_a_files_batches_over_cpu_devices_with_the_same_translations(trained, tmp_path):
+    _, workdir, _ = trained
+    text = tmp_path / "lines.txt"
+    text.write_text("The dog sleeps.\nI see the cat.\n\nThe cat sees the big dog.\nA bird.\n")
+    # Without a device count in the environment, so that the default is one device per core.
+    env = {key: value for key, value in os.environ.items() if key not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    cores = min(len(os.sched_getaffinity(0)), 8)
+    outputs = {}
+    for devices, expected in (("1", 1), ("3", 3), (None, cores)):
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "eval.py"), f"--workdir={workdir}", f"--translate={text}", "--beam_size=2",
+             "--verbosity=0", *([f"--cpu_devices={devices}"] if devices else [])],
+            cwd=ROOT, env=dict(env, JAX_PLATFORMS="cpu"), capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        # The rows really were split: 4 sentences (the empty line is not decoded), one batch, `expected` devices.
+        assert f"translating 4 sentences in 1 batches on {expected} device(s)" in result.stderr, result.stderr[-3000:]
+        outputs[devices] = result.stdout
+    assert len(outputs["1"].split("\n")) == 6 and outputs["1"].split("\n")[2] == ""
+    assert outputs["3"] == outputs["1"] and outputs[None] == outputs["1"]
+
+
+def test_eval_exports_a_ctranslate2_model_that_scores_as_ours(trained, tmp_path):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    import sentencepiece as spm
+
+    from transformer_jax import Transformer
+    from transformer_jax.checkpoints.selection import checkpoint_params, open_run, select_steps
+
+    _, workdir, _ = trained
+    out = tmp_path / "ct2"
+    result = run("eval.py", f"--workdir={workdir}", f"--export=ctranslate2:{out}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"model to {out}" in result.stdout
+    translator = ctranslate2.Translator(str(out), device="cpu")
+    pieces = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model"))
+    source, target = pieces.encode(["the dog sleeps .", "I see the cat ."], out_type=str)
+    ct2_log_probs = translator.score_batch([source], [target])[0].log_probs  # target tokens, then EOS
+
+    loaded = open_run(str(workdir))
+    params = checkpoint_params(loaded, select_steps(loaded.checkpointer, "latest"))
+    loaded.checkpointer.close()
+    src = np.array([pieces.piece_to_id(source) + [pieces.eos_id()]])
+    tgt = np.array(pieces.piece_to_id(target) + [pieces.eos_id()])
+    tgt_in = np.r_[pieces.bos_id(), tgt[:-1]][None]
+    logits = np.array(Transformer(loaded.model_config).apply({"params": params}, src, tgt_in))
+    logits[..., [pieces.pad_id(), pieces.bos_id()]] = -np.inf  # never emitted by our decoding
+    ours = np.asarray(jax.nn.log_softmax(logits[0]))[np.arange(len(tgt)), tgt]
+    np.testing.assert_allclose(ct2_log_probs, ours, atol=1e-4)
+
+    again = run("eval.py", f"--workdir={workdir}", f"--export=ctranslate2:{out}")
+    assert_one_line_error(again, "not empty")
+
+
+def test_eval_errors_name_the_problem_and_what_exists(trained, tmp_path):
+    _, workdir, _ = trained
+    assert_one_line_error(run("eval.py", f"--workdir={tmp_path / 'missing'}"), "does not exist")
+    assert_one_line_error(run("eval.py", f"--workdir={tmp_path}"), "no config.json")
+    assert_one_line_error(run("eval.py", f"--workdir={workdir}", "--checkpoint=average:9"),
+                          "available steps:")
+    empty = tmp_path / "empty_run"
+    empty.mkdir()
+    for name in ("config.json", "tokenizer.model"):
+        shutil.copy(workdir / name, empty / name)
+    assert_one_line_error(run("eval.py", f"--workdir={empty}"), "no checkpoint in")
+    mismatched = tmp_path / "mismatched"
+    shutil.copytree(workdir, mismatched)
+    config = json.loads((mismatched / "config.json").read_text())
+    config["model"]["d_ff"] = 128
+    (mismatched / "config.json").write_text(json.dumps(config))
+    before = (mismatched / "test_final.hyp").read_text()
+    assert_one_line_error(run("eval.py", f"--workdir={mismatched}"), "does not match the config", "(128,) in the model")
+    assert (mismatched / "test_final.hyp").read_text() == before
+
+
+def test_bad_config_fails_at_start_with_one_line(tmp_path):
+    config = write_config(tmp_path)
+    workdir = tmp_path / "workdir"
+    assert_one_line_error(run("train.py", f"--config={config}", f"--workdir={workdir}",
+                              "--config.model.num_hedas=2"), 'Did you mean "num_heads"')
+    assert_one_line_error(run("train.py", f"--config={config}", f"--workdir={workdir}",
+                              "--config.model.num_heads=3"), "not divisible by num_heads=3")
+    assert_one_line_error(run("train.py", f"--config={tmp_path / 'none.py'}", f"--workdir={workdir}"),
+                          "No such file")
+
+
+def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
+    config = write_config(tmp_path)
+    workdir = tmp_path / "workdir"
+    args = [f"--config={config}", f"--workdir={workdir}", "--config.training.checkpoint_every=1000"]
+    process = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args,
+                                "--config.training.num_train_steps=100000"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = workdir / "metrics.jsonl"
+    deadline = time.time() + 240
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=240)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "stopped by signal" in stderr
+    saved = Checkpointer(str(workdir / "checkpoints"), asynchronous=False).latest_step()
+    logged = max(json.loads(line)["step"] for line in metrics.read_text().splitlines())
+    assert saved is not None and saved >= logged >= 3
+    resumed = run("train.py", *args, f"--config.training.num_train_steps={saved + 2}")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()
+             if json.loads(line)["split"] == "train"]
+    assert steps == list(range(1, saved + 3))
+
+
+def test_eval_checkpoint_average_uses_the_runs_average_last(trained):
+    """`--checkpoint=average` averages the run's eval.average_last (2 in the smoke config), not a default 5."""
+    _, workdir, _ = trained
+    assert json.loads((workdir / "config.json").read_text())["eval"]["average_last"] == 2
+    result = run("eval.py", f"--workdir={workdir}", "--checkpoint=average", "--split=dev", "--mode=greedy")
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps = Checkpointer(str(workdir / "checkpoints"), asynchronous=False).steps()
+    results = json.loads((workdir / "eval" / f"dev.average_2_to_{steps[-1]}.json").read_text())
+    assert results["steps"] == steps[-2:] and results["checkpoint"] == "average"
+
+
+def test_hosts_with_equal_pids_write_under_distinct_temporary_names(tmp_path, monkeypatch):
+    """Hosts sharing a workdir (NFS, a bucket) may run processes with equal pids: the workdir probe and
+    write_atomically's temporary file carry the hostname too (and a random suffix), and still leave
+    nothing behind."""
+    import os
+    import socket
+
+    from transformer_jax.base import files
+    from transformer_jax.cli import commands as cli
+
+    monkeypatch.setattr(os, "getpid", lambda: 1)
+    removed, replaced, real_remove, real_replace = [], [], os.remove, os.replace
+    monkeypatch.setattr(os, "remove", lambda path: (removed.append(path), real_remove(path))[1])
+    monkeypatch.setattr(os, "replace", lambda src, dst: (replaced.append(src), real_replace(src, dst))[1])
+    target = tmp_path / "config.json"
+    target.write_text("old")
+    for host in ("host-a", "host-b"):
+        monkeypatch.setattr(socket, "gethostname", lambda host=host: host)
+        cli.ensure_writable_workdir(str(tmp_path))
+        files.write_atomically(str(target), f"written by {host}")
+    assert len(set(removed)) == len(set(replaced)) == 2
+    assert all(".host-a.1." in a and ".host-b.1." in b for a, b in (removed, replaced))
+    assert target.read_text() == "written by host-b" and os.listdir(tmp_path) == ["config.json"]
+    # Two writers in one process still differ (the random suffix), and the JAX process index joins in.
+    assert files.unique_name("x") != files.unique_name("x")
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(jax, "process_index", lambda: 3)
+    assert files.process_tag() == "host-b.1.p3"
+
+
+def test_a_failed_atomic_write_keeps_the_old_file_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    import os
+
+    from transformer_jax.base import files
+
+    target = tmp_path / "metrics.jsonl"
+    target.write_bytes(b"old")
+
+    def crash(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        files.write_atomically(str(target), b"new")
+    assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["metrics.jsonl"]
+
+
+def test_resuming_with_another_device_count_or_batch_size_is_one_error_and_changes_nothing(tmp_path):
+    """The data position of a checkpoint is an index into epochs planned for its batch shapes (rows are a
+    multiple of the device count): a run that would plan other batches stops instead of shifting."""
+    from runs import run_script, script_env, snapshot
+
+    config = write_config(tmp_path)
+    workdir = tmp_path / "workdir"
+    # Rows of 64 tokens (max_length), so the batch shapes below are stated; a width change is its own error.
+    args = [f"--config={config}", f"--workdir={workdir}", "--config.training.eval_every=0",
+            "--config.data.row_width=64"]
+    batch = "--config.data.tokens_per_batch=576"  # 9 rows of 64 tokens; 8 rows on 2 devices
+    first = run_script("train.py", *args, batch, "--config.training.num_train_steps=2", env=script_env(2))
+    assert first.returncode == 0, first.stderr[-3000:]
+    before = snapshot(workdir)
+    longer = "--config.training.num_train_steps=4"
+    assert_one_line_error(run_script("train.py", *args, batch, longer, env=script_env(1)),
+                          "batches are 8x64", "would be 9x64 (devices 2 -> 1)", "start a new workdir")
+    assert_one_line_error(run_script("train.py", *args, "--config.data.tokens_per_batch=640", longer,
+                                     env=script_env(2)), "would be 10x64 (data.tokens_per_batch 576 -> 640)")
+    assert snapshot(workdir) == before
+    resumed = run_script("train.py", *args, batch, longer, env=script_env(2))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    steps = [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]

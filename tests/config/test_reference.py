@@ -1,0 +1,74 @@
+"""The configuration reference: every key documented, and the table of docs/configuration.md equal to the generated one."""
+
+import dataclasses
+import pathlib
+
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.config import reference as config_reference
+from transformer_jax.config.schema import default_config
+
+README = pathlib.Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+
+
+def flat_keys() -> set[str]:
+    return {f"{section}.{key}" for section, values in default_config().items() for key in values}
+
+
+def test_every_key_of_the_run_config_has_a_row_with_its_default():
+    rows = {key: (default, meaning) for key, default, meaning in config_reference.reference_rows()}
+    assert set(rows) == flat_keys()
+    config = default_config()
+    for key, (default, _) in rows.items():
+        section, name = key.split(".")
+        assert default == config[section][name], key
+
+
+def test_every_key_has_a_meaning():
+    missing = config_reference.undocumented_keys()
+    assert not missing, (
+        f"undocumented config keys {missing}: add a comment beside the assignment in "
+        "transformer_jax/run_config.py (or, for model.*, an entry in TransformerConfig's docstring)"
+    )
+
+
+def test_every_transformer_config_field_is_in_its_docstring():
+    documented = config_reference.model_field_docs()
+    missing = [field.name for field in dataclasses.fields(TransformerConfig) if field.name not in documented]
+    assert not missing, f"TransformerConfig fields {missing} have no entry in its docstring's Attributes section"
+
+
+def test_meanings_come_from_the_comments_and_the_docstring():
+    rows = {key: meaning for key, _, meaning in config_reference.reference_rows()}
+    # Beside the assignment, through the `data = config.data` alias.
+    assert rows["data.source"] == '"builtin" | "tfds" | "text" | "tsv".'
+    assert rows["eval.alpha"] == "length penalty ((5 + len) / 6)^alpha."
+    # The docstring entry (two lines joined), then the comment above `config.model.vocab_size = 0`.
+    assert rows["model.norm_position"].startswith(
+        '"post" = LayerNorm(x + Dropout(Sublayer(x))) as in the paper; "pre" =')
+    assert rows["model.vocab_size"] == ("size of the joint source/target vocabulary (token id 0 is padding). "
+                                        "0 takes the tokenizer's size; any other value must equal it.")
+
+
+def test_markdown_escapes_what_would_break_the_table():
+    table = config_reference.markdown_table()
+    row = next(line for line in table.splitlines() if line.startswith("| `data.source` "))
+    assert row == r'| `data.source` | `"tfds"` | "builtin" \| "tfds" \| "text" \| "tsv". |'
+    assert "&lt;unk&gt;" in table and "<unk>" not in table
+    assert all(line.count("|") - line.count(r"\|") == 4 for line in table.splitlines())
+
+
+def test_readme_reference_is_up_to_date():
+    section = config_reference.readme_section(README.read_text(encoding="utf-8"))
+    assert section is not None, f"docs/configuration.md lacks the {config_reference.START_MARKER} section"
+    assert section == config_reference.markdown_table(), (
+        f"docs/configuration.md is out of date; run `{config_reference.UPDATE_COMMAND}`"
+    )
+
+
+def test_update_rewrites_a_stale_section(tmp_path):
+    stale = tmp_path / "README.md"
+    stale.write_text(f"# x\n\n{config_reference.START_MARKER}\n| old |\n{config_reference.END_MARKER}\nafter\n")
+    config_reference.main(["--update", str(stale)])
+    text = stale.read_text()
+    assert config_reference.readme_section(text) == config_reference.markdown_table()
+    assert text.startswith("# x\n\n") and text.endswith(f"{config_reference.END_MARKER}\nafter\n")

@@ -1,0 +1,27 @@
+"""The lowest floor: files (local or gs://), the console, the device mesh and shardings, a run directory's layout.
+
+`files` (atomic writes, listing, moving, on local disks and Cloud Storage) -> `console` (quiet logs,
+progress bars) -> `sharding` (the (data, fsdp) mesh, logical-axis rules, shardings, CPU device counts) ->
+`workdir` (every file and folder name of a run directory) -> `compile_cache` (JAX's persistent
+compilation cache). Nothing here imports another folder of the package but `errors`.
+"""
+
+from transformer_jax.base import workdir
+from transformer_jax.base.sharding import (
+    BATCH_AXES,
+    DATA_AXIS,
+    FSDP_AXIS,
+    abstract_with_shardings,
+    automatic_cpu_devices,
+    batch_sharding,
+    global_batch,
+    init_sharded,
+    make_mesh,
+    set_cpu_devices,
+    state_shardings,
+)
+
+__all__ = [
+    "BATCH_AXES", "DATA_AXIS", "FSDP_AXIS", "abstract_with_shardings", "automatic_cpu_devices", "batch_sharding",
+    "global_batch", "init_sharded", "make_mesh", "set_cpu_devices", "state_shardings", "workdir",
+]

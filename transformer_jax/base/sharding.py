@@ -1,0 +1,155 @@
+"""Device mesh, logical-axis rules and shardings for the train state and batches; CPU device counts.
+
+The mesh has two axes: `data` (pure data parallelism: parameters replicated) and `fsdp` (data
+parallelism with parameters and optimizer state sharded). Batches split their leading axis over
+both. Parameters name their axes logically (`vocab`, `embed`, `heads`, `kv`, `mlp`); the rules
+below map `embed` (d_model, present in every weight matrix) onto `fsdp`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from transformer_jax.errors import ConfigError, MeshError
+
+DATA_AXIS = "data"
+FSDP_AXIS = "fsdp"
+BATCH_AXES = (DATA_AXIS, FSDP_AXIS)
+
+LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
+    ("embed", FSDP_AXIS),
+    ("vocab", None),
+    ("heads", None),
+    ("kv", None),
+    ("mlp", None),
+    ("layers", None),  # the stacked layer axis of scanned stacks (model.scan_layers)
+)
+
+
+def make_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[jax.Device] | None = None,
+              num_slices: int = 1, where: str = "available") -> Mesh:
+    """The (data, fsdp) mesh of a run over `devices` (default: all), laid out along their interconnect.
+
+    -1 for one axis means 'all remaining devices'. train.py, eval.py and the preflight
+    (transformer_jax.aot, on compile-only devices) all build their mesh here. With several slices
+    (`num_slices`) the data axis spans them (only gradients cross the slower data-center network);
+    fsdp stays inside a slice. `where` says which devices in errors ("available", "v5e:4x4").
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    count = len(devices)
+    if data == -1 and fsdp == -1:
+        raise MeshError("only one of mesh.data and mesh.fsdp may be -1")
+    if data == -1:
+        data = count // fsdp if fsdp > 0 else 0
+    if fsdp == -1:
+        fsdp = count // data if data > 0 else 0
+    if data <= 0 or fsdp <= 0 or data * fsdp != count:
+        raise MeshError(
+            f"mesh data={data} x fsdp={fsdp} does not cover the {count} {where} devices; "
+            "set --config.mesh.data and --config.mesh.fsdp so that their product is the device count"
+        )
+    if num_slices > 1:
+        if data % num_slices:
+            raise MeshError(f"mesh.data={data} is not a multiple of the {num_slices} slices; "
+                            "the data axis must span the slices")
+        grid = mesh_utils.create_hybrid_device_mesh((data // num_slices, fsdp), (num_slices, 1), devices)
+        return Mesh(np.asarray(grid), BATCH_AXES)
+    try:
+        grid = mesh_utils.create_device_mesh((data, fsdp), devices, allow_split_physical_axes=True)
+    except (AssertionError, ValueError, NotImplementedError):
+        # mesh_utils lays out only one device per chip; libtpu describes v4 one device per TensorCore.
+        # Then the devices go in id order, which walks the torus axis by axis.
+        grid = np.asarray(sorted(devices, key=lambda d: (d.process_index, d.id))).reshape(data, fsdp)
+    return Mesh(np.asarray(grid), BATCH_AXES)
+
+
+# Each CPU device holds a whole copy of the parameters when decoding, so a large host stops at this many.
+MAX_AUTOMATIC_CPU_DEVICES = 8
+
+
+def automatic_cpu_devices() -> int:
+    """One CPU device per core this process may run on (its affinity; a container's CPU quota is not read),
+    at most MAX_AUTOMATIC_CPU_DEVICES."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(cores, MAX_AUTOMATIC_CPU_DEVICES)
+
+
+def set_cpu_devices(count: int | None) -> int | None:
+    """Give JAX's CPU backend `count` devices (0: one per usable core, at most 8); None leaves the choice
+    to the user's XLA_FLAGS/JAX_NUM_CPU_DEVICES (else one per core, as 0). Call before any JAX work.
+
+    XLA:CPU spreads one device's large matmuls over the cores but runs a decoding step's many small
+    operations on one thread: on 2 cores, two devices each searching half the rows (`translate_rows`)
+    decode a split 1.8x faster than one device (BENCHMARKS.md, split). Returns the count set, or None
+    when the user's setting stands (or JAX has already started: then a count other than its own is a
+    ConfigError). Other backends (GPU, TPU) are not affected.
+    """
+    if count is not None and count < 0:
+        raise ConfigError(f"cpu_devices={count} must be >= 0 (0: one per core)")
+    user_set = "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "") or (
+        jax.config.jax_num_cpu_devices != -1)  # also set by the JAX_NUM_CPU_DEVICES variable
+    if count is None and user_set:
+        return None
+    chosen, count = count, count or automatic_cpu_devices()
+    if jax.config.jax_num_cpu_devices == count:
+        return count
+    try:
+        jax.config.update("jax_num_cpu_devices", count)
+    except RuntimeError:  # JAX has started: its CPU devices are fixed for this process
+        started = len(jax.devices("cpu"))
+        if chosen is not None and chosen != started:
+            raise ConfigError(f"cpu_devices={chosen}: JAX already started with {started} CPU device(s) in this "
+                              "process; choose the count before any JAX work") from None
+        return None
+    return count
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Leading (batch) axis split over data x fsdp; other axes whole."""
+    return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
+
+
+def state_shardings(mesh: Mesh, abstract_state: Any) -> Any:
+    """NamedShardings for every leaf of a (boxed) state, from its logical axis names and the rules."""
+    logical_specs = nn.get_partition_spec(abstract_state)
+    return nn.logical_to_mesh_sharding(logical_specs, mesh, LOGICAL_AXIS_RULES)
+
+
+def init_sharded(create: Callable[[], Any], mesh: Mesh) -> tuple[Any, Any]:
+    """Run `create()` under jit so each device materializes only its own shards; returns (state, shardings)."""
+    abstract_state = jax.eval_shape(create)
+    shardings = state_shardings(mesh, abstract_state)
+    return jax.jit(create, out_shardings=shardings)(), shardings
+
+
+def abstract_with_shardings(state: Any, shardings: Any) -> Any:
+    """`state` as ShapeDtypeStructs carrying their shardings (logical-axis boxes kept), for restoring."""
+
+    def abstract(sharding: NamedSharding, leaf: Any) -> Any:
+        if isinstance(leaf, nn.meta.AxisMetadata):
+            value = leaf.unbox()
+            return leaf.replace_boxed(jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding))
+        return jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding)
+
+    return jax.tree.map(abstract, shardings, state, is_leaf=lambda x: isinstance(x, nn.meta.AxisMetadata))
+
+
+def global_batch(batch: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
+    """Place this process's part of the batch onto the mesh as one global array per key.
+
+    Each process passes the rows it read (its disjoint shard); the global batch is their
+    concatenation in process order.
+    """
+    sharding = batch_sharding(mesh)
+    if jax.process_count() == 1:
+        return {key: jax.device_put(value, sharding) for key, value in batch.items()}
+    return {
+        key: jax.make_array_from_process_local_data(sharding, value) for key, value in batch.items()
+    }

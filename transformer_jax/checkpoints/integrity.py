@@ -1,0 +1,217 @@
+"""Is a checkpoint intact? Per-array checksums, finiteness and shape checks; damaged checkpoints set aside.
+
+A complete checkpoint directory can still be damaged later (a truncated copy, a bad disk). Every
+checkpoint carries a checksum of each array of the state, verified on restore. A read that fails
+for any reason other than a config mismatch is reported as CorruptCheckpointError; the newest
+checkpoint that restores intact is used, and the damaged newer ones are moved aside to
+`<directory>.corrupt/` (never deleted).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Iterable, Iterator
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+
+from transformer_jax.errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    ShapeMismatchError,
+)
+from transformer_jax.base.console import CLOSED_LOOP
+from transformer_jax.base.files import exists, make_dirs, move
+from transformer_jax.base import workdir as layout
+
+
+def checkpoint_label(directory: str, step: int) -> str:
+    """How messages name the checkpoint of `step`: "checkpoint <directory>/<step>"."""
+    return f"checkpoint {directory}/{step}"
+
+
+def unbox_saved(tree: Any) -> Any:
+    """Saved logical-axis boxes come back as {"value": array}; return the arrays themselves."""
+    if isinstance(tree, dict):
+        if set(tree) == {"value"}:
+            return tree["value"]
+        return {key: unbox_saved(value) for key, value in tree.items()}
+    if isinstance(tree, (list, tuple)) and not hasattr(tree, "_fields"):
+        return type(tree)(unbox_saved(value) for value in tree)
+    return tree
+
+
+def _leaves_by_path(tree: Any) -> dict[str, Any]:
+    """{'params/encoder/...': leaf} for every array-like leaf (logical-axis boxes removed)."""
+    leaves = jax.tree_util.tree_leaves_with_path(
+        unbox_saved(nn.meta.unbox(tree)), is_leaf=lambda x: hasattr(x, "shape")
+    )
+    return {jax.tree_util.keystr(path, simple=True, separator="/"): leaf for path, leaf in leaves}
+
+
+@jax.jit
+def _checksums(leaves: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    """Per array: the sum of its element bit patterns weighted by position, modulo 2^32.
+
+    Integer sums are exact and order-free, so the value does not depend on the sharding or on how
+    many processes compute it; a flipped bit, a zeroed block or two swapped values change it.
+    """
+    def checksum(x: jax.Array) -> jax.Array:
+        x = x.astype(jnp.uint8) if x.dtype == jnp.bool_ else x
+        unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+        bits = jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
+        position, stride = jnp.zeros(x.shape, jnp.uint32), 1
+        for axis in reversed(range(x.ndim)):  # the flat index, without reshaping a sharded array
+            position = position + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis) * jnp.uint32(stride)
+            stride *= x.shape[axis]
+        return jnp.sum(bits * (position * jnp.uint32(2654435761) + jnp.uint32(1)), dtype=jnp.uint32)
+
+    return {key: checksum(leaf) for key, leaf in leaves.items()}
+
+
+def state_checksums(state: Any, prefix: str = "") -> dict[str, int]:
+    """{path: checksum} of every array of `state` (keys start with `prefix`)."""
+    sums = jax.device_get(_checksums(_leaves_by_path(state)))
+    return {prefix + key: int(value) for key, value in sums.items()}
+
+
+def verify_checksums(restored: Any, saved: dict[str, int], where: str, prefix: str = "") -> None:
+    """Raise CorruptCheckpointError naming the first array whose checksum differs from the saved one."""
+    for key, value in state_checksums(restored, prefix).items():
+        if key in saved and saved[key] != value:
+            raise CorruptCheckpointError(f"{where}: array {key} does not match its checksum")
+
+
+@jax.jit
+def tree_is_finite(tree: Any) -> jax.Array:
+    """True when every element of every leaf is finite."""
+    leaves = [jnp.all(jnp.isfinite(leaf)) for leaf in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(leaves))
+
+
+def _shapes_by_path(tree: Any) -> dict[str, tuple[int, ...]]:
+    """{'params/encoder/layer_0/...': shape} for every array-like leaf (logical-axis boxes removed)."""
+    return {key: tuple(leaf.shape) for key, leaf in _leaves_by_path(tree).items()}
+
+
+def check_shapes(saved: Any, expected: Any, what: str) -> None:
+    """Raise ShapeMismatchError naming the first leaf whose saved shape differs from the expected one."""
+    saved_shapes = _shapes_by_path(saved)
+    for key, shape in _shapes_by_path(expected).items():
+        if saved_shapes.get(key) != shape:
+            raise ShapeMismatchError(
+                f"{what} does not match the config: {key} is {saved_shapes.get(key, 'missing')} on disk "
+                f"but {shape} in the model; use the config the run was started with, or a new workdir"
+            )
+
+
+@contextlib.contextmanager
+def reading(where: str, advice: str = "") -> Iterator[None]:
+    """Report any failure to read `where` back (other than a config mismatch) as CorruptCheckpointError."""
+    try:
+        yield
+    except CorruptCheckpointError as error:
+        raise CorruptCheckpointError(f"{error}{advice}") from None
+    except ShapeMismatchError:
+        raise
+    except Exception as error:  # noqa: BLE001 - truncated files, bad JSON, ... all mean "unreadable"
+        _silence_abandoned_reads()
+        detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        detail = detail.split(" See full TensorStore details")[0][:200]
+        raise CorruptCheckpointError(f"{where} cannot be read ({detail}){advice}") from None
+
+
+def _is_abandoned_read(unraisable: Any) -> bool:
+    """Whether an unraisable exception comes from a checkpoint read Orbax gave up (see _silence_abandoned_reads)."""
+    code = getattr(unraisable.object, "cr_code", None) or getattr(unraisable.object, "__code__", None)
+    files = [getattr(code, "co_filename", "")]
+    files += [frame.filename for frame in traceback.extract_tb(unraisable.exc_traceback)]
+    return (CLOSED_LOOP in str(unraisable.exc_value)
+            or any(f"{os.sep}{package}{os.sep}" in name for name in files for package in ("orbax", "tensorstore")))
+
+
+def _silence_abandoned_reads() -> None:
+    """Keep the reads Orbax abandons after a failed one from printing tracebacks (installed once, on a failure).
+
+    When one file of a checkpoint cannot be read, Orbax closes that restore's event loop while the
+    other reads are still in flight; when collected they print "Exception ignored in ..." or
+    "Event loop is closed" tracebacks that add nothing to the one warning already logged.
+    """
+    previous = sys.unraisablehook
+    if getattr(previous, "abandoned_reads_silenced", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if not _is_abandoned_read(unraisable):
+            previous(unraisable)
+
+    hook.abandoned_reads_silenced = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # "Task exception was never retrieved"
+
+
+def _all_processes_agree(ok: bool) -> bool:
+    """True when `ok` holds on every process (one process alone: `ok` itself)."""
+    if jax.process_count() == 1:
+        return ok
+    return bool(np.all(multihost_utils.process_allgather(np.array(ok))))
+
+
+def newest_intact(
+    directory: str, steps_newest_first: Iterable[int], restore: Callable[[int], Any]
+) -> tuple[int, Any, list[tuple[int, CheckpointError]]] | None:
+    """(step, restore(step), [(unreadable newer step, its error)]) of the first step every process restores intact.
+
+    Returns None when there are no steps; raises CheckpointError
+    when there are some but none restores.
+    """
+    unreadable: list[tuple[int, CheckpointError]] = []
+    for step in steps_newest_first:
+        error = None
+        try:
+            restored = restore(step)
+        except CorruptCheckpointError as caught:
+            error = caught
+        # Every process must resume from the same step, so one process's failure counts for all.
+        if not _all_processes_agree(error is None):
+            error = error or CorruptCheckpointError(
+                f"{checkpoint_label(directory, step)} cannot be read by another process"
+            )
+            unreadable.append((step, error))
+            continue
+        return step, restored, unreadable
+    if unreadable:
+        raise CheckpointError(
+            f"no checkpoint in {directory} can be restored (newest: {unreadable[0][1]}); move the "
+            "damaged ones away to start over, or use a new workdir"
+        )
+    return None
+
+
+def set_aside(directory: str, steps: list[int]) -> dict[int, str]:
+    """Move the step directories `steps` to `<directory>.corrupt/` (process 0 moves, all processes wait).
+
+    Returns {step: where it went} (on process 0; empty on the others).
+    """
+    moved = {}
+    if jax.process_index() == 0:
+        for step in steps:
+            destination = os.path.join(directory + layout.CORRUPT_SUFFIX, str(step))
+            suffix = 0
+            while exists(destination):  # a step set aside before keeps its copy
+                suffix += 1
+                destination = os.path.join(directory + layout.CORRUPT_SUFFIX, f"{step}.{suffix}")
+            make_dirs(os.path.dirname(destination))
+            move(os.path.join(directory, str(step)), destination)
+            moved[step] = destination
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("unreadable checkpoints set aside")
+    return moved

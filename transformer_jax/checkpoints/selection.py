@@ -1,0 +1,122 @@
+"""Reopening a finished or running training run: its config, tokenizer and checkpoints, and averaging them."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+import orbax.checkpoint as ocp
+
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.errors import CheckpointError
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.config.schema import read_run_config
+from transformer_jax.base.files import absolute, exists, is_dir, is_file, is_local, list_names
+from transformer_jax.checkpoints.integrity import check_shapes
+from transformer_jax.checkpoints.manager import Checkpointer, best_metric_for
+from transformer_jax.base import workdir as layout
+
+
+@dataclasses.dataclass
+class Run:
+    """A training run on disk."""
+
+    workdir: str
+    config: ml_collections.ConfigDict
+    model_config: TransformerConfig
+    tokenizer: Tokenizer
+    checkpointer: Checkpointer
+
+
+def open_run(workdir: str) -> Run:
+    """Load `<workdir>/config.json`, the tokenizer and the checkpoint manager; fail clearly if absent."""
+    config_path = layout.run_path(workdir, layout.CONFIG)
+    if workdir and is_file(workdir):
+        raise CheckpointError(f"workdir {workdir} is a file, not a directory; pass the --workdir a training run wrote")
+    if not workdir or not is_dir(workdir):
+        raise CheckpointError(f"workdir {workdir} does not exist; pass the --workdir a training run wrote")
+    if not is_file(config_path):
+        present = ", ".join(sorted(list_names(workdir))) or "nothing"
+        raise CheckpointError(
+            f"{workdir} holds no training run (no config.json; it contains: {present}); "
+            "pass the --workdir given to train.py"
+        )
+    config = read_run_config(config_path)
+    tokenizer = Tokenizer.load(layout.run_path(workdir, layout.TOKENIZER))
+    fields = {**config.model.to_dict(), "vocab_size": tokenizer.vocab_size}
+    directory = layout.run_path(workdir, layout.CHECKPOINTS)
+    if not is_dir(directory):
+        raise CheckpointError(f"no checkpoint in {directory}; train first (train.py) or pass another --workdir")
+    checkpointer = Checkpointer(directory, best_metric=best_metric_for(config.training.bleu_every)[0],
+                                best_mode=best_metric_for(config.training.bleu_every)[1],
+                                asynchronous=False, read_only=True)
+    return Run(workdir, config, TransformerConfig(**fields), tokenizer, checkpointer)
+
+
+def select_steps(checkpointer: Checkpointer, spec: str, average_last: int = 5) -> list[int]:
+    """Steps named by `spec`: "latest", "best", a step, "average:N" (the last N) or "average" (the last `average_last`)."""
+    steps = checkpointer.steps()
+    if not steps:
+        raise CheckpointError(
+            f"no checkpoint in {checkpointer.directory}; train first (train.py) or pass another --workdir"
+        )
+    listing = f"available steps: {', '.join(map(str, steps))}"
+    if spec == "latest":
+        return [steps[-1]]
+    if spec == "best":
+        best = checkpointer.best_step()
+        if best is None:
+            raise CheckpointError(f"no checkpoint in {checkpointer.directory} has a dev metric; {listing}")
+        return [best]
+    if spec == "average":
+        spec = f"average:{average_last}"
+    if spec.startswith("average:"):
+        count = spec.split(":", 1)[1]
+        if not count.isdigit() or int(count) < 1:
+            raise CheckpointError(f"--checkpoint={spec}: N must be a positive integer, e.g. average:5")
+        if int(count) > len(steps):
+            raise CheckpointError(f"--checkpoint={spec} asks for {count} checkpoints but {listing}")
+        return steps[-int(count):]
+    if spec.isdigit() and int(spec) in steps:
+        return [int(spec)]
+    raise CheckpointError(f"--checkpoint={spec} is not latest, best, average:N or a saved step; {listing}")
+
+
+def checkpoint_params(run: Run, steps: list[int]) -> Any:
+    """The parameters of one step, or the element-wise mean over several (checkpoint averaging)."""
+    total = None
+    for step in steps:
+        params = run.checkpointer.restore_params(step)
+        check_param_shapes(run, params, step)
+        params = jax.tree.map(lambda x: np.asarray(x, np.float64), params)
+        total = params if total is None else jax.tree.map(np.add, total, params)
+    return jax.tree.map(lambda x: (x / len(steps)).astype(np.float32), total)
+
+
+def check_param_shapes(run: Run, params: Any, step: int) -> None:
+    """Fail clearly when saved parameter shapes differ from what the run's config.json builds."""
+    from transformer_jax.model.transformer import Transformer
+
+    dummy = jax.numpy.ones((1, 4), jax.numpy.int32)
+    expected = jax.eval_shape(
+        lambda: Transformer(run.model_config).init(jax.random.key(0), dummy, dummy)["params"]
+    )
+    check_shapes(params, expected, f"checkpoint {run.checkpointer.directory}/{step}")
+
+
+def write_params(params: Any, path: str) -> None:
+    """Save parameters alone (e.g. an averaged model) as an Orbax checkpoint at `path`."""
+    if exists(path):
+        raise CheckpointError(f"{path} already exists; choose another path or remove it")
+    if is_local(path):
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        except OSError as error:
+            raise CheckpointError(f"cannot write {path} ({error.strerror or error}); choose another path") from None
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(absolute(path), params)
+    checkpointer.wait_until_finished()

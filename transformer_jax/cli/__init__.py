@@ -1,0 +1,15 @@
+"""The command-line layer train.py, eval.py and `python -m transformer_jax.aot` share.
+
+`lock` (one job owns a run directory) -> `commands` (flag parsing, one-line user errors, Ctrl-C,
+workdir checks and ownership, multi-process start-up).
+"""
+
+from transformer_jax.cli.commands import (
+    initialize_distributed,
+    interrupts_reported,
+    parse_flags,
+    training_workdir,
+    user_errors,
+)
+
+__all__ = ["initialize_distributed", "interrupts_reported", "parse_flags", "training_workdir", "user_errors"]

@@ -1,0 +1,173 @@
+"""What train.py and eval.py share: one-line errors for mistakes a user can make, Ctrl-C, workdir checks and ownership."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import traceback
+from typing import Callable, Iterator
+
+from transformer_jax.errors import (
+    ConfigError,
+    UserError,
+)
+from transformer_jax.base.files import is_local, make_dirs, remove, unique_name, write_atomically
+from transformer_jax.cli.lock import owning
+
+# Exit status of a run stopped by a user error (bad flag, config value, data, checkpoint).
+USER_ERROR_EXIT = 2
+# Exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it).
+INTERRUPTED_EXIT = 130
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Turn a UserError into one line on stderr and exit status 2; any other exception is a bug and keeps its traceback."""
+    try:
+        yield
+    except UserError as error:
+        message = str(error).splitlines()[0] if str(error) else type(error).__name__
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(USER_ERROR_EXIT)
+
+
+def _config_path(argv: list[str]) -> str | None:
+    """The file named by the last --config on the command line (before any `:argument`), or None."""
+    path = None
+    for index, arg in enumerate(argv[1:], start=1):
+        if arg.startswith("--config="):
+            path = arg.split("=", 1)[1].split(":", 1)[0]
+        elif arg == "--config" and index + 1 < len(argv):
+            path = argv[index + 1].split(":", 1)[0]
+    return path
+
+
+def _config_file_failure(path: str | None, error: Exception) -> str:
+    """One line saying where the config file's own code failed (a syntax error, a NameError, ...)."""
+    if isinstance(error, SyntaxError):
+        return f"config file {error.filename}:{error.lineno}: {error.msg}"
+    frames = traceback.extract_tb(error.__traceback__)
+    inside = [frame for frame in frames if path and os.path.abspath(frame.filename) == os.path.abspath(path)]
+    where = f"{inside[-1].filename}:{inside[-1].lineno}" if inside else path
+    detail = (str(error).splitlines() or [""])[0]
+    return f"config file {where}: {type(error).__name__}: {detail}"
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl flag parsing where a bad flag, config file or --config override is one line and exit status 2."""
+    from absl import flags
+
+    path = _config_path(argv)
+    if path and path.endswith(".json"):
+        print(f"error: --config={path} is a JSON file, but a config is a Python file defining get_config() "
+              f"(see configs/); to rerun a run's saved settings pass --config=configs/rerun.py:{path}",
+              file=sys.stderr)
+        sys.exit(USER_ERROR_EXIT)
+    try:
+        remaining = flags.FLAGS(argv)
+        if "config" in flags.FLAGS:
+            getattr(flags.FLAGS.config, "keys")  # a config file loads lazily: fail here, not mid-run
+        return remaining
+    except Exception as error:  # noqa: BLE001 - sorted below: the command line, or the config file's own code
+        # ml_collections re-raises a TypeError/ValueError of the config file as a new one holding the traceback.
+        original = error.__context__ if "Error whilst parsing config file" in str(error) else error
+        if isinstance(original, UserError):
+            detail = str(original).splitlines()[0]
+        elif isinstance(original, SyntaxError) or _raised_in(original, path):
+            detail = f"{_config_file_failure(path, original)}; a config is a Python file defining get_config()"
+        elif isinstance(error, (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError)):
+            # ml_collections writes "'key'\nDid you mean ..." and multi-line file errors: keep one line.
+            lines = [line.strip() for line in str(error).replace("\\n", "\n").splitlines() if line.strip()]
+            detail = " ".join(lines[-2:] if isinstance(error, OSError) else lines).replace("'", "").replace("\\", "")
+            detail = f"invalid command line: {detail}; see --help and configs/"
+        else:
+            raise
+        print(f"error: {detail}", file=sys.stderr)
+        sys.exit(USER_ERROR_EXIT)
+
+
+def _raised_in(error: BaseException, path: str | None) -> bool:
+    """Whether `error` was raised by code in file `path` (the config file), not by the flag parser."""
+    return bool(path) and any(os.path.abspath(frame.filename) == os.path.abspath(path)
+                              for frame in traceback.extract_tb(error.__traceback__))
+
+
+def initialize_distributed(coordinator_address: str | None, num_processes: int | None,
+                           process_id: int | None) -> None:
+    """Join a multi-process run (jax.distributed.initialize); a wrong setting is one ConfigError line.
+
+    On CPU the processes exchange data with JAX's default CPU collectives (gloo over TCP).
+    """
+    import jax
+
+    try:
+        jax.distributed.initialize(coordinator_address, num_processes, process_id)
+    except (ValueError, RuntimeError) as error:
+        detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise ConfigError(
+            f"cannot join the multi-process run ({detail}); on a cluster without auto-detection pass "
+            "--coordinator_address=HOST:PORT --num_processes=N --process_id=I"
+        ) from None
+
+
+def ensure_writable_workdir(workdir: str) -> list[str]:
+    """Create `workdir` if needed; fail clearly when it cannot be written.
+
+    Returns the local directories this call created, deepest first (none on an object store).
+    """
+    if not workdir:
+        raise ConfigError("--workdir is empty; pass the directory for the run's checkpoints and logs")
+    if is_local(workdir) and os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise ConfigError(f"workdir {workdir} is a file, not a directory; choose another --workdir")
+    created = []
+    if is_local(workdir):
+        missing = os.path.abspath(workdir)
+        while not os.path.exists(missing):
+            created.append(missing)
+            missing = os.path.dirname(missing)
+    try:
+        make_dirs(workdir)
+        # Unique per process and host: hosts sharing the workdir may run processes with equal pids.
+        probe = unique_name(os.path.join(workdir, ".write_test"))
+        if is_local(probe):
+            with open(probe, "w") as f:
+                f.write("ok")
+        else:
+            write_atomically(probe, "ok")  # one object upload: no temporary object to leave behind
+        remove(probe)
+    except OSError as error:
+        raise ConfigError(
+            f"workdir {workdir} is not writable ({error.strerror or error}); choose another --workdir"
+        ) from None
+    return created
+
+
+@contextlib.contextmanager
+def training_workdir(workdir: str) -> Iterator[None]:
+    """Create `workdir` and own it (run.lock, see cli/lock.py) while training writes it.
+
+    A start that fails before anything was written (a data check, a bad vocabulary size) removes
+    the directories it created, so a failed first attempt leaves no empty workdir behind.
+    """
+    created = ensure_writable_workdir(workdir)
+    try:
+        with owning(workdir):
+            yield
+    except BaseException:
+        for directory in created:  # deepest first; rmdir fails on a directory holding anything
+            try:
+                os.rmdir(directory)
+            except OSError:
+                break
+        raise
+
+
+@contextlib.contextmanager
+def interrupts_reported(finished: Callable[[], str]) -> Iterator[None]:
+    """Ctrl-C (SIGINT) ends the command with one line saying what was finished and exit status 130."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print(f"interrupted: {finished()}", file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)

@@ -1,0 +1,264 @@
+"""One job owns a run directory: `<workdir>/run.lock`, taken at start, released at exit, taken over when stale.
+
+Two `train.py` jobs writing one workdir would interleave their metrics and race inside Orbax's
+checkpoint directories. The job that creates `run.lock` owns the workdir; another one is refused
+with one line naming the owner (host, pid, start time) and what to do. `eval.py` takes no lock: it
+only reads, and a reading Checkpointer never removes or writes checkpoint files.
+
+What is guaranteed where:
+
+* Creating the lock is atomic and exclusive. Locally (and on NFS) the content is written to a
+  temporary file first and `os.link`ed to `run.lock`, which fails when the name exists; on `gs://`
+  the object is uploaded with the precondition `ifGenerationMatch=0` (gcsfs `mode="create"`), which
+  Cloud Storage rejects when the object exists. So of two jobs starting together exactly one wins.
+  (An existing lock is read before creating one, so a second job is refused even on a store that
+  ignores the precondition, as the GCS emulator of the tests does; the race itself is then open.)
+* A lock left by a job that died (SIGKILL, a crashed host) is taken over with no manual step. On the
+  owner's host the owner is dead when its pid no longer runs, or now runs another process (its start
+  time differs; a rebooted host has another boot id). From another host, which cannot see the
+  owner's processes, the owner is dead when its heartbeat (rewritten every `HEARTBEAT_SECONDS`) is
+  older than `STALE_SECONDS`; this compares the owner's clock with the reader's, so hosts sharing a
+  workdir must keep their clocks within a minute or so of each other (NTP does).
+* Taking over a stale lock moves it away (locally an atomic rename; on `gs://` a delete after
+  re-reading it) and then creates a new one exclusively, so two jobs taking over the same stale
+  lock cannot both succeed, except on `gs://` in the instant between that re-read and the delete.
+
+With several processes (a multi-host job) process 0 takes the lock before any process has written
+anything but its write probe, and every process learns the outcome, so all of them stop when it is refused.
+A job killed in the instant between writing the lock's temporary file and linking it leaves that
+`run.lock.new.*` file behind (harmless; delete it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Iterator
+
+from transformer_jax.errors import CheckpointError
+from transformer_jax.base.files import is_local, read_text, remove, unique_name, write_atomically
+from transformer_jax.base import workdir as layout
+
+HEARTBEAT_SECONDS = 30.0
+STALE_SECONDS = 300.0
+
+
+class WorkdirLockedError(CheckpointError):
+    """Another job owns the run directory."""
+
+
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _process_start(pid: int) -> str:
+    """The start time of process `pid` in clock ticks since boot (Linux), "" where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
+
+
+def _pid_runs(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it runs, under another user
+    return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Owner:
+    """Who holds a lock: written into `run.lock` as JSON."""
+
+    host: str
+    pid: int
+    started: float  # time.time() when the lock was taken
+    heartbeat: float  # time.time() of the owner's last heartbeat
+    token: str  # unique per taking, so an owner recognises its own lock
+    boot_id: str = ""
+    process_start: str = ""
+
+    @classmethod
+    def this_process(cls) -> Owner:
+        now = time.time()
+        return cls(socket.gethostname(), os.getpid(), now, now, uuid.uuid4().hex, _boot_id(),
+                   _process_start(os.getpid()))
+
+    def describe(self) -> str:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
+        return f"host {self.host}, pid {self.pid}, started {started}"
+
+    def is_dead(self, now: float | None = None) -> bool:
+        """Whether the owner no longer runs (see the module docstring for how each case is told)."""
+        if self.host == socket.gethostname():
+            if self.boot_id and self.boot_id != _boot_id():
+                return True  # the host rebooted since
+            if not _pid_runs(self.pid):
+                return True
+            start = _process_start(self.pid)
+            if self.process_start and start:
+                return start != self.process_start  # the pid now runs another process
+            return self.pid == os.getpid()  # not this process: it has not taken the lock yet
+        return (time.time() if now is None else now) - self.heartbeat > STALE_SECONDS
+
+
+def read_owner(path: str) -> Owner | None:
+    """The owner recorded in lock file `path`; None when there is none (or it is unreadable)."""
+    try:
+        return Owner(**json.loads(read_text(path)))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, TypeError):
+        # A lock file cut short or written by something else: treated as left by a dead job.
+        return Owner("?", -1, 0.0, 0.0, "", "")
+
+
+def _create_exclusively(path: str, content: str) -> bool:
+    """Create `path` holding `content` unless it exists; True when this call created it."""
+    if is_local(path):
+        temporary = unique_name(f"{path}.new")
+        with open(temporary, "w") as f:
+            f.write(content)
+        try:
+            os.link(temporary, path)  # atomic, fails if `path` exists (also on NFS, unlike O_EXCL on old clients)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(temporary)
+    import fsspec
+
+    filesystem, _ = fsspec.core.url_to_fs(path)
+    try:
+        filesystem.pipe_file(path, content.encode(), mode="create")  # ifGenerationMatch=0
+        return True
+    except FileExistsError:
+        return False
+
+
+def _remove_if_still(path: str, stale: Owner) -> None:
+    """Remove lock `path` if it still holds `stale`'s token (another job may have just taken it over)."""
+    if is_local(path):
+        moved = unique_name(f"{path}.stale")
+        try:
+            os.rename(path, moved)  # atomic: of two jobs taking over, one moves the stale lock
+        except FileNotFoundError:
+            return
+        if read_owner(moved) != stale:  # a live lock taken over an instant ago: put it back
+            with contextlib.suppress(FileExistsError):
+                os.link(moved, path)
+        os.unlink(moved)
+        return
+    if read_owner(path) == stale:
+        with contextlib.suppress(FileNotFoundError):
+            remove(path)
+
+
+class RunLock:
+    """The lock of one workdir; `acquire()` takes it or raises WorkdirLockedError naming the owner."""
+
+    def __init__(self, workdir: str) -> None:
+        self.workdir = workdir
+        self.path = layout.run_path(workdir, layout.LOCK)
+        self.owner: Owner | None = None
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+
+    def acquire(self) -> None:
+        """Take the lock (taking over a stale one); start the heartbeat."""
+        for _ in range(3):  # a stale lock is moved away, then created anew; a race may need another try
+            # Looking first refuses a second job even on a store that ignores the create precondition
+            # (the GCS emulator of the tests); the exclusive create settles two jobs starting together.
+            current = read_owner(self.path)
+            if current is not None:
+                if not current.is_dead():
+                    raise WorkdirLockedError(
+                        f"workdir {self.workdir} is in use by another training job ({current.describe()}); "
+                        "wait for it to finish or stop it, or choose another --workdir (if that job is gone, "
+                        f"delete {self.path})"
+                    )
+                logging.warning("taking over the lock of %s left by a job that is gone (%s)", self.workdir,
+                                current.describe())
+                _remove_if_still(self.path, current)
+            owner = Owner.this_process()
+            if _create_exclusively(self.path, json.dumps(dataclasses.asdict(owner))):
+                self.owner = owner
+                self._start_heartbeat()
+                return
+        raise WorkdirLockedError(f"workdir {self.workdir}: another job took the lock at the same time; "
+                                 "choose another --workdir or stop the other job")
+
+    def release(self) -> None:
+        """Stop the heartbeat and remove the lock if this job still holds it."""
+        if self.owner is None:
+            return
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join()
+        current = read_owner(self.path)
+        if current is not None and current.token == self.owner.token:
+            with contextlib.suppress(FileNotFoundError):
+                remove(self.path)
+        self.owner = None
+
+    def _start_heartbeat(self) -> None:
+        self._stop.clear()
+        self._heartbeat = threading.Thread(target=self._beat, name="run-lock-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            try:
+                current = read_owner(self.path)
+                if current is None or self.owner is None or current.token != self.owner.token:
+                    logging.error("the lock %s is no longer held by this job", self.path)
+                    return
+                self.owner = dataclasses.replace(self.owner, heartbeat=time.time())
+                write_atomically(self.path, json.dumps(dataclasses.asdict(self.owner)))
+            except OSError as error:  # a storage hiccup: try again at the next beat
+                logging.warning("could not renew the lock %s: %s", self.path, error)
+
+
+@contextlib.contextmanager
+def owning(workdir: str) -> Iterator[None]:
+    """Hold `workdir`'s lock for the duration (process 0 takes it; every process learns the outcome).
+
+    Raises WorkdirLockedError on every process when another job owns the workdir.
+    """
+    import jax
+
+    lock = RunLock(workdir)
+    refusal = ""
+    if jax.process_index() == 0:
+        try:
+            lock.acquire()
+        except WorkdirLockedError as error:
+            refusal = str(error)
+    if jax.process_count() > 1:
+        import numpy as np
+        from jax.experimental import multihost_utils
+
+        refused = bool(multihost_utils.broadcast_one_to_all(np.array(bool(refusal))))
+        if refused and not refusal:
+            refusal = f"workdir {workdir} is in use by another training job (process 0 names it)"
+    if refusal:
+        raise WorkdirLockedError(refusal)
+    try:
+        yield
+    finally:
+        lock.release()

@@ -1,0 +1,204 @@
+"""The full set of run settings with their defaults; the files in configs/ override them.
+
+Every key is documented here: by the comment beside its assignment (or the lines just above it),
+and model keys by TransformerConfig's docstring. The README's configuration reference is generated
+from these (`python -m transformer_jax.config.reference`) and a test fails when the two differ.
+Overriding a key that does not exist fails at start-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import ml_collections
+
+from transformer_jax.data.shapes import TranslationBatching
+from transformer_jax.decoding.options import DecodeOptions
+from transformer_jax.decoding.translate import DTYPES
+from transformer_jax.errors import CheckpointError, ConfigError
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.base.files import read_text, write_atomically
+from transformer_jax.base import workdir as layout
+
+_DECODING = DecodeOptions()
+_BATCHING = TranslationBatching()
+
+
+def default_config() -> ml_collections.ConfigDict:
+    """The paper's base model and schedule on TFDS WMT14 EN->DE."""
+    config = ml_collections.ConfigDict()
+
+    # model: every field of TransformerConfig (see transformer_jax/config.py for their meaning).
+    config.model = ml_collections.ConfigDict(dataclasses.asdict(TransformerConfig.preset("base")))
+    # 0 takes the tokenizer's size; any other value must equal it.
+    config.model.vocab_size = 0
+
+    config.data = data = ml_collections.ConfigDict()
+    data.source = "tfds"  # "builtin" | "tfds" | "text" | "tsv"
+    data.path = ""  # directory with train/dev/test files for "text" and "tsv"
+    data.source_lang = "en"  # translation direction: source language
+    data.target_lang = "de"  # translation direction: target language
+    data.tfds_train_name = "wmt14_translate/de-en"  # TFDS builder of the training split
+    data.tfds_eval_name = "wmt14_translate/de-en"  # TFDS builder of dev (newstest2013) and test (newstest2014)
+    data.tfds_data_dir = ""  # TFDS data_dir ("" = TFDS default)
+    data.builtin_train_size = 50_000  # built-in corpus: training pairs
+    data.builtin_dev_size = 1_000  # built-in corpus: dev pairs
+    data.builtin_test_size = 2_000  # built-in corpus: test pairs
+    data.vocab_size = 32_000  # SentencePiece vocabulary size (joint source/target)
+    data.tokenizer_type = "unigram"  # SentencePiece model: "unigram" | "bpe"
+    data.byte_fallback = True  # unknown characters become byte pieces instead of <unk>
+    data.tokenizer_sample_size = 1_000_000  # sentences sampled across the corpus to train SentencePiece
+
+    # token slots (rows x width, padding included) per batch and side, in rows of data.max_length (of
+    # data.row_width when set; of each bucket without packing). With the automatic row width, batches of
+    # narrower rows have more rows, sized to hold as many real tokens as rows of max_length (data/row_width.py).
+    data.tokens_per_batch = 25_000
+    data.max_length = 256  # longest training pair in tokens (dev/test are never filtered)
+    data.pack = True  # pack several pairs per row (segment ids); False: length buckets (more shapes, more padding)
+    data.row_width = 0  # packed rows' width in tokens (0 = chosen from the corpus; longer pairs get rows of their own)
+    data.eval_batch_size = _BATCHING.batch_size  # sentences per dev/test batch (rows, padded)
+
+    config.training = training = ml_collections.ConfigDict()
+    training.num_train_steps = 100_000  # optimizer updates
+    training.warmup_steps = 4_000  # linear warm-up of the paper's schedule
+    training.learning_rate_scale = 1.0  # multiplies d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    training.adam_b1 = 0.9  # Adam beta1 (paper section 5.3)
+    training.adam_b2 = 0.98  # Adam beta2
+    training.adam_eps = 1e-9  # Adam epsilon
+    training.label_smoothing = 0.1  # epsilon_ls of the label-smoothed cross-entropy (paper section 5.4)
+    training.grad_clip_norm = 0.0  # global-norm clipping; 0 disables it
+    training.accumulation_steps = 1  # micro-batches per update (to reach the paper's batch on fewer devices)
+    training.seed = 0  # parameters, dropout and data order
+    training.log_every = 100  # steps between training-metric logs
+    training.eval_every = 1_000  # steps between dev-loss evaluations
+    training.bleu_every = 5_000  # steps between dev-BLEU evaluations (0 = never during training)
+    training.dev_bleu_sentences = 0  # dev sentences translated for dev BLEU (0 = all)
+    training.checkpoint_every = 1_000  # steps between checkpoints (and one at the end)
+    training.keep_checkpoints = 5  # newest checkpoints kept on disk (the best one is kept as well)
+    training.max_skipped_updates = 20  # stop after this many consecutive non-finite updates
+
+    config.mesh = mesh = ml_collections.ConfigDict()
+    mesh.data = -1  # data-parallel axis size (-1 = all devices not used by fsdp)
+    mesh.fsdp = 1  # fully sharded data-parallel axis size (parameters sharded over it)
+
+    config.eval = evaluation = ml_collections.ConfigDict()
+    # Search defaults are DecodeOptions' (decoding/options.py), batching TranslationBatching's (data/shapes.py).
+    evaluation.beam_size = _DECODING.beam_size  # beam search width for test translation and eval.py (paper section 6.1)
+    evaluation.alpha = _DECODING.alpha  # length penalty ((5 + len) / 6)^alpha
+    evaluation.max_extra_length = _DECODING.max_extra_length  # output length limit: input length + this
+    evaluation.batch_tokens = _BATCHING.batch_tokens  # source tokens per decoding batch (0: eval_batch_size rows)
+    evaluation.dtype = ""  # decode in "float32"/"bfloat16" weights and matmuls ("": the model's dtype)
+    evaluation.average_last = 5  # checkpoints averaged by eval.py --checkpoint=average (paper: 5 base, 20 big)
+    return config
+
+
+# Run settings that must be positive (model sizes are checked by TransformerConfig itself).
+POSITIVE_SETTINGS = {
+    "data": ("vocab_size", "tokenizer_sample_size", "tokens_per_batch", "max_length", "eval_batch_size",
+             "builtin_train_size", "builtin_dev_size", "builtin_test_size"),
+    "training": ("num_train_steps", "warmup_steps", "learning_rate_scale", "accumulation_steps", "log_every",
+                 "checkpoint_every", "keep_checkpoints", "max_skipped_updates", "adam_eps"),
+    "eval": ("beam_size", "average_last"),
+    "mesh": ("fsdp",),
+}
+NON_NEGATIVE_SETTINGS = {
+    "data": ("row_width",),
+    "training": ("eval_every", "bleu_every", "dev_bleu_sentences", "grad_clip_norm", "label_smoothing"),
+    "eval": ("max_extra_length", "batch_tokens"),
+}
+
+
+def check_run_config(config: ml_collections.ConfigDict) -> None:
+    """Fail with one ConfigError line on a setting no run can use, before any data or device work."""
+    for limits, allowed, wording in ((POSITIVE_SETTINGS, lambda v: v > 0, "positive"),
+                                     (NON_NEGATIVE_SETTINGS, lambda v: v >= 0, "zero or positive")):
+        for section, keys in limits.items():
+            for key in keys:
+                value = config[section][key]
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not allowed(value):
+                    raise ConfigError(f"{section}.{key}={value!r} must be {wording}; "
+                                      f"set --config.{section}.{key} to a {wording} number")
+    if config.data.row_width > config.data.max_length:
+        raise ConfigError(f"data.row_width={config.data.row_width} is wider than data.max_length="
+                          f"{config.data.max_length}; lower it, or set 0 to choose it from the corpus")
+    for key in ("label_smoothing", "adam_b1", "adam_b2"):
+        if not 0.0 <= config.training[key] < 1.0:
+            raise ConfigError(f"training.{key}={config.training[key]!r} must be in [0, 1); "
+                              f"set --config.training.{key} inside that range")
+    if config.mesh.data != -1 and not (isinstance(config.mesh.data, int) and config.mesh.data > 0):
+        raise ConfigError(f"mesh.data={config.mesh.data!r} must be positive, or -1 (all devices not used by "
+                          "fsdp); set --config.mesh.data")
+    if decoding_dtype(config) not in DTYPES:
+        raise ConfigError(f"eval.dtype={decoding_dtype(config)!r} is not one of {list(DTYPES)} ('' = the model's "
+                          "own dtype); set --config.eval.dtype")
+    # The model's own checks (d_model divisible by num_heads, ...), with the vocabulary still unknown.
+    model_config(config, config.model.vocab_size or config.data.vocab_size)
+
+
+def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:
+    """The TransformerConfig of a run, with the vocabulary size taken from (and checked against) the tokenizer."""
+    return TransformerConfig.for_run(config.model, vocab_size, config.data.max_length)
+
+
+def write_run_config(config: ml_collections.ConfigDict, workdir: str) -> None:
+    """Save the run's config as `<workdir>/config.json` (eval.py rebuilds the model from it)."""
+    write_atomically(layout.run_path(workdir, layout.CONFIG), config.to_json_best_effort(indent=2))
+
+
+def read_run_config(path: str) -> ml_collections.ConfigDict:
+    """A run's saved config (`<workdir>/config.json`) as the full schema, every saved value in place.
+
+    Raises CheckpointError naming the file when it is missing, not JSON, or not a run config.
+    """
+    repair = ("restore it, or run train.py on the workdir again with the --config it was trained with "
+              "(train.py writes config.json anew)")
+    try:
+        saved = json.loads(read_text(path))
+    except FileNotFoundError:
+        raise CheckpointError(f"{path} does not exist; pass the config.json a training run wrote") from None
+    except (ValueError, UnicodeDecodeError) as error:  # json.JSONDecodeError is a ValueError
+        raise CheckpointError(f"{path} is damaged ({str(error).splitlines()[0]}); {repair}") from None
+    config = default_config()
+    try:
+        _merge(config, saved, "")
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        detail = error.args[0] if isinstance(error, KeyError) else error
+        raise CheckpointError(f"{path} is not a run config of this project ({detail}); {repair}") from None
+    return config
+
+
+def _merge(config: ml_collections.ConfigDict, saved: Any, prefix: str) -> None:
+    """Set every key of the `saved` dict in `config`; a key the schema lacks or a section gone is an error."""
+    if not isinstance(saved, dict):
+        raise TypeError(f"{prefix or 'the file'} is not a JSON object")
+    for section in config.keys() if not prefix else ():
+        if section not in saved:
+            raise KeyError(f"no {section!r} section")
+    for key, value in saved.items():
+        if key not in config:
+            raise KeyError(f"unknown key {prefix}{key}")
+        if isinstance(config[key], ml_collections.ConfigDict):
+            _merge(config[key], value, f"{prefix}{key}.")
+        else:
+            config[key] = value
+
+
+def decode_options(config: ml_collections.ConfigDict) -> DecodeOptions:
+    """The run's search settings: beam search with its `eval` section."""
+    evaluation = config.eval
+    return DecodeOptions(mode="beam", beam_size=evaluation.beam_size, alpha=evaluation.alpha,
+                         max_extra_length=evaluation.max_extra_length)
+
+
+def translation_batching(config: ml_collections.ConfigDict) -> TranslationBatching:
+    """How the run cuts a split into translation batches: `data.eval_batch_size` sentences at most, and
+    `eval.batch_tokens` source token slots (runs saved before it had none)."""
+    return TranslationBatching(config.data.eval_batch_size, config.eval.get("batch_tokens", 0))
+
+
+def decoding_dtype(config: ml_collections.ConfigDict) -> str:
+    """The dtype the run decodes in (`eval.dtype`; "" the model's own; runs saved before it had none)."""
+    return config.eval.get("dtype", "")

@@ -1,0 +1,174 @@
+"""Every batch-shape rule in one place: widths rounded to 8, rows rounded to the mesh, training, loss and
+translation shapes.
+
+A compiled program exists per input shape, so every shape a run feeds comes from here: training batches
+(`packed_batch_shape`, `length_buckets`; the corpus-sized packed widths of row_width.py build on these),
+dev-loss batches (`loss_widths`), translation batches (`TranslationBatching`, `translation_rows`,
+`translation_widths`) and the rows a mesh splits (`round_rows`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from transformer_jax.errors import ConfigError, DataError
+
+# The arrays of a training batch, all int32 [rows, length]; packed batches add segment ids and positions.
+BATCH_KEYS = ("inputs", "targets", "target_inputs")
+PACKED_KEYS = BATCH_KEYS + ("inputs_segmentation", "inputs_position", "targets_segmentation", "targets_position")
+# Row widths are multiples of this: the tiles of TPU and GPU matmuls (and XLA:CPU's vectors) divide it.
+WIDTH_MULTIPLE = 8
+# Source widths of translation batches: fine steps, as a batch's search runs at its padded source width.
+TRANSLATION_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+# A width holding at most this many batches of sentences is decoded at the next wider width in use.
+SMALL_WIDTH_BATCHES = 4
+
+
+def round_up(value: int, multiple: int) -> int:
+    """The smallest multiple of `multiple` that is >= value."""
+    return -(-int(value) // multiple) * multiple
+
+
+def round_width(tokens: int, max_length: int | None = None) -> int:
+    """A row width for `tokens`: rounded up to WIDTH_MULTIPLE (at most max_length when given)."""
+    width = round_up(tokens, WIDTH_MULTIPLE)
+    return width if max_length is None else min(max_length, width)
+
+
+def round_rows(rows: int, row_multiple: int) -> int:
+    """Rows rounded up to a multiple of `row_multiple` (the mesh size), so every device gets as many."""
+    return round_up(rows, row_multiple)
+
+
+def length_buckets(max_length: int, smallest: int = 8) -> tuple[int, ...]:
+    """Bucket lengths: multiples of 8 up to 32, then steps of about 1.5x, ending at max_length."""
+    buckets, length = [], smallest
+    while length < max_length:
+        buckets.append(length)
+        length = length + 8 if length < 32 else int(math.ceil(length * 1.5 / 8) * 8)
+    return tuple(buckets) + (max_length,)
+
+
+def rows_per_batch(tokens_per_batch: int, length: int, row_multiple: int) -> int:
+    """Rows of `length` tokens in a budget of tokens_per_batch slots, rounded down to a multiple of row_multiple."""
+    rows = tokens_per_batch // length // row_multiple * row_multiple
+    if rows == 0:
+        raise DataError(f"data.tokens_per_batch={tokens_per_batch} is too small for {row_multiple} rows (one per "
+                        f"device) of {length} tokens; set --config.data.tokens_per_batch={row_multiple * length} "
+                        "or more")
+    return rows
+
+
+def packed_batch_shape(tokens_per_batch: int, max_length: int, row_multiple: int = 1) -> tuple[int, int]:
+    """(rows, width) of a packed global batch of rows of max_length tokens, rows a multiple of row_multiple."""
+    return rows_per_batch(tokens_per_batch, max_length, row_multiple), max_length
+
+
+def loss_widths(longest: int, row_width: int | None = None) -> tuple[int, int | None]:
+    """(width, width of the longer pairs or None) of dev-loss batches for a split whose longest pair has
+    `longest` tokens: that rounded up to 8, or `row_width` (the training row width) with the longer pairs
+    in rows of their own."""
+    widest = round_width(longest)
+    if row_width is None or widest <= row_width:
+        return widest, None
+    return row_width, widest
+
+
+@dataclasses.dataclass(frozen=True)
+class TranslationBatching:
+    """How a split's sentences are cut into translation batches (shapes only: not what the search does).
+
+    Attributes:
+      batch_size: sentences decoded together (at most), the rows of a batch.
+      batch_tokens: when > 0, a batch holds about this many source token slots (rows x the batch's padded
+        source width, at most batch_size rows): long sentences go in fewer rows.
+    """
+
+    batch_size: int = 64
+    batch_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        for name, smallest in (("batch_size", 1), ("batch_tokens", 0)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < smallest:
+                fix = "a positive integer" if smallest else "0 (batch_size sentences a batch) or a positive integer"
+                raise ConfigError(f"{name}={value!r} must be {fix}")
+
+    def replace(self, **changes: int | None) -> TranslationBatching:
+        """A copy with some fields changed (None values are ignored; validated again)."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def translation_rows(width: int, batch_size: int, batch_tokens: int, row_multiple: int = 1) -> int:
+    """Rows of a translation batch of padded source `width`: batch_size, or batch_tokens // width (at most
+    batch_size) when batch_tokens > 0; rounded down to a multiple of row_multiple, at least one multiple."""
+    rows = min(batch_size, batch_tokens // width) if batch_tokens else batch_size
+    return max(row_multiple, rows // row_multiple * row_multiple)
+
+
+def translation_widths(source_lengths: np.ndarray, batch_size: int, batch_tokens: int,
+                       buckets: Sequence[int] = TRANSLATION_BUCKETS, row_multiple: int = 1) -> np.ndarray:
+    """Each sentence's padded source width: its smallest bucket, small widths merged into wider ones.
+
+    Beyond the last bucket, widths are multiples of it. Narrowest first, a width whose sentences fill
+    at most SMALL_WIDTH_BATCHES batches of its rows joins the next wider width in use. (A width's compile
+    costs more than decoding a few batches of its sentences a little wider.)
+    """
+    bucket_widths, lengths = np.asarray(buckets, np.int64), np.asarray(source_lengths, np.int64)
+    smallest = bucket_widths[np.minimum(np.searchsorted(bucket_widths, lengths), len(buckets) - 1)]
+    widths = np.where(lengths <= buckets[-1], smallest, -(-lengths // buckets[-1]) * buckets[-1])
+    used = sorted(set(widths.tolist()))
+    for narrow, wide in zip(used, used[1:]):
+        members = widths == narrow
+        if members.sum() <= SMALL_WIDTH_BATCHES * translation_rows(narrow, batch_size, batch_tokens, row_multiple):
+            widths[members] = wide
+    return widths
+
+
+def widest_translation_width(max_len: int) -> int:
+    """The widest source a model of `max_len` positions translates (longer sources are cut to it)."""
+    return min(TRANSLATION_BUCKETS[-1], max_len)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchShapes:
+    """The global batch shapes a run's programs take, (rows, width) int32 arrays split over the mesh's rows.
+
+    Attributes:
+      train: every shape of the training batches (of one micro-batch with gradient accumulation).
+      train_keys: the arrays of a training batch (BATCH_KEYS, or PACKED_KEYS when packed).
+      dev_loss: the shapes of the dev-loss batches (always packed).
+      translation: the widest translation batch of the dev/test splits (rows, source width).
+      origin: where the shapes come from: "the corpus", or rows of data.max_length when no corpus is at hand.
+    """
+
+    train: tuple[tuple[int, int], ...]
+    train_keys: tuple[str, ...]
+    dev_loss: tuple[tuple[int, int], ...]
+    translation: tuple[int, int]
+    origin: str = "the corpus"
+
+    def describe(self) -> str:
+        """The shapes in words, e.g. 'train 40x64, 8x256; dev loss 64x128; translation 64x256 (from the corpus)'."""
+        def join(shapes: Sequence[tuple[int, int]]) -> str:
+            return ", ".join(f"{rows}x{width}" for rows, width in shapes)
+
+        return (f"train {join(self.train)}; dev loss {join(self.dev_loss)}; translation {join([self.translation])} "
+                f"(rows x tokens, from {self.origin})")
+
+
+def nominal_batch_shapes(tokens_per_batch: int, max_length: int, pack: bool, eval_batch_size: int,
+                         batching: TranslationBatching, model_max_len: int, row_multiple: int) -> BatchShapes:
+    """The shapes without a corpus: training rows of max_length, dev loss and translation at their widest."""
+    widest = widest_translation_width(model_max_len)
+    return BatchShapes(
+        train=(packed_batch_shape(tokens_per_batch, max_length, row_multiple),),
+        train_keys=PACKED_KEYS if pack else BATCH_KEYS,
+        dev_loss=((round_rows(eval_batch_size, row_multiple), round_width(max_length)),),
+        translation=(translation_rows(widest, batching.batch_size, batching.batch_tokens, row_multiple), widest),
+        origin="no corpus: rows of data.max_length",
+    )

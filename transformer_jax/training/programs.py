@@ -1,0 +1,170 @@
+"""The run builder: from a run config, a device mesh and the batch shapes, every program of the run.
+
+train.py's Trainer, eval.py, the preflight (`python -m transformer_jax.aot`) and the benchmarks build a
+run here, so they compile the same programs: `build_run` gives the model, the train state's abstract
+shapes and shardings, the jitted train step (or, with gradient accumulation, the micro-step and the
+update), the dev-loss step and the search, and lowers each of them for the run's batch shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import TYPE_CHECKING, Any, Callable
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from transformer_jax.base.sharding import abstract_with_shardings, batch_sharding, state_shardings
+from transformer_jax.config.schema import model_config as run_model_config
+from transformer_jax.decoding.options import DecodeOptions
+from transformer_jax.decoding.translate import decoding_precision, translate_rows
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer
+from transformer_jax.training.state import TrainState, create_train_state
+from transformer_jax.training.step import add_trees, apply_gradients, compute_gradients, eval_step, train_step
+
+if TYPE_CHECKING:
+    from transformer_jax.data.shapes import BatchShapes
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPrograms:
+    """One run's model, state layout and jitted programs on its mesh, and the batch shapes they take."""
+
+    config: ml_collections.ConfigDict
+    model_config: TransformerConfig
+    model: Transformer
+    mesh: Mesh
+    shapes: BatchShapes | None
+    schedule: Callable[[jax.Array], jax.Array]
+    create_state: Callable[[], TrainState]
+    shardings: Any  # NamedShardings of every leaf of the TrainState
+    abstract_state: Any  # the TrainState as ShapeDtypeStructs carrying their shardings
+    train_step: Callable  # (state, batch) -> (state, metrics); donates the state
+    micro_gradients: Callable  # (state, batch, micro_step) -> (grad sums, metric sums)
+    apply_gradients: Callable  # (state, grad sums, metric sums) -> (state, metrics); donates the state
+    add_trees: Callable  # (a, b) -> a + b; donates a
+    dev_loss_step: Callable  # (params, packed batch split over the batch axes) -> metric sums
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Micro-batches per optimizer update."""
+        return self.config.training.accumulation_steps
+
+    def init_state(self) -> TrainState:
+        """The initial state, each device materializing only its own shards."""
+        return jax.jit(self.create_state, out_shardings=self.shardings)()
+
+    def micro_steps(self) -> list[jax.Array]:
+        """The micro-step indices, placed on the devices once (the update then passes no Python scalars)."""
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        return [jax.device_put(np.int32(i), replicated) for i in range(self.accumulation_steps)]
+
+    def abstract_batch(self, rows: int, width: int, keys: tuple[str, ...]) -> dict[str, jax.ShapeDtypeStruct]:
+        """A global batch of int32 [rows, width] arrays `keys`, split over the mesh's batch axes."""
+        sharding = batch_sharding(self.mesh)
+        return {key: jax.ShapeDtypeStruct((rows, width), np.int32, sharding=sharding) for key in keys}
+
+    def lower_train(self, state: Any = None, micro_step: Any = None) -> list[tuple[str, jax.stages.Lowered]]:
+        """The update lowered for every training batch shape: the train step, or with accumulation the
+        micro-step's gradients for every shape and the update that applies their sums.
+
+        `state` and `micro_step` default to their abstract forms (compile-only devices); the Trainer passes
+        its own, so the executables it compiles are the ones its first steps find in jit's cache.
+        """
+        state = self.abstract_state if state is None else state
+        lowered = []
+        micro = micro_step if micro_step is not None else jax.ShapeDtypeStruct(
+            (), np.int32, sharding=NamedSharding(self.mesh, PartitionSpec()))
+        for rows, width in self.shapes.train:
+            batch = self.abstract_batch(rows, width, self.shapes.train_keys)
+            if self.accumulation_steps == 1:
+                lowered.append((f"train step {rows}x{width}", self.train_step.lower(state, batch)))
+            else:
+                lowered.append((f"micro-step gradients {rows}x{width}",
+                                self.micro_gradients.lower(state, batch, micro)))
+        if self.accumulation_steps > 1:
+            rows, width = self.shapes.train[0]
+            sums = jax.eval_shape(self.micro_gradients, state, self.abstract_batch(rows, width, self.shapes.train_keys),
+                                  micro)
+            lowered.append(("apply accumulated gradients", self.apply_gradients.lower(state, *sums)))
+        return lowered
+
+    def lower_dev_loss(self) -> list[tuple[str, jax.stages.Lowered]]:
+        """The dev-loss step lowered for every dev-loss batch shape (packed rows, as evaluate_loss reads them)."""
+        from transformer_jax.data.shapes import PACKED_KEYS
+
+        return [(f"dev loss {rows}x{width}",
+                 self.dev_loss_step.lower(self.abstract_state.params, self.abstract_batch(rows, width, PACKED_KEYS)))
+                for rows, width in self.shapes.dev_loss]
+
+    def search(self, options: DecodeOptions, dtype: str = "") -> tuple[Callable, TransformerConfig]:
+        """The search of a batch split over the mesh, `(params, src, rng) -> ids`, and the config it runs.
+
+        Its parameters are the run's, replicated and cast by `decoding_precision` (with the returned
+        config) for the mesh's platform: the precision is chosen here, once for the program.
+        """
+        platform = self.mesh.devices.flat[0].platform
+        _, config = decoding_precision({}, self.model_config, dtype, platform)
+        return functools.partial(translate_rows, config=config, options=options, mesh=self.mesh), config
+
+    def lower_search(self, options: DecodeOptions, dtype: str = "") -> tuple[str, jax.stages.Lowered]:
+        """The search lowered for the widest translation batch."""
+        search, _ = self.search(options, dtype)
+        platform = self.mesh.devices.flat[0].platform
+        replicated = NamedSharding(self.mesh, PartitionSpec())
+        params = jax.eval_shape(lambda p: decoding_precision(p, self.model_config, dtype, platform)[0],
+                                nn.meta.unbox(self.abstract_state.params))
+        params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), params)
+        rows, width = self.shapes.translation
+        src = jax.ShapeDtypeStruct((rows, width), np.int32, sharding=batch_sharding(self.mesh))
+        key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
+        return f"{options.describe()} {rows}x{width}", search.func.lower(params, src, key, **search.keywords)
+
+
+def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
+              shapes: BatchShapes | None = None) -> RunPrograms:
+    """Build the run `config` describes on `mesh`, for a vocabulary of `vocab_size` and batches of `shapes`
+    (None: nothing to lower ahead of time, e.g. eval.py, whose shapes come from the split it reads)."""
+    model_config = run_model_config(config, vocab_size)
+    model = Transformer(model_config)
+    training = config.training
+    schedule = paper_learning_rate(model_config.d_model, training.warmup_steps, training.learning_rate_scale)
+    optimizer = paper_optimizer(schedule, training.adam_b1, training.adam_b2, training.adam_eps,
+                                training.grad_clip_norm or None)
+
+    def create_state() -> TrainState:
+        return create_train_state(model, optimizer, training.seed)
+
+    shardings = state_shardings(mesh, jax.eval_shape(create_state))
+    batch = batch_sharding(mesh)
+    smoothing = training.label_smoothing
+
+    def micro_gradients(state: TrainState, b: dict[str, jax.Array], micro_step: jax.Array) -> tuple[Any, Any]:
+        return compute_gradients(state, b, smoothing, micro_step)
+
+    def dev_loss_step(params: Any, b: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        return eval_step(params, model.apply, b, smoothing)
+
+    return RunPrograms(
+        config=config, model_config=model_config, model=model, mesh=mesh, shapes=shapes, schedule=schedule,
+        create_state=create_state, shardings=shardings,
+        abstract_state=abstract_with_shardings(jax.eval_shape(create_state), shardings),
+        train_step=jax.jit(  # a partial, not a lambda: compile logs and events name it train_step
+            functools.partial(train_step, smoothing=smoothing),
+            in_shardings=(shardings, batch), out_shardings=(shardings, None), donate_argnums=0),
+        micro_gradients=jax.jit(micro_gradients, in_shardings=(shardings, batch, None),
+                                out_shardings=(shardings.params, None)),
+        apply_gradients=jax.jit(apply_gradients, in_shardings=(shardings, shardings.params, None),
+                                out_shardings=(shardings, None), donate_argnums=0),
+        add_trees=jax.jit(add_trees, donate_argnums=0),
+        # Laid out by its arguments: params with the state's shardings and a batch split over the batch
+        # axes (evaluate_loss with the mesh) make each device compute its own rows, the sums added across
+        # devices. No in_shardings, so whole NumPy batches on one device still work.
+        dev_loss_step=jax.jit(dev_loss_step),
+    )
