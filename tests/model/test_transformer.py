@@ -39,7 +39,7 @@ def test_parameter_counts_match_the_paper():
     assert big == closed_form_count(37000, 6, 1024, 4096) == 214_226_944
     assert abs(big / 213e6 - 1) < 0.02
     # The paper's "65M" for base is not reachable within 2% with a 37,000 vocabulary: the
-    # architecture it describes has 63.07M (-2.96%); see the README's "Parameter counts".
+    # architecture it describes has 63.07M (-2.96%); see docs/modules.md, "Model size against the paper".
     assert abs(base / 65e6 - 1) < 0.03
 
 

@@ -151,7 +151,7 @@ def readme_section(readme: str) -> str | None:
 def updated_readme(readme: str) -> str:
     """`readme` with the section between the markers replaced by the generated table."""
     if readme_section(readme) is None:
-        raise ValueError(f"README has no {START_MARKER} ... {END_MARKER} section")
+        raise ValueError(f"the file has no {START_MARKER} ... {END_MARKER} section")
     pattern = re.escape(START_MARKER) + r"\n.*?" + re.escape(END_MARKER)
     return re.sub(pattern, lambda _: f"{START_MARKER}\n{markdown_table()}{END_MARKER}", readme, flags=re.S)
 

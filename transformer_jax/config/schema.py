@@ -1,7 +1,7 @@
 """The full set of run settings with their defaults; the files in configs/ override them.
 
 Every key is documented here: by the comment beside its assignment (or the lines just above it),
-and model keys by TransformerConfig's docstring. The README's configuration reference is generated
+and model keys by TransformerConfig's docstring. docs/configuration.md's reference table is generated
 from these (`python -m transformer_jax.config.reference`) and a test fails when the two differ.
 Overriding a key that does not exist fails at start-up.
 """

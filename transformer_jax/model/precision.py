@@ -6,7 +6,7 @@ both operands (weights included) to float32 at every call, which makes a bfloat1
 CPU than a float32 one. With `TransformerConfig.float32_dot_outputs` the model's matmuls ask for the
 float32 result and round it: the same values up to summation order, at bfloat16 speed on CPUs.
 With it, the decoding caches (read by batched matmuls, which XLA:CPU has no native bfloat16 form
-of) are float32 too. Decoding on CPUs turns it on (`decoding.cache.decoding_config`); accelerators
+of) are float32 too. Decoding on CPUs turns it on (`decoding.translate.decoding_precision`); accelerators
 keep the model's dtypes (bfloat16 caches take half the memory); training leaves it off (remat='dots'
 would then keep float32 copies of the projection outputs).
 """
