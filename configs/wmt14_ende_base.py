@@ -11,7 +11,7 @@ Data:     prepare once with `tfds build wmt14_translate/de-en --file_format=arra
           --config.data.tfds_data_dir if it is not in the TFDS default location.
 """
 
-from transformer_jax.run.config_schema import default_config
+from transformer_jax.config.schema import default_config
 
 
 def get_config():

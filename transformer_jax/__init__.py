@@ -1,15 +1,18 @@
 """transformer_jax: the Transformer of "Attention Is All You Need" as reusable Flax modules.
 
-The package, by what a reader comes for:
-  model/       the paper's modules (attention, masks, embeddings, positions, layers, stacks, Transformer)
-  decoding/    greedy, sampling and beam search over the key/value cache
-  data/        corpora, SentencePiece, batching; the built-in synthetic corpus in data/builtin/
-  training/    loss, schedule and Adam, train step, the loop, checkpoints
-  evaluation/  SacreBLEU/chrF, translating splits, checkpoint selection and averaging, plots
-  export/      a trained model for other runtimes (CTranslate2)
-  run/         run config schema and reference, CLI helpers, device mesh
-  aot/         compiling a run for TPU topologies on a host without them
+The package, by what a reader comes for (floors, lowest first: a folder imports only folders below it):
   errors.py    UserError, the root of every error a user can cause
+  base/        files, console, device mesh and shardings, a run directory's layout, compilation cache
+  model/       the paper's modules (attention, masks, embeddings, positions, layers, stacks, Transformer)
+  decoding/    search settings, the key/value cache, greedy, sampling and beam search, decoding precision
+  data/        corpora, SentencePiece, batch shapes and batches; the built-in synthetic corpus in data/builtin/
+  config/      every run setting with its default and checks, and the reference generated from it
+  checkpoints/ Orbax save/restore, integrity checks, choosing and averaging checkpoints
+  training/    loss, schedule and Adam, train step, the run builder (programs.py), the loop
+  evaluation/  SacreBLEU/chrF, translating splits, plots
+  export/      a trained model for other runtimes (CTranslate2)
+  cli/         what train.py, eval.py and the preflight share: flags, one-line errors, the run lock
+  aot/         compiling a run for TPU topologies and GPUs on a host without them
 
 Importing this package loads only JAX and Flax: the training and evaluation stacks load when used.
 """
@@ -17,7 +20,7 @@ Importing this package loads only JAX and Flax: the training and evaluation stac
 from transformer_jax.decoding.beam_search import beam_search
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.sampling import greedy_decode, sample_decode
-from transformer_jax.decoding.translate import translate_batch
+from transformer_jax.decoding.translate import decoding_precision, translate_batch
 from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.model.attention import (
     DECODING_COLLECTIONS,
@@ -64,6 +67,7 @@ __all__ = [
     "beam_search",
     "causal_mask",
     "combine_masks",
+    "decoding_precision",
     "greedy_decode",
     "padding_mask",
     "sample_decode",
