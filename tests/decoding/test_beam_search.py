@@ -11,7 +11,7 @@ import pytest
 
 from transformer_jax.model.special_tokens import BOS_ID, EOS_ID
 from transformer_jax.decoding.beam_search import beam_search, beam_search_loop, best_extensions
-from transformer_jax.decoding.cache import StepState
+from transformer_jax.decoding.step import StepState
 from transformer_jax.decoding.sampling import greedy_choice, token_loop
 from transformer_jax.model.masks import PAD_ID
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from transformer_jax.decoding.beam_search import beam_search
-from transformer_jax.decoding.cache import cached_step
+from transformer_jax.decoding.step import cached_step
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.sampling import sample_decode
 from transformer_jax.decoding.translate import decoding_precision, translate_batch

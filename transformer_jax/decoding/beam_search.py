@@ -1,7 +1,7 @@
 """Beam search (paper section 6.1): N hypotheses per sentence, GNMT length penalty, early stopping.
 
 The loop knows nothing of the model: it drives a `step_fn(tokens, state) -> (log_probs, state)`
-(decoding/cache.py) inside one jitted `jax.lax.while_loop` that stops as soon as no sentence can
+(decoding/step.py) inside one jitted `jax.lax.while_loop` that stops as soon as no sentence can
 improve. Hypothesis n of sentence b is row b*N + n of every per-hypothesis array (on the axis the
 StepState names).
 
@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.decoding.cache import (
+from transformer_jax.decoding.step import (
     NEG_INF,
     StepFn,
     StepState,

@@ -8,7 +8,7 @@ from typing import Any, Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from transformer_jax.decoding.cache import (
+from transformer_jax.decoding.step import (
     NEG_INF,
     StepFn,
     cached_step,

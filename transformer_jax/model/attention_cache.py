@@ -1,7 +1,7 @@
 """The decoding cache of multi-head attention: its collections, its layout and a step's attention on it.
 
 MultiHeadAttention (attention.py) keeps its decoding state here when built with `decode=True`;
-decoding/cache.py drives it. Shapes: B sentences, N hypotheses (beams) per sentence, H heads,
+decoding/step.py drives it. Shapes: B sentences, N hypotheses (beams) per sentence, H heads,
 K head dim, S keys, L positions.
 """
 

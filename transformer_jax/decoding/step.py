@@ -1,4 +1,6 @@
-"""The Transformer's decoding step, with its key/value cache, and the full-prefix reference step.
+"""The Transformer's decoding step against its key/value cache, and the full-prefix reference step.
+
+The cache itself (its collections, layouts and chunks) lives in model/attention_cache.py.
 
 A step function `step_fn(tokens [B*N, 1], state) -> (log_probs [B*N, V], state)` is what the search
 loops (sampling.py, beam_search.py) drive; its `StepState` keeps what is per hypothesis (reordered by

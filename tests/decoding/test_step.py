@@ -12,7 +12,7 @@ from flax import traverse_util
 from transformer_jax import Transformer, TransformerConfig
 from transformer_jax.model.special_tokens import BOS_ID, EOS_ID
 from transformer_jax.decoding.beam_search import beam_search
-from transformer_jax.decoding.cache import cached_step, reorder_hypotheses
+from transformer_jax.decoding.step import cached_step, reorder_hypotheses
 from transformer_jax.decoding.sampling import greedy_decode
 from transformer_jax.model.attention_cache import history_chunks
 from transformer_jax.model.stacks import scanned_layout
