@@ -25,7 +25,8 @@ test: $(VENV)/.installed $(VENV)/.tpu
 demo: $(VENV)/.installed
 	$(PY) train.py --config=configs/demo.py --workdir=runs/demo
 
-# Not one of the two set-up commands: the benchmark harness, with the PyTorch peer (see BENCHMARKS.md).
+# Not one of the two set-up commands: the benchmark harness's default sections, with the PyTorch peer; the
+# figures go to benchmarks/results/ (see BENCHMARKS.md and benchmarks/results/INDEX.md).
 bench: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[bench]'
-	$(PY) benchmarks/run.py --json benchmarks/results.json
+	$(PY) -m benchmarks.run --json benchmarks/results/bench-$$(date +%F).json

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from transformer_jax.model.config import TransformerConfig
+from transformer_jax import TransformerConfig
 
 
 class PeerTransformer(nn.Module):

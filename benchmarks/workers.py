@@ -1,29 +1,38 @@
-"""Contenders of the train-step comparison, each in its own process, driven alternately.
+"""Contenders in worker processes, driven alternately; and the command that starts a section's worker.
 
 Running PyTorch and JAX in one process slows whichever runs second (measured: our base step went from
 2.93 to 3.27 s once the peer had run in the same process), so each contender lives in a worker
 process that waits on a pipe while the other one runs: the same machine, the same run, alternating
-rounds, and no shared allocator or thread pools.
+rounds, and no shared allocator or thread pools. Sections also start workers to fix what JAX fixes
+at start-up (CPU device counts, platforms, several processes).
 """
 
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 PREFIX = "@@ "  # marks protocol lines on the worker's stdout (libraries may print there too)
+
+
+def worker_command(section: str, spec: dict[str, Any]) -> list[str]:
+    """`python -m benchmarks.run` running `section`'s `worker(spec)` in a new process (run it from REPO, or
+    with REPO on PYTHONPATH)."""
+    return [sys.executable, "-m", "benchmarks.run", f"--worker={section}", f"--worker_spec={json.dumps(spec)}"]
 
 
 class Worker:
     """The client side: start a worker, time steps on it, read its peak memory."""
 
-    def __init__(self, command: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, command: list[str], env: dict[str, str] | None = None, cwd: str | pathlib.Path = REPO) -> None:
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
-                                        env=env)
+                                        env=env, cwd=cwd)
         self.ready = self._reply()  # {"compile_s": ...} once built, compiled and warmed up
 
     def _reply(self) -> dict[str, Any]:

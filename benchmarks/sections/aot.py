@@ -1,16 +1,15 @@
-"""The TPU and GPU table of BENCHMARKS.md and the README: the paper's models compiled for real TPU topologies
-and NVIDIA GPUs on a CPU host.
+"""The TPU and GPU table of BENCHMARKS.md: the paper's models compiled for TPU topologies and NVIDIA GPUs on a
+CPU host (`--aot_models`, `--aot_topologies`; h100 and h100-8 need JAX's CUDA plugin, see docs/scaling.md).
 
-  python benchmarks/aot_table.py [--models base,big] [--topologies v5e-8,v5e-256,...] [--json PATH]
-  JAX_PLATFORMS=cpu python benchmarks/aot_table.py --topologies h100,h100-8   # needs jax[cuda12] (see README)
-
-For each (model, topology): configs/wmt14_ende_<model>.py's train step compiled by libtpu (the `tpu`
-extra; for GPUs, by JAX's CUDA plugin from the GPU's stored target config) at the paper's batch,
-~25,000 target tokens per update (or one 256-token row per device where
-the topology has more devices than that batch has rows), on a data-parallel mesh (an fsdp mesh when
-that does not fit). A second compile at twice the rows per device gives the activation memory per
-row, from which the largest per-device batch that fits is extrapolated (linear in rows; labelled as
-such). Speeds are rooflines (see transformer_jax/aot/report.py), not measurements.
+For each (model, topology): configs/wmt14_ende_<model>.py's train step compiled by libtpu (the `tpu` extra;
+for GPUs, by JAX's CUDA plugin from the GPU's stored target config) at the paper's batch, ~25,000 target
+tokens per update (or one 256-token row per device where the topology has more devices than that batch
+has rows), on a data-parallel mesh (an fsdp mesh when that does not fit), through `compile_run`, the
+preflight's (`python -m transformer_jax.aot`) compile of the run builder's programs. A second compile at
+twice the rows per device gives the activation memory per row, from which the largest per-device batch
+that fits is extrapolated (linear in rows; labelled as such). Speeds are rooflines
+(transformer_jax/aot/report.py), not measurements. Each compile takes minutes on 2 cores. Runs in a
+worker process on JAX's CPU platform (compile-only devices, never a local accelerator).
 """
 
 from __future__ import annotations
@@ -20,32 +19,30 @@ import importlib.util
 import json
 import os
 import pathlib
-import sys
+import subprocess
+import tempfile
 import time
+from typing import Any
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import ml_collections
 
-from transformer_jax.aot.compile import compile_run  # noqa: E402
-from transformer_jax.aot.report import PAPER_TOKENS_PER_STEP, table, verdict  # noqa: E402
-from transformer_jax.aot.topology import describe, mesh_for  # noqa: E402
-
-TOPOLOGIES = ("v5e-8", "v5e-256", "v4-128", "v5p-128", "v6e-64")
+from benchmarks.workers import REPO, worker_command
+from transformer_jax.aot import PAPER_TOKENS_PER_STEP, Topology, compile_run, describe, mesh_for, table, verdict
 
 
-def load_config(model: str):
+def load_config(model: str) -> ml_collections.ConfigDict:
     """configs/wmt14_ende_<model>.py's run config."""
-    path = ROOT / "configs" / f"wmt14_ende_{model}.py"
+    path = REPO / "configs" / f"wmt14_ende_{model}.py"
     spec = importlib.util.spec_from_file_location(f"wmt14_ende_{model}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config()
 
 
-def compile_at(config, topology, rows_per_device: int, fsdp: int, seconds: list[float]):
-    """The train step's verdict at `rows_per_device` rows of data.max_length tokens; appends its compile time."""
+def compile_at(config: ml_collections.ConfigDict, topology: Topology, rows_per_device: int, fsdp: int,
+               seconds: list[float]) -> tuple[Any, Any, Any, Any]:
+    """The train step's (mesh, shapes, programs, verdict) at `rows_per_device` rows of data.max_length tokens;
+    appends its compile time to `seconds`."""
     started = time.perf_counter()
     mesh = mesh_for(topology, -1, fsdp)
     config.data.tokens_per_batch = rows_per_device * mesh.size * config.data.max_length
@@ -55,7 +52,7 @@ def compile_at(config, topology, rows_per_device: int, fsdp: int, seconds: list[
     return mesh, shapes, programs, verdict(shapes, programs, topology, config.training.accumulation_steps)
 
 
-def row(model: str, topology_name: str) -> tuple[dict, str]:
+def row(model: str, topology_name: str) -> tuple[dict[str, Any], str]:
     """Compile one (model, topology) at the paper's batch and at twice its rows; the table's figures and the
     report of the paper-batch train step (as `python -m transformer_jax.aot` prints it, less dev loss and decoding)."""
     topology = describe(topology_name)
@@ -63,7 +60,7 @@ def row(model: str, topology_name: str) -> tuple[dict, str]:
     devices = len(topology.devices)
     paper_rows = max(1, PAPER_TOKENS_PER_STEP // config.data.max_length // devices)
     started = time.perf_counter()
-    seconds = []
+    seconds: list[float] = []
     for fsdp in (1, devices):
         mesh, shapes, programs, result = compile_at(config, topology, paper_rows, fsdp, seconds)
         if result.fits:
@@ -91,14 +88,15 @@ def row(model: str, topology_name: str) -> tuple[dict, str]:
     }, report + ("\nfits" if result.fits else "\ndoes not fit")
 
 
-def markdown(rows: list[dict]) -> str:
+def markdown(rows: list[dict[str, Any]]) -> str:
     """The table as Markdown."""
     lines = ["| model | topology | chips / hosts | mesh | tokens per update (rows/device) | peak memory per device "
              "| XLA / analytic TFLOP | collectives (train step) | roofline ms per update (compute, memory) "
              "| tokens/s | paper 100k steps | largest rows/device (extrapolated) |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        collectives = ", ".join(f"{op} ×{count} ({size / 1e9:.2f} GB)" for op, (count, size) in sorted(r["collectives"].items()))
+        collectives = ", ".join(f"{op} ×{count} ({size / 1e9:.2f} GB)"
+                                for op, (count, size) in sorted(r["collectives"].items()))
         where = r["type"] if r["type"] == r["topology"] else f"{r['type']} ({r['topology']})"
         lines.append(
             f"| {r['model']} | {where} | {r['chips']} / {r['hosts']} | {r['mesh']} "
@@ -109,28 +107,30 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="base,big")
-    parser.add_argument("--topologies", default=",".join(TOPOLOGIES))
-    parser.add_argument("--json", default=None, help="append each row to this JSON-lines file")
-    parser.add_argument("--reports", default=None,
-                        help="write each row's report to this path, {model} and {topology} filled in")
-    args = parser.parse_args()
+def worker(spec: dict[str, Any]) -> None:
+    """Every (model, topology) of spec, each row's report printed (and written where spec["reports"] says);
+    the rows to spec["json"]."""
     rows = []
-    for model in args.models.split(","):
-        for topology in args.topologies.split(","):
+    for model in spec["models"]:
+        for topology in spec["topologies"]:
             figures, report = row(model, topology)
             rows.append(figures)
             print(report, flush=True)
-            print(json.dumps(rows[-1]), flush=True)
-            if args.reports:
-                pathlib.Path(args.reports.format(model=model, topology=topology)).write_text(report + "\n")
-            if args.json:
-                with open(args.json, "a") as f:
-                    f.write(json.dumps(rows[-1]) + "\n")
+            print(json.dumps(figures), flush=True)
+            if spec["reports"]:
+                pathlib.Path(spec["reports"].format(model=model, topology=topology)).write_text(report + "\n")
     print(markdown(rows))
+    with open(spec["json"], "w") as f:
+        json.dump(rows, f)
 
 
-if __name__ == "__main__":
-    main()
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The table's rows, compiled in a worker on the CPU platform."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_SKIP_CUDA_CONSTRAINTS_CHECK="1")
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(scratch, "aot.json")
+        spec = {"models": args.aot_models.split(","), "topologies": args.aot_topologies.split(","),
+                "reports": args.aot_reports, "json": path}
+        subprocess.run(worker_command("aot", spec), cwd=REPO, env=env, check=True)
+        with open(path) as f:
+            return json.load(f)

@@ -10,6 +10,7 @@ the corpus) -> `translation_batches` (a split's sentences in batches by source l
 
 from transformer_jax.data.batching import BatchIterator, eval_batches, restore_order
 from transformer_jax.data.encoded import EncodedPairs, Ragged, encode_pairs
+from transformer_jax.data.row_width import choose_packed_rows
 from transformer_jax.data.pipeline import EvalSet, RunData, eval_set, load_run_splits, prepare_data
 from transformer_jax.data.shapes import BatchShapes, TranslationBatching, nominal_batch_shapes
 from transformer_jax.data.sources import Pair, load_splits, read_lines
@@ -17,6 +18,6 @@ from transformer_jax.data.tokenizer import Tokenizer, train_tokenizer
 
 __all__ = [
     "BatchIterator", "BatchShapes", "EncodedPairs", "EvalSet", "Pair", "Ragged", "RunData", "Tokenizer",
-    "TranslationBatching", "encode_pairs", "eval_batches", "eval_set", "load_run_splits", "load_splits",
+    "TranslationBatching", "choose_packed_rows", "encode_pairs", "eval_batches", "eval_set", "load_run_splits", "load_splits",
     "nominal_batch_shapes", "prepare_data", "read_lines", "restore_order", "train_tokenizer",
 ]

@@ -37,7 +37,7 @@ loaded machine, 2 alternating rounds) for 189 vs 215 GFLOP and 4.7M vs 37.7M sco
 FLOP-equivalents per score; the same model on a real 12-token corpus ran 22% faster with rows of 96
 than of 256 tokens, about 1,000. The elementwise passes over [rows, heads, W, W] (masks, softmax and
 their gradients) run far below the matmul rate. 2,000 sits between the two; the choice is flat near
-its optimum, and benchmarks/run.py --sections widths checks it against real steps.
+its optimum, and python -m benchmarks.run --sections widths checks it against real steps.
 """
 
 from __future__ import annotations

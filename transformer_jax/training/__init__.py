@@ -24,17 +24,18 @@ from transformer_jax.training.step import eval_step, train_step
 _NEED_TRAIN_EXTRA = {
     "RunPrograms": "transformer_jax.training.programs", "build_run": "transformer_jax.training.programs",
     "evaluate_loss": "transformer_jax.training.dev_loss", "Trainer": "transformer_jax.training.loop",
+    "StopAgreement": "transformer_jax.training.preemption", "StopFlag": "transformer_jax.training.preemption",
 }
 
 
 def __getattr__(name: str) -> Any:
-    """The builder, dev loss and Trainer, imported when first asked for."""
+    """The builder, dev loss, preemption flags and Trainer, imported when first asked for."""
     if name in _NEED_TRAIN_EXTRA:
         return getattr(importlib.import_module(_NEED_TRAIN_EXTRA[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 __all__ = [
-    "RunPrograms", "TrainState", "Trainer", "build_run", "create_train_state", "eval_step", "evaluate_loss",
+    "RunPrograms", "StopAgreement", "StopFlag", "TrainState", "Trainer", "build_run", "create_train_state", "eval_step", "evaluate_loss",
     "label_smoothed_cross_entropy", "paper_learning_rate", "paper_optimizer", "train_step",
 ]
