@@ -118,7 +118,10 @@ def test_every_train_and_eval_flag_in_the_docs_exists():
               "nodes", "ntasks", "gpus",  # srun
               "xla_force_host_platform_device_count", "xla_gpu_deterministic_ops"}  # XLA_FLAGS
     aot = script_flags("transformer_jax/aot/__main__.py")  # python -m transformer_jax.aot
-    known = script_flags("train.py") | script_flags("eval.py") | aot | others
+    # python -m benchmarks.run: its argparse options.
+    bench = set(re.findall(r"add_argument\(\s*\"--(\w+)\"", (ROOT / "benchmarks" / "run.py").read_text()))
+    assert "sections" in bench
+    known = script_flags("train.py") | script_flags("eval.py") | aot | bench | others
     for path, text in doc_pages():
         named = set(re.findall(r"(?<![\w-])--(\w+)", text))
         assert named - known == set(), f"{path.name} names flags that no script defines: {sorted(named - known)}"
