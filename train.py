@@ -64,7 +64,7 @@ def main(argv: list[str]) -> None:
     quiet_console()
     use_compilation_cache(_COMPILATION_CACHE.value)
     stage = ["nothing; training had not started (its own Ctrl-C saves a checkpoint and stops)"]
-    with user_errors(), interrupts_reported(lambda: stage[0]):
+    with user_errors(), interrupts_reported(lambda: stage[0], terminated_exit=0):  # SIGTERM: a rerun resumes
         config, workdir = _CONFIG.value, _WORKDIR.value
         check_run_config(config)  # before any work, so a bad value leaves no trace in the workdir
         if _MULTIHOST.value:

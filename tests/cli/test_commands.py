@@ -274,3 +274,39 @@ def test_resuming_with_another_device_count_or_batch_size_is_one_error_and_chang
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
+
+
+def test_sigterm_outside_the_loop_stops_with_one_line_and_the_chosen_status():
+    """SIGTERM wherever the command is (not only in the training loop) unwinds: one line, no traceback."""
+    from transformer_jax.cli import commands
+
+    for terminated_exit, hint in ((0, True), (commands.TERMINATED_EXIT, False)):
+        before = signal.getsignal(signal.SIGTERM)
+        with pytest.raises(SystemExit) as stopped:
+            with commands.interrupts_reported(lambda: "nothing was written", terminated_exit):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)  # the handler interrupts this
+        assert stopped.value.code == terminated_exit
+        assert signal.getsignal(signal.SIGTERM) is before  # the handler it replaced is back
+
+
+def test_sigterm_during_data_preparation_releases_the_lock_and_a_rerun_finishes(tmp_path):
+    from runs import run_script, start_script
+    from transformer_jax.base import workdir as layout
+
+    config, workdir = write_config(tmp_path), tmp_path / "run"
+    process = start_script("train.py", f"--config={config}", f"--workdir={workdir}")
+    lock = workdir / layout.LOCK
+    deadline = time.time() + 120
+    while not lock.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)  # the lock is taken: train.py is preparing the data
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("stopped by SIGTERM: nothing; training had not started") and "resumes" in last
+    assert not lock.exists()
+    assert not list(workdir.glob("**/*.new.*")) and not (workdir / layout.CHECKPOINTS).exists()
+    rerun = run_script("train.py", f"--config={config}", f"--workdir={workdir}")
+    assert rerun.returncode == 0 and "test SacreBLEU" in rerun.stdout, rerun.stderr[-3000:]

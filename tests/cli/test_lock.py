@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 import logging
 import subprocess
 import sys
@@ -155,3 +156,22 @@ def test_every_process_of_a_multi_process_job_is_refused_on_an_owned_workdir(tmp
         assert_one_line_error(result, "is in use by another training job",
                               "host another-host, pid 7" if index == 0 else "process 0 names it")
     assert sorted(p.name for p in workdir.iterdir()) == [layout.LOCK]
+
+
+def test_the_lock_works_where_hard_links_are_refused(tmp_path, monkeypatch):
+    """gcsfuse and some network filesystems refuse os.link: the lock is then created with O_EXCL."""
+    def refuse(*args, **kwargs):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", refuse)
+    first = RunLock(str(tmp_path))
+    first.acquire()
+    assert read_owner(str(tmp_path / layout.LOCK)) == first.owner
+    with pytest.raises(WorkdirLockedError):
+        RunLock(str(tmp_path)).acquire()
+    first.release()
+    assert not (tmp_path / layout.LOCK).exists() and not list(tmp_path.glob("run.lock.new*"))
+    second = RunLock(str(tmp_path))
+    second.acquire()
+    assert read_owner(str(tmp_path / layout.LOCK)) == second.owner
+    second.release()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 import traceback
 from typing import Callable, Iterator
@@ -19,6 +20,8 @@ from transformer_jax.cli.lock import owning
 USER_ERROR_EXIT = 2
 # Exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it).
 INTERRUPTED_EXIT = 130
+# Exit status of a command stopped by SIGTERM, unless a rerun resumes it (train.py: 0).
+TERMINATED_EXIT = 143
 
 
 @contextlib.contextmanager
@@ -163,11 +166,33 @@ def training_workdir(workdir: str) -> Iterator[None]:
         raise
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived outside the training loop (which saves a checkpoint and stops by itself)."""
+
+
+def _raise_terminated(signal_number: int, frame: object) -> None:
+    raise Terminated()
+
+
 @contextlib.contextmanager
-def interrupts_reported(finished: Callable[[], str]) -> Iterator[None]:
-    """Ctrl-C (SIGINT) ends the command with one line saying what was finished and exit status 130."""
+def interrupts_reported(finished: Callable[[], str], terminated_exit: int = TERMINATED_EXIT) -> Iterator[None]:
+    """Ctrl-C (SIGINT) and SIGTERM end the command with one line saying what was finished.
+
+    Ctrl-C exits with status 130. SIGTERM (what a preempted VM or a cluster scheduler sends) stops the
+    command wherever it is (start-up, data preparation, compiling, translating) with `terminated_exit`:
+    train.py passes 0, as a rerun of the same command resumes. The training loop takes SIGTERM over
+    while it runs (it saves a checkpoint and stops at a step boundary), then gives it back. Unwinding
+    releases the run lock; every file is written atomically, so nothing is left half written.
+    """
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         yield
     except KeyboardInterrupt:
         print(f"interrupted: {finished()}", file=sys.stderr)
         sys.exit(INTERRUPTED_EXIT)
+    except Terminated:
+        resumes = "; the same command resumes the run" if terminated_exit == 0 else ""
+        print(f"stopped by SIGTERM: {finished()}{resumes}", file=sys.stderr)
+        sys.exit(terminated_exit)
+    finally:
+        signal.signal(signal.SIGTERM, previous)

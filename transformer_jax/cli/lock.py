@@ -8,7 +8,8 @@ only reads, and a reading Checkpointer never removes or writes checkpoint files.
 What is guaranteed where:
 
 * Creating the lock is atomic and exclusive. Locally (and on NFS) the content is written to a
-  temporary file first and `os.link`ed to `run.lock`, which fails when the name exists; on `gs://`
+  temporary file first and `os.link`ed to `run.lock`, which fails when the name exists; where hard
+  links are refused (gcsfuse, some network filesystems) `run.lock` is created with O_EXCL instead; on `gs://`
   the object is uploaded with the precondition `ifGenerationMatch=0` (gcsfs `mode="create"`), which
   Cloud Storage rejects when the object exists. So of two jobs starting together exactly one wins.
   (An existing lock is read before creating one, so a second job is refused even on a store that
@@ -139,6 +140,8 @@ def _create_exclusively(path: str, content: str) -> bool:
             return True
         except FileExistsError:
             return False
+        except OSError:  # no hard links here (gcsfuse, some network filesystems): an exclusive create
+            return _create_with_o_excl(path, content)
         finally:
             os.unlink(temporary)
     import fsspec
@@ -151,6 +154,23 @@ def _create_exclusively(path: str, content: str) -> bool:
         return False
 
 
+def _create_with_o_excl(path: str, content: str) -> bool:
+    """Create `path` with O_CREAT | O_EXCL where hard links are refused; True when this call created it.
+
+    Exclusive on local disks and on gcsfuse (which creates the object only if absent). Unlike the linked
+    lock, its content is written after the name exists: a job starting in that instant would read it as
+    cut short and take it over, so on such filesystems two jobs started within milliseconds of each
+    other are not told apart.
+    """
+    try:
+        descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(descriptor, "w") as f:
+        f.write(content)
+    return True
+
+
 def _remove_if_still(path: str, stale: Owner) -> None:
     """Remove lock `path` if it still holds `stale`'s token (another job may have just taken it over)."""
     if is_local(path):
@@ -160,8 +180,12 @@ def _remove_if_still(path: str, stale: Owner) -> None:
         except FileNotFoundError:
             return
         if read_owner(moved) != stale:  # a live lock taken over an instant ago: put it back
-            with contextlib.suppress(FileExistsError):
+            try:
                 os.link(moved, path)
+            except FileExistsError:
+                pass
+            except OSError:  # no hard links here: the same content, created exclusively
+                _create_with_o_excl(path, read_text(moved))
         os.unlink(moved)
         return
     if read_owner(path) == stale:
