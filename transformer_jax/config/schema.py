@@ -60,6 +60,7 @@ def default_config() -> ml_collections.ConfigDict:
     data.pack = True  # pack several pairs per row (segment ids); False: length buckets (more shapes, more padding)
     data.row_width = 0  # packed rows' width in tokens (0 = chosen from the corpus; longer pairs get rows of their own)
     data.eval_batch_size = _BATCHING.batch_size  # sentences per dev/test batch (rows, padded)
+    data.prefetch_batches = 2  # training batches built and placed on the devices in the background, ahead of the step (0: between steps)
 
     config.training = training = ml_collections.ConfigDict()
     training.num_train_steps = 100_000  # optimizer updates
@@ -105,7 +106,7 @@ POSITIVE_SETTINGS = {
     "mesh": ("fsdp",),
 }
 NON_NEGATIVE_SETTINGS = {
-    "data": ("row_width",),
+    "data": ("row_width", "prefetch_batches"),
     "training": ("eval_every", "bleu_every", "dev_bleu_sentences", "grad_clip_norm", "label_smoothing"),
     "eval": ("max_extra_length", "batch_tokens"),
 }

@@ -25,6 +25,7 @@ from transformer_jax.errors import ConfigError, TrainingError
 from transformer_jax.training.dev_loss import evaluate_loss
 from transformer_jax.training.log_window import LogWindow
 from transformer_jax.training.periodic_eval import PeriodicEval
+from transformer_jax.training.prefetch import Prefetcher
 from transformer_jax.training.preemption import StopAgreement, StopFlag
 from transformer_jax.training.programs import build_run
 from transformer_jax.training.state import TrainState
@@ -65,6 +66,7 @@ class Trainer:
         self.model_config, self.schedule = self.programs.model_config, self.programs.schedule
         self.state, self.shardings = self.programs.init_state(), self.programs.shardings
         self.micro_steps = self.programs.micro_steps()
+        self.input: Prefetcher | None = None  # started by the first update (after a resume sets the position)
         self.checkpointer = Checkpointer(
             layout.run_path(workdir, layout.CHECKPOINTS), config.training.keep_checkpoints,
             *best_metric_for(config.training.bleu_every),
@@ -81,6 +83,7 @@ class Trainer:
         if restored is None:
             return 0, []
         step, self.state, data_state, meta = restored
+        self.stop_input()  # batches read ahead belong to the position being replaced
         self.data.train.set_state(data_state)
         say(f"resumed from {self.checkpointer.directory}/{step}")
         return step, meta.get("open_window", [])
@@ -107,14 +110,34 @@ class Trainer:
             return metrics
 
     def _next_global_batch(self) -> dict[str, jax.Array]:
-        """The next batch, placed on the mesh: the intended host-to-device copy, allowed by name.
+        """The next batch on the mesh: built and placed `data.prefetch_batches` ahead in the background (0:
+        built here, between steps)."""
+        depth = self.config.data.get("prefetch_batches", 0)
+        if not depth:
+            return self._place(next(self.data.train))
+        if self.input is None:
+            self.input = Prefetcher(self.data.train, self._place, depth)
+        return next(self.input)
+
+    def _place(self, local: dict[str, Any]) -> dict[str, jax.Array]:
+        """This process's rows placed on the mesh: the intended host-to-device copy, allowed by name.
 
         (With several processes the placement uses make_array_from_process_local_data, which the
         transfer guard counts as implicit.)
         """
-        local = next(self.data.train)
         with jax.transfer_guard_host_to_device("allow"):
             return global_batch(local, self.mesh)
+
+    def input_state(self) -> dict[str, Any]:
+        """The training iterator's position after the last batch a step consumed (what a checkpoint records)."""
+        return self.input.state() if self.input is not None else self.data.train.get_state()
+
+    def stop_input(self) -> None:
+        """Stop reading ahead; the iterator is left after the last batch a step consumed."""
+        if self.input is not None:
+            self.input.close()
+            self.data.train.set_state(self.input.state())
+            self.input = None
 
     def compile_steps(self) -> list[tuple[int, int]]:
         """Compile the update for every batch shape of the training data, before the first step; returns them.
@@ -152,7 +175,7 @@ class Trainer:
         self.last_saved_step = step
         open_window = [{k: float(v) for k, v in m.items()} for m in jax.device_get(window)]
         meta = {"model_config": dataclasses.asdict(self.model_config), "open_window": open_window}
-        if not self.checkpointer.save(step, self.state, self.data.train.get_state(), meta, metrics):
+        if not self.checkpointer.save(step, self.state, self.input_state(), meta, metrics):
             logging.error("parameters at step %d are not finite: checkpoint not written", step)
 
     def newest_checkpoint(self) -> int | None:
@@ -208,10 +231,12 @@ class Trainer:
             self.save(step, window.step_metrics)
         finally:
             stop.uninstall()
+            self.stop_input()
             window.finish()
             self.checkpointer.wait()
         return self.state
 
     def close(self) -> None:
-        """Finish pending checkpoint writes and release the checkpoint manager."""
+        """Stop reading ahead, finish pending checkpoint writes and release the checkpoint manager."""
+        self.stop_input()
         self.checkpointer.close()
