@@ -12,9 +12,7 @@
 
 from absl import app, flags
 
-from transformer_jax.base import make_mesh, set_cpu_devices
-from transformer_jax.base.compile_cache import default_cache_dir, use_compilation_cache
-from transformer_jax.base.console import quiet_console
+from transformer_jax.base import default_cache_dir, make_mesh, quiet_console, set_cpu_devices, use_compilation_cache
 from transformer_jax.checkpoints import checkpoint_params, open_run, select_steps, write_params
 from transformer_jax.cli import interrupts_reported, parse_flags, user_errors
 from transformer_jax.config import decode_options, decoding_dtype, translation_batching
@@ -89,7 +87,7 @@ def main(argv: list[str]) -> None:
         if _CURVES.value or _POSITIONS.value or {_ATTENTION.value, _ATTENTION_TARGET.value} != {None}:
             for path in write_figures(_WORKDIR.value, _CHECKPOINT.value, decoding_options, attention=_ATTENTION.value,
                                       attention_target=_ATTENTION_TARGET.value,
-                                      positional_encoding=_POSITIONS.value, curves=_CURVES.value):
+                                      positional_encoding=_POSITIONS.value, curves=_CURVES.value, dtype=_DTYPE.value):
                 print(f"wrote {path}")
             return
         target = export_target(_EXPORT.value) if _EXPORT.value else None  # checked before any work

@@ -8,9 +8,8 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
+from transformer_jax.base import default_cache_dir, quiet_console, use_compilation_cache
 from transformer_jax.base import workdir as layout
-from transformer_jax.base.compile_cache import default_cache_dir, use_compilation_cache
-from transformer_jax.base.console import quiet_console
 from transformer_jax.cli import initialize_distributed, interrupts_reported, parse_flags, training_workdir, user_errors
 from transformer_jax.config import check_run_config, decode_options, decoding_dtype, translation_batching
 from transformer_jax.evaluation import evaluate_split, plot_learning_curves, write_results

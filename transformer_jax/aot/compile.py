@@ -1,11 +1,11 @@
-"""Compile a run's programs for a topology from abstract shapes alone: no parameters, no data.
+"""Compile a run's programs for a topology from abstract shapes alone: no parameters, no devices.
 
-The programs are the ones `train.py` runs, built by the same code (the model, optimizer and
-train state of `training/`, the shardings of `base/sharding.py`, the jitted steps of
-`training/programs.py`): the train step (or, with gradient accumulation, the micro-step and the
-update), the dev-loss step and beam-search decoding, each lowered against ShapeDtypeStructs that
-carry their shardings and compiled by the topology's own compiler (libtpu for TPUs, the CUDA plugin's XLA:GPU
-for GPUs).
+The programs are the ones `train.py` runs, built by the same run builder (`training/programs.py`) on
+a mesh made by the same function (`base/sharding.make_mesh`): the train step for every training batch
+shape (or, with gradient accumulation, the micro-step and the update), the packed dev-loss step and
+the search, each lowered against ShapeDtypeStructs that carry their shardings and compiled by the
+topology's own compiler (libtpu for TPUs, the CUDA plugin's XLA:GPU for GPUs). The batch shapes are
+those of the corpus prepared in a run directory (`workdir`), or rows of data.max_length.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import jax
 import ml_collections
 from jax.sharding import Mesh
 
+from transformer_jax.cli.lock import owning
 from transformer_jax.config.schema import decode_options, decoding_dtype, model_config, translation_batching
 from transformer_jax.data.pipeline import prepare_data
 from transformer_jax.data.shapes import BatchShapes, nominal_batch_shapes
@@ -120,7 +121,8 @@ def run_programs(config: ml_collections.ConfigDict, mesh: Mesh, workdir: str | N
     rows of data.max_length, and the vocabulary is data.vocab_size (the tokenizer is not trained).
     """
     if workdir:
-        data = prepare_data(config, workdir, row_multiple=mesh.size)
+        with owning(workdir):  # a train.py on the same workdir may be preparing it too
+            data = prepare_data(config, workdir, row_multiple=mesh.size)
         vocab_size = data.tokenizer.vocab_size
         shapes = data.batch_shapes(config.data.eval_batch_size, translation_batching(config),
                                    model_config(config, vocab_size).max_len, mesh.size)
@@ -139,10 +141,11 @@ def run_shapes(programs: RunPrograms) -> RunShapes:
 
 
 def compile_run(config: ml_collections.ConfigDict, mesh: Mesh, which: tuple[str, ...] = PROGRAMS,
-                workdir: str | None = None) -> tuple[RunShapes, list[Program]]:
-    """Compile `which` of the run's programs on `mesh` (see `run_programs`): the train step(s), the dev-loss
-    step and the search the run decodes dev/test sets with; returns the shapes and the compiled figures."""
-    programs = run_programs(config, mesh, workdir)
+                workdir: str | None = None, programs: RunPrograms | None = None) -> tuple[RunShapes, list[Program]]:
+    """Compile `which` of the run's programs on `mesh` (`programs`, or those of `run_programs`): the train
+    step(s), the dev-loss step and the search the run decodes dev/test sets with; returns the shapes and
+    the compiled figures."""
+    programs = programs or run_programs(config, mesh, workdir)
     lowered = []
     if "train" in which:
         lowered += programs.lower_train()

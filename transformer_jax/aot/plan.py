@@ -18,13 +18,14 @@ def plan_run(config: ml_collections.ConfigDict, topology_name: str, num_slices: 
     topology = describe(topology_name, num_slices)
     mesh = mesh_for(topology, config.mesh.data, config.mesh.fsdp)
     accumulation = config.training.accumulation_steps
+    built = run_programs(config, mesh, workdir)
     try:
-        shapes, programs = compile_run(config, mesh, workdir=workdir)
+        shapes, programs = compile_run(config, mesh, programs=built)
     except Exception as error:  # noqa: BLE001 - only the compiler's out-of-memory verdict is handled
         if "RESOURCE_EXHAUSTED" not in str(error) and "out of memory" not in str(error).lower():
             raise
         detail = (str(error).strip().splitlines() or [""])[0][:300]
-        shapes = run_shapes(run_programs(config, mesh, workdir))
+        shapes = run_shapes(built)
         return (f"does not fit: the {topology.chip.name} compiler ran out of device memory ({detail}); "
                 f"{advice(mesh, shapes, accumulation)}"), False
     result = verdict(shapes, programs, topology, accumulation, hbm_bytes)

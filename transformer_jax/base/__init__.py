@@ -7,6 +7,8 @@ compilation cache). Nothing here imports another folder of the package but `erro
 """
 
 from transformer_jax.base import workdir
+from transformer_jax.base.compile_cache import default_cache_dir, use_compilation_cache
+from transformer_jax.base.console import quiet_console, say
 from transformer_jax.base.sharding import (
     BATCH_AXES,
     DATA_AXIS,
@@ -23,5 +25,6 @@ from transformer_jax.base.sharding import (
 
 __all__ = [
     "BATCH_AXES", "DATA_AXIS", "FSDP_AXIS", "abstract_with_shardings", "automatic_cpu_devices", "batch_sharding",
-    "global_batch", "init_sharded", "make_mesh", "set_cpu_devices", "state_shardings", "workdir",
+    "default_cache_dir", "global_batch", "init_sharded", "make_mesh", "quiet_console", "say", "set_cpu_devices",
+    "state_shardings", "use_compilation_cache", "workdir",
 ]

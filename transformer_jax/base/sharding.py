@@ -34,15 +34,18 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | None], ...] = (
 
 
 def make_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[jax.Device] | None = None,
-              num_slices: int = 1, where: str = "available") -> Mesh:
+              num_slices: int | None = None, where: str = "available") -> Mesh:
     """The (data, fsdp) mesh of a run over `devices` (default: all), laid out along their interconnect.
 
     -1 for one axis means 'all remaining devices'. train.py, eval.py and the preflight
     (transformer_jax.aot, on compile-only devices) all build their mesh here. With several slices
     (`num_slices`) the data axis spans them (only gradients cross the slower data-center network);
-    fsdp stays inside a slice. `where` says which devices in errors ("available", "v5e:4x4").
+    fsdp stays inside a slice; by default the slices are read from the devices (`slice_index`, TPU).
+    `where` says which devices in errors ("available", "v5e:4x4").
     """
     devices = list(jax.devices() if devices is None else devices)
+    if num_slices is None:
+        num_slices = len({getattr(device, "slice_index", 0) for device in devices})
     count = len(devices)
     if data == -1 and fsdp == -1:
         raise MeshError("only one of mesh.data and mesh.fsdp may be -1")

@@ -31,7 +31,7 @@ def default_config() -> ml_collections.ConfigDict:
     """The paper's base model and schedule on TFDS WMT14 EN->DE."""
     config = ml_collections.ConfigDict()
 
-    # model: every field of TransformerConfig (see transformer_jax/config.py for their meaning).
+    # model: every field of TransformerConfig (see model/config.py for their meaning).
     config.model = ml_collections.ConfigDict(dataclasses.asdict(TransformerConfig.preset("base")))
     # 0 takes the tokenizer's size; any other value must equal it.
     config.model.vocab_size = 0

@@ -6,11 +6,13 @@ import os
 import re
 from typing import Any, Callable
 
+import jax
 import numpy as np
 
 from transformer_jax.model.special_tokens import BOS_ID, EOS_ID
 from transformer_jax.decoding.options import DecodeOptions
-from transformer_jax.decoding.translate import translate_batch
+from transformer_jax.config.schema import decoding_dtype
+from transformer_jax.decoding.translate import decoding_precision, translate_batch
 from transformer_jax.errors import ConfigError
 from transformer_jax.checkpoints.selection import Run, checkpoint_params, open_run, select_steps
 from transformer_jax.evaluation.introspection import (
@@ -31,16 +33,17 @@ from transformer_jax.model.masks import PAD_ID
 from transformer_jax.base import workdir as layout
 
 
-def decode_one(run: Run, params: Any, source_ids: np.ndarray, options: DecodeOptions) -> np.ndarray:
-    """The output ids for one source [S] by `options` (beam, greedy or sample), before EOS."""
-    output_ids = np.asarray(translate_batch(params, run.model_config, source_ids[None], options))[0]
+def decode_one(run: Run, params: Any, source_ids: np.ndarray, options: DecodeOptions, dtype: str = "") -> np.ndarray:
+    """The output ids for one source [S] by `options` (beam, greedy or sample) in `dtype`, before EOS."""
+    params, config = decoding_precision(params, run.model_config, dtype, jax.default_backend())
+    output_ids = np.asarray(translate_batch(params, config, source_ids[None], options))[0]
     # The output ends at EOS, or at the length limit followed by padding.
     ends = np.flatnonzero((output_ids == EOS_ID) | (output_ids == PAD_ID))
     return output_ids[: ends[0]] if len(ends) else output_ids
 
 
 def attention_pair(run: Run, params: Any, source: str, target: str | None,
-                   options: DecodeOptions) -> tuple[np.ndarray, np.ndarray, str]:
+                   options: DecodeOptions, dtype: str = "") -> tuple[np.ndarray, np.ndarray, str]:
     """Source ids [S] (with EOS), decoder input ids [T] (BOS + target) and where the target came from.
 
     Without a given `target`, the model translates `source` with the decoding `options`.
@@ -48,7 +51,7 @@ def attention_pair(run: Run, params: Any, source: str, target: str | None,
     max_len = run.model_config.max_len
     source_ids = fit_to_model(np.array([run.tokenizer.encode(source) + [EOS_ID]], np.int32), max_len)[0]
     if target is None:
-        target_ids = decode_one(run, params, source_ids, options)
+        target_ids = decode_one(run, params, source_ids, options, dtype)
         origin = f"the model's translation by {options.describe()}"
     else:
         target_ids = np.array(run.tokenizer.encode(target), np.int32)
@@ -64,14 +67,14 @@ def plot_slug(text: str, words: int = 6) -> str:
 
 
 def plot_attention(run: Run, params: Any, steps: list[int], source: str, target: str | None,
-                   options: DecodeOptions) -> list[str]:
+                   options: DecodeOptions, dtype: str = "") -> list[str]:
     """Write one PNG per attention kind (layers x heads panels) for a sentence pair; returns their paths.
 
     `params` are those of the checkpoint `steps` (several when averaged). Files:
     `<workdir>/plots/attention.<sentence>.<checkpoint tag>.<kind>.png`; the same images go to
     TensorBoard as `attention/<kind>` at the last of `steps`.
     """
-    source_ids, decoder_input_ids, origin = attention_pair(run, params, source, target, options)
+    source_ids, decoder_input_ids, origin = attention_pair(run, params, source, target, options, dtype)
     maps = attention_maps(run.model_config, params, source_ids, decoder_input_ids)
     source_pieces = [run.tokenizer.piece(int(i)) for i in source_ids]
     target_pieces = [run.tokenizer.piece(int(i)) for i in decoder_input_ids]
@@ -102,7 +105,7 @@ def plot_positional_encoding(run: Run, params: Any, step: int) -> str:
 
 def write_figures(workdir: str, spec: str, options_for: Callable[[Any], DecodeOptions], *,
                   attention: str | None = None, attention_target: str | None = None,
-                  positional_encoding: bool = False, curves: bool = False) -> list[str]:
+                  positional_encoding: bool = False, curves: bool = False, dtype: str | None = None) -> list[str]:
     """Write the figures asked for under `<workdir>/plots/` and return their paths.
 
     `attention` is a source sentence (its target: `attention_target`, or the model's translation by
@@ -118,7 +121,8 @@ def write_figures(workdir: str, spec: str, options_for: Callable[[Any], DecodeOp
         steps = select_steps(run.checkpointer, spec, run.config.eval.average_last)
         params = checkpoint_params(run, steps)
         if attention is not None:
-            paths += plot_attention(run, params, steps, attention, attention_target, options_for(run.config))
+            paths += plot_attention(run, params, steps, attention, attention_target, options_for(run.config),
+                                    decoding_dtype(run.config) if dtype is None else dtype)
         if positional_encoding:
             paths.append(plot_positional_encoding(run, params, steps[-1]))
     finally:

@@ -26,7 +26,6 @@ from tqdm import tqdm
 
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.files import write_atomically
-from transformer_jax.base.sharding import make_mesh
 from transformer_jax.checkpoints.selection import Run, checkpoint_params, select_steps
 from transformer_jax.data.batching import restore_order
 from transformer_jax.data.encoded import EncodedPairs, encode_pairs
@@ -42,7 +41,7 @@ from transformer_jax.evaluation.scores import translation_scores
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.special_tokens import EOS_ID
 from transformer_jax.training.dev_loss import evaluate_loss, place_rows
-from transformer_jax.training.programs import build_run
+from transformer_jax.training.programs import dev_loss_step
 
 
 @functools.partial(jax.jit, static_argnames=("config", "options"))
@@ -195,9 +194,8 @@ def evaluate_checkpoint(run: Run, spec: str, split: str, options: DecodeOptions,
     `<workdir>/eval/<split>.<tag>.hyp`, scores to the matching `.json`. With `mesh`, the work is split
     over its devices; the loss is the run builder's dev-loss step, as in training.
     """
-    loss_step = build_run(run.config, mesh or make_mesh(devices=jax.devices()[:1]), run.tokenizer.vocab_size
-                          ).dev_loss_step
     steps = select_steps(run.checkpointer, spec, run.config.eval.average_last)
+    loss_step = dev_loss_step(run.model_config, run.config.training.label_smoothing)
     params = checkpoint_params(run, steps)
     pairs = load_run_splits(run.config.data, run.config.training.seed, (split,))[split]
     scores, hypotheses = evaluate_split(

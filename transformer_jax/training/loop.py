@@ -17,7 +17,7 @@ import ml_collections
 
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.console import say
-from transformer_jax.base.sharding import abstract_with_shardings, global_batch, make_mesh
+from transformer_jax.base.sharding import global_batch, make_mesh
 from transformer_jax.checkpoints.manager import Checkpointer, best_metric_for
 from transformer_jax.config.schema import check_run_config, model_config, translation_batching, write_run_config
 from transformer_jax.data.pipeline import RunData, prepare_data
@@ -78,8 +78,7 @@ class Trainer:
         Returns the step to continue from and the per-step metrics of the log window that was open
         when the checkpoint was saved, so the next log line covers the same steps as without a stop.
         """
-        abstract = abstract_with_shardings(self.state, self.shardings)
-        restored = self.checkpointer.restore_latest(abstract)
+        restored = self.checkpointer.restore_latest(self.programs.abstract_state)
         if restored is None:
             return 0, []
         step, self.state, data_state, meta = restored

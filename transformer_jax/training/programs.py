@@ -51,6 +51,11 @@ class RunPrograms:
     add_trees: Callable  # (a, b) -> a + b; donates a
     dev_loss_step: Callable  # (params, packed batch split over the batch axes) -> metric sums
 
+    def _require_shapes(self) -> None:
+        if self.shapes is None:
+            raise ValueError("this run was built without batch shapes (build_run(..., shapes=None)); "
+                             "pass the corpus's BatchShapes to lower its programs")
+
     @property
     def accumulation_steps(self) -> int:
         """Micro-batches per optimizer update."""
@@ -77,6 +82,7 @@ class RunPrograms:
         `state` and `micro_step` default to their abstract forms (compile-only devices); the Trainer passes
         its own, so the executables it compiles are the ones its first steps find in jit's cache.
         """
+        self._require_shapes()
         state = self.abstract_state if state is None else state
         lowered = []
         micro = micro_step if micro_step is not None else jax.ShapeDtypeStruct(
@@ -99,6 +105,7 @@ class RunPrograms:
         """The dev-loss step lowered for every dev-loss batch shape (packed rows, as evaluate_loss reads them)."""
         from transformer_jax.data.shapes import PACKED_KEYS
 
+        self._require_shapes()
         return [(f"dev loss {rows}x{width}",
                  self.dev_loss_step.lower(self.abstract_state.params, self.abstract_batch(rows, width, PACKED_KEYS)))
                 for rows, width in self.shapes.dev_loss]
@@ -115,6 +122,7 @@ class RunPrograms:
 
     def lower_search(self, options: DecodeOptions, dtype: str = "") -> tuple[str, jax.stages.Lowered]:
         """The search lowered for the widest translation batch."""
+        self._require_shapes()
         search, _ = self.search(options, dtype)
         platform = self.mesh.devices.flat[0].platform
         replicated = NamedSharding(self.mesh, PartitionSpec())
@@ -125,6 +133,18 @@ class RunPrograms:
         src = jax.ShapeDtypeStruct((rows, width), np.int32, sharding=batch_sharding(self.mesh))
         key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
         return f"{options.describe()} {rows}x{width}", search.func.lower(params, src, key, **search.keywords)
+
+
+@functools.lru_cache(maxsize=8)
+def dev_loss_step(model_config: TransformerConfig, smoothing: float) -> Callable:
+    """The jitted dev-loss step `(params, packed batch) -> metric sums` of a model, one per (model, smoothing).
+
+    Laid out by its arguments: params with the state's shardings and a batch split over the batch axes
+    (evaluate_loss with the mesh) make each device compute its own rows, the sums added across devices.
+    No in_shardings, so whole NumPy batches on one device work too.
+    """
+    apply = Transformer(model_config).apply
+    return jax.jit(lambda params, batch: eval_step(params, apply, batch, smoothing))
 
 
 def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
@@ -148,9 +168,6 @@ def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
     def micro_gradients(state: TrainState, b: dict[str, jax.Array], micro_step: jax.Array) -> tuple[Any, Any]:
         return compute_gradients(state, b, smoothing, micro_step)
 
-    def dev_loss_step(params: Any, b: dict[str, jax.Array]) -> dict[str, jax.Array]:
-        return eval_step(params, model.apply, b, smoothing)
-
     return RunPrograms(
         config=config, model_config=model_config, model=model, mesh=mesh, shapes=shapes, schedule=schedule,
         create_state=create_state, shardings=shardings,
@@ -163,8 +180,5 @@ def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
         apply_gradients=jax.jit(apply_gradients, in_shardings=(shardings, shardings.params, None),
                                 out_shardings=(shardings, None), donate_argnums=0),
         add_trees=jax.jit(add_trees, donate_argnums=0),
-        # Laid out by its arguments: params with the state's shardings and a batch split over the batch
-        # axes (evaluate_loss with the mesh) make each device compute its own rows, the sums added across
-        # devices. No in_shardings, so whole NumPy batches on one device still work.
-        dev_loss_step=jax.jit(dev_loss_step),
+        dev_loss_step=dev_loss_step(model_config, smoothing),
     )
