@@ -18,7 +18,7 @@ import jax
 import ml_collections
 from jax.sharding import Mesh
 
-from transformer_jax.cli.lock import owning
+from transformer_jax.cli.commands import training_workdir
 from transformer_jax.config.schema import decode_options, decoding_dtype, model_config, translation_batching
 from transformer_jax.data.pipeline import prepare_data
 from transformer_jax.data.shapes import BatchShapes, nominal_batch_shapes
@@ -121,7 +121,7 @@ def run_programs(config: ml_collections.ConfigDict, mesh: Mesh, workdir: str | N
     rows of data.max_length, and the vocabulary is data.vocab_size (the tokenizer is not trained).
     """
     if workdir:
-        with owning(workdir):  # a train.py on the same workdir may be preparing it too
+        with training_workdir(workdir):  # created if new; owned, as a train.py on it may be preparing it too
             data = prepare_data(config, workdir, row_multiple=mesh.size)
         vocab_size = data.tokenizer.vocab_size
         shapes = data.batch_shapes(config.data.eval_batch_size, translation_batching(config),
