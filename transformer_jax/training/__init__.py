@@ -5,8 +5,8 @@
 builder: a run's state layout and jitted programs on its mesh, shared by the Trainer, eval.py, the
 preflight and the benchmarks) -> `dev_loss` (loss over a split) -> `metrics_log`, `progress`,
 `log_window` (metrics.jsonl, TensorBoard, the log line and progress bar) -> `periodic_eval` (dev loss
-and BLEU on a step schedule) -> `preemption` (StopFlag) -> `loop` (Trainer: builds the run and trains
-it, resuming from `transformer_jax.checkpoints`).
+and BLEU on a step schedule) -> `preemption` (StopFlag) -> `prefetch` (batches built ahead in the
+background) -> `loop` (Trainer: builds the run and trains it, resuming from `transformer_jax.checkpoints`).
 
 The loss, schedule, state and step need only the base install (`pip install transformer-jax`);
 the builder, the loop and its logs need the `train` extra.
