@@ -101,3 +101,18 @@ def test_an_async_all_reduce_counts_all_its_outputs():
         "  %ard = (f32[512,2048]{1,0}, f32[2048]{0}) all-reduce-done((f32[512,2048]{1,0}, f32[2048]{0}) %ars)",
     ])
     assert collectives_in(hlo) == {"all-reduce": (1, (512 * 2048 + 2048) * 4)}
+
+
+def test_the_cuda_13_plugin_counts_as_a_cuda_plugin(monkeypatch):
+    """jax[cuda13] installs jax_plugins.xla_cuda13: GPU topologies are then not refused for a missing plugin."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    present = {"jax_plugins", "jax_plugins.xla_cuda13"}
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: object() if name in present else (None if name.startswith("jax_plugins")
+                                                                                else real(name, *args)))
+    message = cuda_plugin_missing()
+    assert message is None or "needs a CUDA plugin" not in message
+    present.discard("jax_plugins.xla_cuda13")
+    assert "needs a CUDA plugin" in cuda_plugin_missing()

@@ -122,11 +122,17 @@ def describe(name: str, num_slices: int = 1) -> Topology:
     return Topology(topology_name, devices, chip, num_slices)
 
 
+# JAX's CUDA plugins (jax[cuda12], jax[cuda13]): either builds compile-only GPU devices.
+CUDA_PLUGINS = ("jax_plugins.xla_cuda12", "jax_plugins.xla_cuda13")
+
+
 def cuda_plugin_missing() -> str | None:
     """Why GPU topologies cannot be described here (a one-line fix), or None when they can."""
-    if importlib.util.find_spec("jax_plugins") is None or importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
-        return (f"compiling for GPUs needs the CUDA plugin of JAX: pip install 'jax[cuda12]=={jax.__version__}' "
-                "(about 5 GB; no GPU needed), then run with JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1")
+    if importlib.util.find_spec("jax_plugins") is None or all(
+            importlib.util.find_spec(plugin) is None for plugin in CUDA_PLUGINS):
+        return (f"compiling for GPUs needs a CUDA plugin of JAX: pip install 'jax[cuda12]=={jax.__version__}' "
+                "(or jax[cuda13]; about 5 GB, no GPU needed), then run with JAX_PLATFORMS=cpu "
+                "JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1")
     if jax.config.jax_platforms != "cpu":
         return ("compile-only GPU devices need JAX to use no local accelerator: run with JAX_PLATFORMS=cpu "
                 f"JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 (JAX_PLATFORMS is {jax.config.jax_platforms!r})")
