@@ -19,11 +19,11 @@ import ml_collections
 from jax.sharding import Mesh
 
 from transformer_jax.cli.commands import training_workdir
-from transformer_jax.config.schema import decode_options, decoding_dtype, model_config, translation_batching
+from transformer_jax.config.schema import decode_options, decoding_dtype
 from transformer_jax.data.pipeline import prepare_data
-from transformer_jax.data.shapes import BatchShapes, nominal_batch_shapes
+from transformer_jax.data.shapes import BatchShapes
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.training.programs import RunPrograms, build_run
+from transformer_jax.training.programs import RunPrograms, build_run_for
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
@@ -120,18 +120,10 @@ def run_programs(config: ml_collections.ConfigDict, mesh: Mesh, workdir: str | N
     tokenizer and encoded corpus there, as train.py does, reusing what is already there); without,
     rows of data.max_length, and the vocabulary is data.vocab_size (the tokenizer is not trained).
     """
-    if workdir:
-        with training_workdir(workdir):  # created if new; owned, as a train.py on it may be preparing it too
-            data = prepare_data(config, workdir, row_multiple=mesh.size)
-        vocab_size = data.tokenizer.vocab_size
-        shapes = data.batch_shapes(config.data.eval_batch_size, translation_batching(config),
-                                   model_config(config, vocab_size).max_len, mesh.size)
-    else:
-        vocab_size = config.model.vocab_size or config.data.vocab_size
-        shapes = nominal_batch_shapes(config.data.tokens_per_batch, config.data.max_length, config.data.pack,
-                                      config.data.eval_batch_size, translation_batching(config),
-                                      model_config(config, vocab_size).max_len, mesh.size)
-    return build_run(config, mesh, vocab_size, shapes)
+    if not workdir:
+        return build_run_for(config, mesh)
+    with training_workdir(workdir):  # created if new; owned, as a train.py on it may be preparing it too
+        return build_run_for(config, mesh, prepare_data(config, workdir, row_multiple=mesh.size))
 
 
 def run_shapes(programs: RunPrograms) -> RunShapes:

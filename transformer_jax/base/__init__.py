@@ -19,12 +19,13 @@ from transformer_jax.base.sharding import (
     global_batch,
     init_sharded,
     make_mesh,
+    mesh_platform,
     set_cpu_devices,
     state_shardings,
 )
 
 __all__ = [
     "BATCH_AXES", "DATA_AXIS", "FSDP_AXIS", "abstract_with_shardings", "automatic_cpu_devices", "batch_sharding",
-    "default_cache_dir", "global_batch", "init_sharded", "make_mesh", "quiet_console", "say", "set_cpu_devices",
+    "default_cache_dir", "global_batch", "init_sharded", "make_mesh", "mesh_platform", "quiet_console", "say", "set_cpu_devices",
     "state_shardings", "use_compilation_cache", "workdir",
 ]

@@ -114,6 +114,11 @@ def set_cpu_devices(count: int | None) -> int | None:
     return count
 
 
+def mesh_platform(mesh: Mesh) -> str:
+    """The platform of the mesh's devices ("cpu", "gpu", "tpu"), compile-only devices included."""
+    return mesh.devices.flat[0].platform
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Leading (batch) axis split over data x fsdp; other axes whole."""
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES))

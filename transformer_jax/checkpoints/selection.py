@@ -14,7 +14,7 @@ import orbax.checkpoint as ocp
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import CheckpointError
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.config.schema import read_run_config
+from transformer_jax.config.schema import model_config, read_run_config
 from transformer_jax.base.files import absolute, exists, is_dir, is_file, is_local, list_names
 from transformer_jax.checkpoints.integrity import check_shapes
 from transformer_jax.checkpoints.manager import Checkpointer, best_metric_for
@@ -47,14 +47,13 @@ def open_run(workdir: str) -> Run:
         )
     config = read_run_config(config_path)
     tokenizer = Tokenizer.load(layout.run_path(workdir, layout.TOKENIZER))
-    fields = {**config.model.to_dict(), "vocab_size": tokenizer.vocab_size}
     directory = layout.run_path(workdir, layout.CHECKPOINTS)
     if not is_dir(directory):
         raise CheckpointError(f"no checkpoint in {directory}; train first (train.py) or pass another --workdir")
     checkpointer = Checkpointer(directory, best_metric=best_metric_for(config.training.bleu_every)[0],
                                 best_mode=best_metric_for(config.training.bleu_every)[1],
                                 asynchronous=False, read_only=True)
-    return Run(workdir, config, TransformerConfig(**fields), tokenizer, checkpointer)
+    return Run(workdir, config, model_config(config, tokenizer.vocab_size), tokenizer, checkpointer)
 
 
 def select_steps(checkpointer: Checkpointer, spec: str, average_last: int = 5) -> list[int]:

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.files import write_atomically
+from transformer_jax.base.sharding import mesh_platform
 from transformer_jax.checkpoints.selection import Run, checkpoint_params, select_steps
 from transformer_jax.data.batching import restore_order
 from transformer_jax.data.encoded import EncodedPairs, encode_pairs
@@ -118,7 +119,7 @@ def translate_encoded(
     logging.info("translating %d sentences in %d batches on %d device(s)", int((~empty).sum()), len(batches),
                  mesh.size if split_rows else 1)
     # The weights in the decoding dtype once, not inside every batch's search.
-    platform = jax.default_backend() if mesh is None else mesh.devices.flat[0].platform
+    platform = jax.default_backend() if mesh is None else mesh_platform(mesh)
     params, config = decoding_precision(params, config, dtype, platform)
     rng = jax.random.key(options.seed)
     outputs: list[str] = []

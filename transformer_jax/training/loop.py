@@ -19,7 +19,7 @@ from transformer_jax.base import workdir as layout
 from transformer_jax.base.console import say
 from transformer_jax.base.sharding import global_batch, make_mesh
 from transformer_jax.checkpoints.manager import Checkpointer, best_metric_for
-from transformer_jax.config.schema import check_run_config, model_config, translation_batching, write_run_config
+from transformer_jax.config.schema import check_run_config, write_run_config
 from transformer_jax.data.pipeline import RunData, prepare_data
 from transformer_jax.errors import ConfigError, TrainingError
 from transformer_jax.training.dev_loss import evaluate_loss
@@ -27,7 +27,7 @@ from transformer_jax.training.log_window import LogWindow
 from transformer_jax.training.periodic_eval import PeriodicEval
 from transformer_jax.training.prefetch import Prefetcher
 from transformer_jax.training.preemption import StopAgreement, StopFlag
-from transformer_jax.training.programs import build_run
+from transformer_jax.training.programs import build_run_for
 from transformer_jax.training.state import TrainState
 
 
@@ -59,10 +59,7 @@ class Trainer:
             config, workdir, row_multiple=self.mesh.size,
             process_index=jax.process_index(), process_count=jax.process_count(),
         )
-        vocab_size = self.data.tokenizer.vocab_size
-        shapes = self.data.batch_shapes(config.data.eval_batch_size, translation_batching(config),
-                                        model_config(config, vocab_size).max_len, self.mesh.size)
-        self.programs = build_run(config, self.mesh, vocab_size, shapes)
+        self.programs = build_run_for(config, self.mesh, self.data)
         self.model_config, self.schedule = self.programs.model_config, self.programs.schedule
         self.state, self.shardings = self.programs.init_state(), self.programs.shardings
         self.micro_steps = self.programs.micro_steps()

@@ -18,8 +18,9 @@ import ml_collections
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from transformer_jax.base.sharding import abstract_with_shardings, batch_sharding, state_shardings
+from transformer_jax.base.sharding import abstract_with_shardings, batch_sharding, mesh_platform, state_shardings
 from transformer_jax.config.schema import model_config as run_model_config
+from transformer_jax.config.schema import translation_batching
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.translate import decoding_precision, translate_rows
 from transformer_jax.model.config import TransformerConfig
@@ -29,6 +30,7 @@ from transformer_jax.training.state import TrainState, create_train_state
 from transformer_jax.training.step import add_trees, apply_gradients, compute_gradients, eval_step, train_step
 
 if TYPE_CHECKING:
+    from transformer_jax.data.pipeline import RunData
     from transformer_jax.data.shapes import BatchShapes
 
 
@@ -116,15 +118,14 @@ class RunPrograms:
         Its parameters are the run's, replicated and cast by `decoding_precision` (with the returned
         config) for the mesh's platform: the precision is chosen here, once for the program.
         """
-        platform = self.mesh.devices.flat[0].platform
-        _, config = decoding_precision({}, self.model_config, dtype, platform)
+        _, config = decoding_precision({}, self.model_config, dtype, mesh_platform(self.mesh))
         return functools.partial(translate_rows, config=config, options=options, mesh=self.mesh), config
 
     def lower_search(self, options: DecodeOptions, dtype: str = "") -> tuple[str, jax.stages.Lowered]:
         """The search lowered for the widest translation batch."""
         self._require_shapes()
         search, _ = self.search(options, dtype)
-        platform = self.mesh.devices.flat[0].platform
+        platform = mesh_platform(self.mesh)
         replicated = NamedSharding(self.mesh, PartitionSpec())
         params = jax.eval_shape(lambda p: decoding_precision(p, self.model_config, dtype, platform)[0],
                                 nn.meta.unbox(self.abstract_state.params))
@@ -182,3 +183,18 @@ def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
         add_trees=jax.jit(add_trees, donate_argnums=0),
         dev_loss_step=dev_loss_step(model_config, smoothing),
     )
+
+
+def build_run_for(config: ml_collections.ConfigDict, mesh: Mesh, data: RunData | None = None) -> RunPrograms:
+    """The run on `mesh` for the batch shapes `data`'s corpus gives (train.py, the preflight with a workdir),
+    or, without data, for rows of data.max_length and a vocabulary of data.vocab_size (the preflight alone)."""
+    from transformer_jax.data.shapes import nominal_batch_shapes
+
+    vocab_size = data.tokenizer.vocab_size if data else config.model.vocab_size or config.data.vocab_size
+    max_len, batching = run_model_config(config, vocab_size).max_len, translation_batching(config)
+    if data:
+        shapes = data.batch_shapes(config.data.eval_batch_size, batching, max_len, mesh.size)
+    else:
+        shapes = nominal_batch_shapes(config.data.tokens_per_batch, config.data.max_length, config.data.pack,
+                                      config.data.eval_batch_size, batching, max_len, mesh.size)
+    return build_run(config, mesh, vocab_size, shapes)
