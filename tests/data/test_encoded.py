@@ -8,8 +8,6 @@ from transformer_jax.data.encoded import (
     Ragged,
     encode_pairs,
     filter_by_length,
-    load_encoded,
-    save_encoded,
 )
 from transformer_jax.data.tokenizer import train_tokenizer
 from transformer_jax.model.special_tokens import BOS_ID, EOS_ID
@@ -47,7 +45,7 @@ def test_length_filter_drops_long_pairs_and_counts_them():
         filter_by_length(corpus, 1)
 
 
-def test_chunked_encoding_equals_encoding_at_once_and_the_saved_arrays_load_for_their_key_only(tmp_path):
+def test_chunked_encoding_equals_encoding_at_once(tmp_path):
     pairs = [(f"sentence number {i} " * (i % 5), f"Satz Nummer {i}") for i in range(103)]
     tokenizer = train_tokenizer([text for pair in pairs for text in pair], str(tmp_path / "t.model"), vocab_size=300)
     whole, chunked = encode_pairs(pairs, tokenizer, chunk_size=1_000), encode_pairs(pairs, tokenizer, chunk_size=10)
@@ -61,13 +59,3 @@ def test_chunked_encoding_equals_encoding_at_once_and_the_saved_arrays_load_for_
             got = getattr(corpus, side)
             assert [got[i].tolist() for i in range(len(pairs))] == [expected[i].tolist() for i in range(len(pairs))]
             assert np.array_equal(got.values, expected.values) and got.values.dtype == np.int32
-    path = str(tmp_path / "train_encoded.npz")
-    save_encoded(path, chunked, key="tokenizer A")
-    loaded = load_encoded(path, "tokenizer A")
-    assert all(np.array_equal(getattr(loaded.source, field), getattr(whole.source, field))
-               for field in ("values", "starts", "lengths"))
-    assert np.array_equal(loaded.target.values, whole.target.values)
-    assert load_encoded(path, "tokenizer B") is None  # made with another tokenizer or other data: encode again
-    with open(path, "r+b") as f:
-        f.truncate(100)  # a file cut short is not trusted either
-    assert load_encoded(path, "tokenizer A") is None

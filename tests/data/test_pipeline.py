@@ -1,4 +1,4 @@
-"""prepare_data: the row width from the corpus, and the encoded training corpus kept for resumes."""
+"""prepare_data: the row width from the corpus, and the prepared training corpus a resume reads (and checks)."""
 
 import os
 
@@ -7,7 +7,7 @@ import pytest
 
 from transformer_jax.base import workdir as layout
 from transformer_jax.data import pipeline
-from transformer_jax.errors import ConfigError
+from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.config.schema import check_run_config, default_config
 
 
@@ -19,10 +19,11 @@ def tiny_config():
     return config
 
 
-def test_a_resume_reads_the_encoded_corpus_instead_of_encoding_the_training_text(tmp_path, monkeypatch):
+def test_a_resume_reads_the_prepared_corpus_instead_of_encoding_the_training_text(tmp_path, monkeypatch):
     workdir = str(tmp_path)
     first = pipeline.prepare_data(tiny_config(), workdir)
-    assert os.path.exists(os.path.join(workdir, layout.ENCODED_TRAIN))
+    assert os.path.exists(os.path.join(workdir, layout.CORPUS, "manifest.json"))
+    assert os.path.exists(os.path.join(workdir, layout.TOKENIZER))  # the corpus's, kept with the run
     assert first.train.pack and first.train.row_width <= 64
     assert first.train.get_state()["layout"]["row_width"] == first.train.row_width
     assert first.train.get_state()["layout"]["rows_sized_for"] == "real tokens"  # the automatic width (row_width.py)
@@ -36,11 +37,31 @@ def test_a_resume_reads_the_encoded_corpus_instead_of_encoding_the_training_text
     for _ in range(3):
         expected, got = next(first.train), next(again.train)
         assert all(np.array_equal(got[key], expected[key]) for key in expected)
-    # Other data settings (here another built-in corpus): the saved arrays are not used.
+
+
+@pytest.mark.parametrize("setting, value", [("builtin_train_size", 500), ("builtin_test_size", 20),
+                                            ("builtin_dev_size", 8), ("vocab_size", 400)])
+def test_a_resume_with_other_corpus_settings_is_refused_and_nothing_is_rewritten(tmp_path, setting, value):
+    """Any setting that changes which pairs are training pairs (the built-in split sizes included: the test
+    sentences would otherwise be trained on) or the tokenizer is refused on the same workdir."""
+    workdir = str(tmp_path)
+    pipeline.prepare_data(tiny_config(), workdir)
+    before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
     other = tiny_config()
-    other.data.builtin_train_size = 500
-    encoded.clear()
-    assert len(pipeline.prepare_data(other, workdir).train.corpus) <= 500 and encoded[0] == 500
+    other.data[setting] = value
+    with pytest.raises(DataError, match=f"data.{setting}={value} differs from the .* use a new workdir"):
+        pipeline.prepare_data(other, workdir)
+    assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
+
+
+def test_train_and_test_never_overlap_for_any_allowed_builtin_sizes(tmp_path):
+    for sizes in ((600, 16, 16), (600, 16, 300)):
+        config = tiny_config()
+        config.data.update(builtin_train_size=sizes[0], builtin_dev_size=sizes[1], builtin_test_size=sizes[2])
+        corpus, _ = pipeline.run_corpus(config, str(tmp_path / str(sizes[2])))
+        train = set(corpus.manifest and pipeline.load_run_splits(config.data, 0, ("train",))["train"])
+        assert len(corpus.split("test")) == sizes[2] and not train & set(corpus.split("test"))
+        assert not train & set(corpus.split("dev"))
 
 
 def test_an_explicit_row_width_is_used_and_one_wider_than_max_length_is_a_config_error(tmp_path):

@@ -2,7 +2,7 @@
 
   config.json            the run's settings (eval.py rebuilds the model from it)
   tokenizer.model        the SentencePiece model, trained once per run
-  train_encoded.npz      the tokenized training split, kept for resumes
+  corpus/                the prepared training corpus (data/prepared.py), unless data.prepared names one
   run.lock               the job that owns the workdir (cli/lock.py)
   checkpoints/<step>/    Orbax checkpoints; checkpoints.corrupt/ holds damaged ones set aside
   metrics.jsonl, timing.jsonl, tensorboard/    training and dev metrics
@@ -17,7 +17,7 @@ import os
 
 CONFIG = "config.json"
 TOKENIZER = "tokenizer.model"
-ENCODED_TRAIN = "train_encoded.npz"
+CORPUS = "corpus"
 LOCK = "run.lock"
 CHECKPOINTS = "checkpoints"
 CORRUPT_SUFFIX = ".corrupt"  # checkpoints.corrupt/: damaged checkpoints set aside

@@ -51,6 +51,8 @@ def default_config() -> ml_collections.ConfigDict:
     data.tokenizer_type = "unigram"  # SentencePiece model: "unigram" | "bpe"
     data.byte_fallback = True  # unknown characters become byte pieces instead of <unk>
     data.tokenizer_sample_size = 1_000_000  # sentences sampled across the corpus to train SentencePiece
+    data.prepared = ""  # a prepared corpus (python -m transformer_jax.cli.prepare; local or gs://); "" = <workdir>/corpus
+    data.prepare_workers = 1  # processes encoding the training shards when a run prepares its own corpus
 
     # token slots (rows x width, padding included) per batch and side, in rows of data.max_length (of
     # data.row_width when set; of each bucket without packing). With the automatic row width, batches of
@@ -98,7 +100,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 # Run settings that must be positive (model sizes are checked by TransformerConfig itself).
 POSITIVE_SETTINGS = {
-    "data": ("vocab_size", "tokenizer_sample_size", "tokens_per_batch", "max_length", "eval_batch_size",
+    "data": ("vocab_size", "tokenizer_sample_size", "prepare_workers", "tokens_per_batch", "max_length", "eval_batch_size",
              "builtin_train_size", "builtin_dev_size", "builtin_test_size"),
     "training": ("num_train_steps", "warmup_steps", "learning_rate_scale", "accumulation_steps", "log_every",
                  "checkpoint_every", "keep_checkpoints", "max_skipped_updates", "adam_eps"),

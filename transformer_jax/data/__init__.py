@@ -1,23 +1,25 @@
 """Data: parallel corpora, the SentencePiece tokenizer and the batches training and evaluation read.
 
 `sources` (TFDS, text, TSV, the built-in corpus in `builtin/`) -> `tokenizer` (SentencePiece) ->
-`encoded` (the tokenized corpus as flat arrays) -> `shapes` (every batch-shape rule: widths, rows,
+`encoded` (the tokenized corpus as flat arrays) -> `prepared` (the training split tokenized once into
+token shards and a length index, read by row) -> `shapes` (every batch-shape rule: widths, rows,
 training, dev-loss and translation shapes) -> `batching` (token-budget batches, packed or
 length-bucketed, host shards, the resumable iterator) -> `row_width` (packed row widths chosen from
 the corpus) -> `translation_batches` (a split's sentences in batches by source length) -> `pipeline`
-(from a run config to the tokenizer, the training iterator, the dev/test sets and their batch shapes).
+(from a run config to its prepared corpus, the tokenizer, the training iterator, the dev/test sets and their batch shapes).
 """
 
 from transformer_jax.data.batching import BatchIterator, eval_batches, restore_order
 from transformer_jax.data.encoded import EncodedPairs, Ragged, encode_pairs
 from transformer_jax.data.row_width import choose_packed_rows
-from transformer_jax.data.pipeline import EvalSet, RunData, eval_set, load_run_splits, prepare_data
+from transformer_jax.data.pipeline import EvalSet, RunData, eval_set, load_run_splits, prepare_corpus, prepare_data, run_split
+from transformer_jax.data.prepared import PreparedCorpus
 from transformer_jax.data.shapes import BatchShapes, TranslationBatching, nominal_batch_shapes
 from transformer_jax.data.sources import Pair, load_splits, read_lines
 from transformer_jax.data.tokenizer import Tokenizer, train_tokenizer
 
 __all__ = [
-    "BatchIterator", "BatchShapes", "EncodedPairs", "EvalSet", "Pair", "Ragged", "RunData", "Tokenizer",
+    "BatchIterator", "BatchShapes", "EncodedPairs", "EvalSet", "Pair", "PreparedCorpus", "Ragged", "RunData", "Tokenizer",
     "TranslationBatching", "choose_packed_rows", "encode_pairs", "eval_batches", "eval_set", "load_run_splits", "load_splits",
-    "nominal_batch_shapes", "prepare_data", "read_lines", "restore_order", "train_tokenizer",
+    "nominal_batch_shapes", "prepare_corpus", "prepare_data", "run_split", "read_lines", "restore_order", "train_tokenizer",
 ]

@@ -174,12 +174,13 @@ def materialize(corpus: EncodedPairs, plan: EpochPlan, batch: int, packed: bool,
     rows = plan.rows[begin:end]
     per_process = int(plan.batch_rows[batch]) // process_count
     mine = rows // per_process == process_index
-    items = plan.items[begin:end][mine]
+    pairs = corpus.read(plan.items[begin:end][mine])  # only this process's pairs are read
+    items = np.arange(len(pairs))
     shape = (per_process, int(plan.batch_lengths[batch]))
     local_rows = rows[mine] - process_index * per_process
     result = {}
-    for name, side, offsets in (("inputs", corpus.source, plan.source_offsets),
-                                ("targets", corpus.target, plan.target_offsets)):
+    for name, side, offsets in (("inputs", pairs.source, plan.source_offsets),
+                                ("targets", pairs.target, plan.target_offsets)):
         placed = place_sequences(side, items, local_rows, offsets[begin:end][mine], plan.segments[begin:end][mine], shape)
         result[name] = placed["tokens"]
         if name == "targets":

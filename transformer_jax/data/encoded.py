@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-import io
 import itertools
-import os
-import zipfile
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -15,7 +13,6 @@ from transformer_jax.data.tokenizer import Tokenizer
 
 from transformer_jax.model.special_tokens import EOS_ID
 from transformer_jax.errors import DataError
-from transformer_jax.base.files import is_file, is_local, read_bytes, unique_name, write_atomically
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +55,10 @@ class EncodedPairs:
     def select(self, indices: np.ndarray) -> EncodedPairs:
         """The pairs at `indices`."""
         return EncodedPairs(self.source.select(indices), self.target.select(indices))
+
+    def read(self, items: np.ndarray) -> EncodedPairs:
+        """The pairs at `items`, in that order (what batching reads; a prepared corpus reads them from disk)."""
+        return self.select(items)
 
 
 def encode_pairs(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, chunk_size: int = 50_000,
@@ -104,46 +105,11 @@ def concatenate(parts: Sequence[Ragged]) -> Ragged:
     return Ragged(values, starts, lengths)
 
 
-def save_encoded(path: str, corpus: EncodedPairs, key: str) -> None:
-    """Write a corpus's flat arrays and the `key` they were made for (tokenizer and data settings), atomically.
+def filter_by_length(corpus: EncodedPairs | Any, max_length: int) -> tuple[Any, int]:
+    """Training only: drop pairs with a side longer than max_length tokens; returns the number dropped.
 
-    Locally the arrays stream into a temporary file renamed over `path` (no second copy in memory).
+    Reads lengths only, so it serves a prepared corpus (whose `select` reads nothing) as well.
     """
-    arrays = {"key": np.asarray(key), "source_values": corpus.source.values, "source_lengths": corpus.source.lengths,
-              "target_values": corpus.target.values, "target_lengths": corpus.target.lengths}
-    if not is_local(path):
-        buffer = io.BytesIO()
-        np.savez(buffer, **arrays)
-        write_atomically(path, buffer.getvalue())
-        return
-    temporary = unique_name(f"{path}.tmp")
-    try:
-        with open(temporary, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-
-
-def load_encoded(path: str, key: str) -> EncodedPairs | None:
-    """The corpus saved at `path` for this `key`; None when there is none, or it was made for another key."""
-    if not is_file(path):
-        return None
-    try:
-        with np.load(path if is_local(path) else io.BytesIO(read_bytes(path))) as saved:
-            if str(saved["key"]) != key:
-                return None
-            sides = [(saved[f"{side}_values"], saved[f"{side}_lengths"]) for side in ("source", "target")]
-    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
-        return None  # unreadable (e.g. cut short): encode again
-    return EncodedPairs(*(Ragged(values, np.cumsum(lengths, dtype=np.int64) - lengths, lengths)
-                          for values, lengths in sides))
-
-
-def filter_by_length(corpus: EncodedPairs, max_length: int) -> tuple[EncodedPairs, int]:
-    """Training only: drop pairs with a side longer than max_length tokens; returns the number dropped."""
     keep = np.flatnonzero((corpus.source.lengths <= max_length) & (corpus.target.lengths <= max_length))
     if len(keep) == 0:
         raise DataError(f"no training pair fits max_length={max_length} tokens; raise max_length")

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
+from typing import Any
 
 import ml_collections
 import numpy as np
 
 from transformer_jax.data.batching import BatchIterator
-from transformer_jax.data.encoded import EncodedPairs, encode_pairs, filter_by_length, load_encoded, save_encoded
+from transformer_jax.data.encoded import EncodedPairs, encode_pairs, filter_by_length
+from transformer_jax.data.prepared import MANIFEST, TOKENIZER, PreparedCorpus, check_can_write, write_prepared
 from transformer_jax.data.row_width import choose_packed_rows
 from transformer_jax.data.shapes import (
     BatchShapes,
@@ -23,13 +24,10 @@ from transformer_jax.data.shapes import (
     widest_translation_width,
 )
 from transformer_jax.data.sources import Pair, drop_empty_pairs, load_splits
-from transformer_jax.data.tokenizer import (
-    Tokenizer,
-    load_or_train_tokenizer,
-)
+from transformer_jax.data.tokenizer import Tokenizer, load_or_train_tokenizer
 from transformer_jax.errors import DataError
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.base.files import is_file, is_local, read_text
+from transformer_jax.base.files import is_file, is_local, read_bytes, write_atomically
 from transformer_jax.base import workdir as layout
 
 
@@ -85,58 +83,6 @@ def load_run_splits(data: ml_collections.ConfigDict, seed: int, splits: tuple[st
     )
 
 
-# Data settings the workdir's tokenizer.model was trained with: changing one on resume needs a new workdir.
-TOKENIZER_SETTINGS = ("vocab_size", "tokenizer_type", "byte_fallback")
-
-
-def check_tokenizer_settings(config: ml_collections.ConfigDict, workdir: str) -> None:
-    """Fail when the workdir's tokenizer was trained with other settings than `config` asks for.
-
-    The settings of the run that trained it are read from `<workdir>/config.json`; without a
-    tokenizer or a config.json there is nothing to compare.
-    """
-    saved_config = layout.run_path(workdir, layout.CONFIG)
-    if not (is_file(layout.run_path(workdir, layout.TOKENIZER)) and is_file(saved_config)):
-        return
-    try:
-        saved = json.loads(read_text(saved_config))["data"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        # train.py writes config.json anew; the model's own shape checks still apply.
-        logging.warning("%s is damaged (%s); it is written anew from --config", saved_config,
-                        (str(error).splitlines() or [type(error).__name__])[0])
-        return
-    for key in TOKENIZER_SETTINGS:
-        if key in saved and saved[key] != config.data[key]:
-            raise DataError(
-                f"data.{key}={config.data[key]!r} differs from the {saved[key]!r} that {workdir}/{layout.TOKENIZER} "
-                f"was trained with; resume with --config.data.{key}={saved[key]!r}, or use a new workdir"
-            )
-
-
-def shared_tokenizer(
-    config: ml_collections.ConfigDict, workdir: str, train_pairs: list[Pair],
-    process_index: int, process_count: int,
-) -> Tokenizer:
-    """Process 0 trains (or reuses) `<workdir>/tokenizer.model`; the others wait, then load that file.
-
-    One file for all processes guarantees identical token ids, which the shared batch plan needs.
-    """
-    data = config.data
-    check_tokenizer_settings(config, workdir)
-    tokenizer = None
-    if process_index == 0:
-        tokenizer = load_or_train_tokenizer(
-            workdir, train_pairs, vocab_size=data.vocab_size, model_type=data.tokenizer_type,
-            byte_fallback=data.byte_fallback, sample_size=data.tokenizer_sample_size,
-            seed=config.training.seed,
-        )
-    if process_count > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices("tokenizer ready")
-    return tokenizer or Tokenizer.load(layout.run_path(workdir, layout.TOKENIZER))
-
-
 def eval_set(pairs: list[Pair], tokenizer: Tokenizer) -> EvalSet:
     """Tokenize a dev/test split, keeping every pair (empty ones too) in order."""
     return EvalSet(pairs, encode_pairs(pairs, tokenizer))
@@ -161,37 +107,114 @@ def training_rows(config: ml_collections.ConfigDict, train: EncodedPairs, vocab_
     return layout.width, layout.rows
 
 
-def encoded_corpus_key(data: ml_collections.ConfigDict, seed: int, tokenizer: Tokenizer) -> str:
-    """What the encoded training corpus depends on: the tokenizer's model, the source and its files."""
-    key = {"tokenizer": tokenizer.fingerprint, "source": data.source, "path": data.path,
-           "source_lang": data.source_lang, "target_lang": data.target_lang, "tfds_train_name": data.tfds_train_name,
-           "tfds_data_dir": data.tfds_data_dir}
-    if data.source == "builtin":
-        key.update(builtin_train_size=data.builtin_train_size, seed=seed)
+def corpus_key(data: ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
+    """What a prepared corpus depends on: the source, its splits and files, and the tokenizer's settings."""
+    key: dict[str, Any] = {name: data[name] for name in CORPUS_SETTINGS}
+    if data.source == "builtin":  # the built-in corpus is generated and split from the seed
+        key.update({name: data[name] for name in BUILTIN_SETTINGS}, seed=seed)
     if data.source in ("text", "tsv") and data.path and is_local(data.path) and os.path.isdir(data.path):
-        # The training files' sizes and modification times: an edited corpus is encoded again.
-        key["files"] = sorted((entry.name, entry.stat().st_size, entry.stat().st_mtime_ns)
-                              for entry in os.scandir(data.path) if entry.name.startswith("train"))
-    return json.dumps(key, sort_keys=True)
+        # The split files' sizes and modification times: an edited corpus is a changed corpus.
+        key["files"] = sorted([entry.name, entry.stat().st_size, entry.stat().st_mtime_ns]
+                              for entry in os.scandir(data.path) if entry.is_file())
+    return key
 
 
-def cached_training_corpus(config: ml_collections.ConfigDict, workdir: str
-                           ) -> tuple[EncodedPairs | None, dict[str, list[Pair]], Tokenizer | None]:
-    """On a resume: the workdir's encoded training corpus (made with its tokenizer and these data
-    settings) and the dev/test splits, without reading or encoding the training text again.
+# The data settings a prepared corpus is made from; `path` and `tfds_data_dir` say where, the others what.
+CORPUS_SETTINGS = ("source", "path", "source_lang", "target_lang", "tfds_train_name", "tfds_eval_name",
+                   "tfds_data_dir", "vocab_size", "tokenizer_type", "byte_fallback")
+BUILTIN_SETTINGS = ("builtin_train_size", "builtin_dev_size", "builtin_test_size")
+# Where the data is read from: a corpus prepared on another machine may have read it from elsewhere.
+LOCATION_SETTINGS = ("path", "tfds_data_dir", "files")
 
-    (None, {}, None) when there is no tokenizer yet or no encoded corpus made for these settings.
+
+def check_corpus_key(corpus: PreparedCorpus, key: dict[str, Any], own: bool) -> None:
+    """Fail when `corpus` was prepared from other data settings than `key` (`own`: the run's own corpus in
+    its workdir, which also checks where the data lies and whether its files changed)."""
+    saved = corpus.manifest["key"]
+    fix = "or use a new workdir" if own else "or prepare the corpus again into a new directory"
+    if own and "files" in saved and saved.get("files") != key.get("files") and saved.get("path") == key.get("path"):
+        raise DataError(f"the files in data.path={key['path']} changed since {corpus.directory} was prepared "
+                        f"from them; restore them, {fix}")
+    for name in sorted(set(saved) | set(key)):
+        if name in (() if own else LOCATION_SETTINGS) + ("files",):
+            continue
+        if saved.get(name) != key.get(name):
+            setting = "training.seed" if name == "seed" else f"data.{name}"
+            raise DataError(f"{setting}={key.get(name)!r} differs from the {saved.get(name)!r} that {corpus.directory} "
+                            f"was prepared with; set --config.{setting}={saved.get(name)!r}, {fix}")
+
+
+def prepare_corpus(config: ml_collections.ConfigDict, directory: str, workers: int = 1,
+                   tokenizer_model: str | None = None) -> PreparedCorpus:
+    """Prepare the configured training corpus into `directory` (or open it, when prepared from these settings).
+
+    Reads the splits, trains the tokenizer (or uses `tokenizer_model`), encodes the training pairs with
+    `workers` processes and writes the shards, the length index and the dev/test text (prepared.py).
     """
-    check_tokenizer_settings(config, workdir)
-    if not is_file(layout.run_path(workdir, layout.TOKENIZER)):
-        return None, {}, None
-    tokenizer = Tokenizer.load(layout.run_path(workdir, layout.TOKENIZER))
-    key = encoded_corpus_key(config.data, config.training.seed, tokenizer)
-    train = load_encoded(layout.run_path(workdir, layout.ENCODED_TRAIN), key)
-    if train is None:
-        return None, {}, None
-    logging.info("read the encoded training corpus from %s (%d pairs)", layout.ENCODED_TRAIN, len(train))
-    return train, load_run_splits(config.data, config.training.seed, ("dev", "test")), tokenizer
+    key = corpus_key(config.data, config.training.seed)
+    if is_file(os.path.join(directory, MANIFEST)):
+        corpus = PreparedCorpus.open(directory)
+        check_corpus_key(corpus, key, own=True)
+        return corpus
+    check_can_write(directory)
+    data = config.data
+    splits = load_run_splits(data, config.training.seed, ("train", "dev", "test"))
+    train_pairs, dropped = drop_empty_pairs(splits.pop("train"))
+    if dropped:
+        logging.warning("dropped %d training pairs with an empty side", dropped)
+    if tokenizer_model is None:
+        load_or_train_tokenizer(directory, train_pairs, vocab_size=data.vocab_size, model_type=data.tokenizer_type,
+                                byte_fallback=data.byte_fallback, sample_size=data.tokenizer_sample_size,
+                                seed=config.training.seed)
+        tokenizer_model = os.path.join(directory, TOKENIZER)
+    elif Tokenizer.load(tokenizer_model).vocab_size != data.vocab_size:
+        raise DataError(f"data.vocab_size={data.vocab_size} differs from the {Tokenizer.load(tokenizer_model).vocab_size} "
+                        f"pieces of {tokenizer_model}; set --config.data.vocab_size to that, or use a new workdir")
+    return write_prepared(directory, key, tokenizer_model, train_pairs, splits, workers)
+
+
+def corpus_directory(config: ml_collections.ConfigDict, workdir: str) -> str:
+    """Where a run reads its prepared corpus: data.prepared, else `<workdir>/corpus` (prepared at its first start)."""
+    return config.data.prepared or layout.run_path(workdir, layout.CORPUS)
+
+
+def run_corpus(config: ml_collections.ConfigDict, workdir: str, process_index: int = 0,
+               process_count: int = 1) -> tuple[PreparedCorpus, Tokenizer]:
+    """The run's prepared training corpus and its tokenizer, also kept as `<workdir>/tokenizer.model`.
+
+    Without data.prepared, process 0 prepares `<workdir>/corpus` at the first start while the others
+    wait; then every process opens it and reads only the index until batches ask for its rows.
+    """
+    directory, own = corpus_directory(config, workdir), not config.data.prepared
+    workdir_tokenizer = layout.run_path(workdir, layout.TOKENIZER)
+    if own and process_index == 0:
+        prepare_corpus(config, directory, config.data.prepare_workers,
+                       tokenizer_model=workdir_tokenizer if is_file(workdir_tokenizer) else None)
+    if own and process_count > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("corpus prepared")
+    corpus = PreparedCorpus.open(directory)
+    check_corpus_key(corpus, corpus_key(config.data, config.training.seed), own)
+    tokenizer = Tokenizer.load(os.path.join(directory, TOKENIZER))
+    if tokenizer.fingerprint != corpus.manifest["tokenizer"]:
+        raise DataError(f"{directory}/{TOKENIZER} is not the tokenizer its corpus was prepared with; "
+                        f"prepare the corpus again into a new directory")
+    if is_file(workdir_tokenizer):
+        if Tokenizer.load(workdir_tokenizer).fingerprint != tokenizer.fingerprint:
+            raise DataError(f"{directory} was prepared with another tokenizer than {workdir_tokenizer} (this run's); "
+                            f"point data.prepared at the corpus this run started with, or use a new workdir")
+    elif process_index == 0:
+        write_atomically(workdir_tokenizer, read_bytes(os.path.join(directory, TOKENIZER)))
+    return corpus, tokenizer
+
+
+def run_split(config: ml_collections.ConfigDict, workdir: str, split: str) -> list[Pair]:
+    """A dev/test split of a run as text pairs: from its prepared corpus when there is one, else from the source."""
+    directory = corpus_directory(config, workdir)
+    if is_file(os.path.join(directory, MANIFEST)):
+        return PreparedCorpus.open(directory).split(split)
+    return load_run_splits(config.data, config.training.seed, (split,))[split]
 
 
 def prepare_data(
@@ -201,23 +224,13 @@ def prepare_data(
     process_index: int = 0,
     process_count: int = 1,
 ) -> RunData:
-    """Load the splits, train or reuse `<workdir>/tokenizer.model`, and build the training iterator.
+    """The run's prepared corpus (prepared first when needed), its tokenizer, the training iterator, dev and test.
 
     `row_multiple` (the number of devices the batch is split over) divides every batch's rows.
     """
     data = config.data
-    train, splits, tokenizer = cached_training_corpus(config, workdir)
-    if train is None:
-        splits = load_run_splits(data, config.training.seed, ("train", "dev", "test"))
-        train_pairs, dropped = drop_empty_pairs(splits.pop("train"))
-        if dropped:
-            logging.warning("dropped %d training pairs with an empty side", dropped)
-        tokenizer = shared_tokenizer(config, workdir, train_pairs, process_index, process_count)
-        train = encode_pairs(train_pairs, tokenizer, consume=True)  # the text goes as the arrays grow
-        if process_index == 0:
-            save_encoded(layout.run_path(workdir, layout.ENCODED_TRAIN), train, encoded_corpus_key(data, config.training.seed,
-                                                                                        tokenizer))
-    train, too_long = filter_by_length(train, data.max_length)
+    corpus, tokenizer = run_corpus(config, workdir, process_index, process_count)
+    train, too_long = filter_by_length(corpus, data.max_length)
     if too_long:
         logging.warning("dropped %d training pairs longer than max_length=%d", too_long, data.max_length)
     if data.tokens_per_batch < data.max_length * row_multiple:
@@ -238,4 +251,4 @@ def prepare_data(
         process_index=process_index,
         process_count=process_count,
     )
-    return RunData(tokenizer, iterator, eval_set(splits["dev"], tokenizer), eval_set(splits["test"], tokenizer))
+    return RunData(tokenizer, iterator, eval_set(corpus.split("dev"), tokenizer), eval_set(corpus.split("test"), tokenizer))

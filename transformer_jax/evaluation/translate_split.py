@@ -30,7 +30,7 @@ from transformer_jax.base.sharding import mesh_platform
 from transformer_jax.checkpoints.selection import Run, checkpoint_params, select_steps
 from transformer_jax.data.batching import restore_order
 from transformer_jax.data.encoded import EncodedPairs, encode_pairs
-from transformer_jax.data.pipeline import EvalSet, eval_set, load_run_splits
+from transformer_jax.data.pipeline import EvalSet, eval_set, run_split
 from transformer_jax.data.shapes import TranslationBatching, round_rows
 from transformer_jax.data.sources import read_lines
 from transformer_jax.data.tokenizer import Tokenizer
@@ -198,7 +198,7 @@ def evaluate_checkpoint(run: Run, spec: str, split: str, options: DecodeOptions,
     steps = select_steps(run.checkpointer, spec, run.config.eval.average_last)
     loss_step = dev_loss_step(run.model_config, run.config.training.label_smoothing)
     params = checkpoint_params(run, steps)
-    pairs = load_run_splits(run.config.data, run.config.training.seed, (split,))[split]
+    pairs = run_split(run.config, run.workdir, split)
     scores, hypotheses = evaluate_split(
         params, run.model_config, eval_set(pairs, run.tokenizer), run.tokenizer, options, batching=batching,
         dtype=dtype, target_lang=run.config.data.target_lang, loss_step=loss_step, show_progress=True, mesh=mesh)

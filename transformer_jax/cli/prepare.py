@@ -1,0 +1,47 @@
+"""python -m transformer_jax.cli.prepare --config=CONFIG --output=DIR [--workers=N] [--config.KEY=VALUE ...]
+
+Prepares the config's training corpus once, on one machine, before the run (a pod need not exist yet):
+trains the tokenizer, encodes the training split into token shards with N worker processes and writes
+the length index and the dev/test text to DIR (a local directory or gs://bucket/path). Then every
+process of the run reads only the pairs of its own rows:
+
+  python train.py --config=CONFIG --workdir=RUN --config.data.prepared=DIR
+"""
+
+import os
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # preparing is host work: no accelerator is started
+
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
+
+from transformer_jax.cli.commands import interrupts_reported, parse_flags, user_errors  # noqa: E402
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (see configs/).", lock_config=True)
+_OUTPUT = flags.DEFINE_string("output", None, "Directory to write the prepared corpus to (local or gs://).")
+_WORKERS = flags.DEFINE_integer("workers", os.cpu_count() or 1, "Processes encoding the training shards.")
+flags.mark_flags_as_required(["config", "output"])
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    with user_errors(), interrupts_reported(lambda: "the corpus is not prepared (it has no manifest.json); "
+                                            "the same command prepares it"):
+        from transformer_jax.config import check_run_config
+        from transformer_jax.data import prepare_corpus
+        from transformer_jax.errors import ConfigError
+
+        config = _CONFIG.value
+        check_run_config(config)
+        if _WORKERS.value < 1:
+            raise ConfigError(f"--workers={_WORKERS.value} must be at least 1")
+        start = time.perf_counter()
+        corpus = prepare_corpus(config, _OUTPUT.value, workers=_WORKERS.value)
+        seconds = time.perf_counter() - start
+        print(f"prepared {len(corpus)} training pairs in {len(corpus.manifest['shards'])} shard(s) at "
+              f"{_OUTPUT.value} ({seconds:.1f} s); train with --config.data.prepared={_OUTPUT.value}")
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,323 @@
+"""A prepared corpus: the training split tokenized once, as token shards and a length index read by row.
+
+Preparing (once, on one machine, before or at a run's first start) trains the tokenizer, encodes the
+training pairs into shards of raw token ids and writes a small index of their lengths:
+
+  manifest.json                 what it was prepared from, the shards and their sizes (written last)
+  tokenizer.model               the SentencePiece model every id was made with
+  lengths.npz                   source and target length of every pair: the index (8 bytes a pair)
+  train-00000-of-00004.tokens   pair after pair: source ids then target ids, each side ending in EOS
+  dev.json, test.json           the dev/test pairs as text (references stay untokenized)
+
+Every process of a run reads the index (the batch plan needs only lengths) and then only the token
+ranges of the pairs in its own rows: a memory map on a local disk (or a gcsfuse mount), concurrent
+byte-range reads on `gs://`. No process of a run tokenizes the training text.
+
+Why this format and not ArrayRecord/Grain: a pair is two short id sequences, so the flat shards and
+the index are all the random access needs (fairseq's and Megatron's indexed datasets are the same
+design); ArrayRecord's open-source reader opens local files only (riegeli's GCS reader is not open
+source), and Grain's samplers deal records to processes one by one, while our batches are planned
+over the whole corpus by token budget and dealt out as row blocks (batching.py); the background
+`training.prefetch.Prefetcher` already keeps input ahead of the step.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import hashlib
+import io
+import json
+import logging
+import math
+import multiprocessing
+import os
+import shutil
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from transformer_jax.base.files import exists, is_file, is_local, list_names, make_dirs, read_bytes, read_text, write_atomically
+from transformer_jax.data.encoded import EncodedPairs, Ragged, encode_pairs
+from transformer_jax.data.sources import Pair
+from transformer_jax.data.tokenizer import Tokenizer
+from transformer_jax.errors import DataError
+from transformer_jax.model.special_tokens import EOS_ID
+
+FORMAT = "transformer_jax prepared corpus 1"
+MANIFEST = "manifest.json"
+INDEX = "lengths.npz"
+TOKENIZER = "tokenizer.model"
+EVAL_SPLITS = ("dev", "test")
+SHARD_PAIRS = 1_000_000  # pairs per shard: the unit one preparing worker encodes and writes
+
+
+def shard_name(index: int, count: int) -> str:
+    """The file name of shard `index` of `count`."""
+    return f"train-{index:05d}-of-{count:05d}.tokens"
+
+
+def owned_name(name: str) -> bool:
+    """Whether `name` is a file a prepared corpus consists of (the only names preparing may overwrite)."""
+    return (name in (MANIFEST, INDEX, TOKENIZER) or name in (f"{split}.json" for split in EVAL_SPLITS)
+            or (name.startswith("train-") and name.endswith(".tokens")))
+
+
+def _fix(directory: str) -> str:
+    return f"prepare it again into a new directory (python -m transformer_jax.cli.prepare --output=DIR), " \
+           f"or point data.prepared at the corpus this run was started with"
+
+
+@dataclasses.dataclass(frozen=True)
+class Lengths:
+    """One side's sequence lengths without their tokens: the part of a side the batch plan reads."""
+
+    lengths: np.ndarray
+
+
+class PreparedCorpus:
+    """The training pairs of a prepared corpus: lengths in memory, tokens read on demand by `read`.
+
+    Works where `EncodedPairs` does for batching (`source.lengths`, `target.lengths`, `select`,
+    `read`); `records_read` counts the pairs this object has read (what a process of a run reads).
+    """
+
+    def __init__(self, directory: str, manifest: dict[str, Any], source_lengths: np.ndarray,
+                 target_lengths: np.ndarray, pair_ids: np.ndarray | None = None,
+                 shared: dict[str, Any] | None = None) -> None:
+        self.directory, self.manifest = directory, manifest
+        self.source, self.target = Lengths(source_lengths), Lengths(target_lengths)
+        self.pair_ids = pair_ids  # positions in the whole corpus (None: all pairs, in order)
+        self._shared = shared if shared is not None else self._locate(manifest, source_lengths, target_lengths)
+
+    @staticmethod
+    def _locate(manifest: dict[str, Any], source_lengths: np.ndarray, target_lengths: np.ndarray) -> dict[str, Any]:
+        """Each pair's shard and token offset in it, and the shard readers (opened on first read)."""
+        counts = np.asarray([shard["pairs"] for shard in manifest["shards"]], np.int64)
+        first_pair = np.concatenate([[0], np.cumsum(counts)])
+        totals = source_lengths.astype(np.int64) + target_lengths
+        offsets = np.cumsum(totals) - totals
+        shard_of = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+        offsets -= np.repeat((np.concatenate([[0], np.cumsum(totals)])[first_pair[:-1]]), counts)
+        return {"shard_of": shard_of, "offsets": offsets, "readers": {}, "records_read": 0}
+
+    @classmethod
+    def open(cls, directory: str) -> PreparedCorpus:
+        """Open and check a prepared corpus: its manifest, index checksum and shard sizes (DataError on damage)."""
+        manifest = read_manifest(directory)
+        index_path = os.path.join(directory, INDEX)
+        if not is_file(index_path):
+            raise DataError(f"{index_path} is missing; {_fix(directory)}")
+        index_bytes = read_bytes(index_path)
+        if hashlib.sha256(index_bytes).hexdigest() != manifest["index_sha256"]:
+            raise DataError(f"{index_path} changed since the corpus was prepared (its checksum differs); {_fix(directory)}")
+        with np.load(io.BytesIO(index_bytes)) as index:
+            source, target = index["source_lengths"], index["target_lengths"]
+        if len(source) != manifest["pairs"] or sum(s["pairs"] for s in manifest["shards"]) != manifest["pairs"]:
+            raise DataError(f"{index_path} lists {len(source)} pairs where {directory}/{MANIFEST} says "
+                            f"{manifest['pairs']}; {_fix(directory)}")
+        itemsize = np.dtype(manifest["dtype"]).itemsize
+        for shard, (start, end) in zip(manifest["shards"], _shard_bounds(manifest)):
+            path = os.path.join(directory, shard["name"])
+            expected = int(source[start:end].sum() + target[start:end].sum()) * itemsize
+            size = _size(path)
+            if size is None:
+                raise DataError(f"{path} is missing; {_fix(directory)}")
+            if size != expected or size != shard["bytes"]:
+                raise DataError(f"{path} has {size} bytes where {shard['bytes']} were written; it is damaged: "
+                                f"{_fix(directory)}")
+        return cls(directory, manifest, source, target)
+
+    def __len__(self) -> int:
+        return len(self.source.lengths)
+
+    @property
+    def records_read(self) -> int:
+        """Pairs read so far through this corpus and every selection of it."""
+        return self._shared["records_read"]
+
+    def select(self, indices: np.ndarray) -> PreparedCorpus:
+        """The pairs at `indices`, in that order (nothing is read)."""
+        ids = indices if self.pair_ids is None else self.pair_ids[indices]
+        return PreparedCorpus(self.directory, self.manifest, self.source.lengths[indices],
+                              self.target.lengths[indices], np.asarray(ids, np.int64), self._shared)
+
+    def read(self, items: np.ndarray) -> EncodedPairs:
+        """The token ids of the pairs at `items`, in that order: reads only those pairs' bytes."""
+        items = np.asarray(items, np.int64)
+        ids = items if self.pair_ids is None else self.pair_ids[items]
+        source_lengths, target_lengths = self.source.lengths[items], self.target.lengths[items]
+        totals = source_lengths.astype(np.int64) + target_lengths
+        starts = np.cumsum(totals) - totals  # where each pair goes in the values read
+        values = np.empty(int(totals.sum()), np.int32)
+        shard_of, offsets = self._shared["shard_of"][ids], self._shared["offsets"][ids]
+        for shard in np.unique(shard_of):
+            mine = np.flatnonzero(shard_of == shard)
+            self._read_shard(int(shard), offsets[mine], totals[mine], starts[mine], values)
+        self._shared["records_read"] += len(items)
+        source = Ragged(values, starts, source_lengths)
+        target = Ragged(values, starts + source_lengths, target_lengths)
+        ends = starts + totals
+        if len(items) and ((values[starts + source_lengths - 1] != EOS_ID).any() or (values[ends - 1] != EOS_ID).any()):
+            bad = sorted({self.manifest["shards"][s]["name"] for s in np.unique(shard_of)})
+            raise DataError(f"{self.directory}/{bad[0]} holds tokens that do not match its index (damaged shard); "
+                            f"{_fix(self.directory)}")
+        return EncodedPairs(source, target)
+
+    def _read_shard(self, shard: int, offsets: np.ndarray, totals: np.ndarray, destinations: np.ndarray,
+                    values: np.ndarray) -> None:
+        """Copy the token ranges [offset, offset + total) of one shard to `values` at `destinations`."""
+        path = os.path.join(self.directory, self.manifest["shards"][shard]["name"])
+        dtype = np.dtype(self.manifest["dtype"]).newbyteorder("<")
+        if is_local(path):
+            tokens = self._shared["readers"].get(shard)
+            if tokens is None:
+                tokens = self._shared["readers"][shard] = np.memmap(path, dtype=dtype, mode="r")
+            within = np.arange(int(totals.sum())) - np.repeat(np.cumsum(totals) - totals, totals)
+            values[np.repeat(destinations, totals) + within] = tokens[np.repeat(offsets, totals) + within]
+            return
+        import fsspec  # an object store: one concurrent request per pair's byte range (gcsfs for gs://)
+
+        filesystem, _ = fsspec.core.url_to_fs(path)
+        ranges = filesystem.cat_ranges([path] * len(offsets), (offsets * dtype.itemsize).tolist(),
+                                       ((offsets + totals) * dtype.itemsize).tolist())
+        for chunk, destination, total in zip(ranges, destinations, totals):
+            values[destination:destination + total] = np.frombuffer(chunk, dtype)
+
+    def read_all(self) -> EncodedPairs:
+        """Every pair's tokens in memory (for tools and benchmarks; a run reads by row)."""
+        return self.read(np.arange(len(self)))
+
+    def split(self, name: str) -> list[Pair]:
+        """The dev or test pairs stored as text beside the training shards."""
+        path = os.path.join(self.directory, f"{name}.json")
+        try:
+            return [tuple(pair) for pair in json.loads(read_text(path))]  # type: ignore[misc]
+        except (OSError, ValueError) as error:
+            raise DataError(f"{path} cannot be read ({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
+                            f"{_fix(self.directory)}") from None
+
+
+def _shard_bounds(manifest: dict[str, Any]) -> list[tuple[int, int]]:
+    counts = np.cumsum([0] + [shard["pairs"] for shard in manifest["shards"]])
+    return list(zip(counts[:-1].tolist(), counts[1:].tolist()))
+
+
+def _size(path: str) -> int | None:
+    if is_local(path):
+        return os.path.getsize(path) if os.path.isfile(path) else None
+    from etils import epath
+
+    target = epath.Path(path)
+    return target.stat().length if target.exists() else None
+
+
+def read_manifest(directory: str) -> dict[str, Any]:
+    """The manifest of the prepared corpus in `directory` (DataError when there is none or it is damaged)."""
+    path = os.path.join(directory, MANIFEST)
+    if not is_file(path):
+        raise DataError(f"{directory} is not a prepared corpus (no {MANIFEST}); prepare one with "
+                        f"python -m transformer_jax.cli.prepare --config=... --output={directory}")
+    try:
+        manifest = json.loads(read_text(path))
+        if manifest.get("format") != FORMAT:
+            raise ValueError(f"format {manifest.get('format')!r}")
+        manifest["shards"], manifest["index_sha256"], manifest["dtype"], manifest["pairs"]  # noqa: B018
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise DataError(f"{path} is damaged ({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
+                        f"{_fix(directory)}") from None
+    return manifest
+
+
+# --- preparing -------------------------------------------------------------------------------------
+
+_WORKER_TOKENIZER: dict[str, Tokenizer] = {}
+
+
+def encode_shard(tokenizer_path: str, pairs: Sequence[Pair], path: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
+    """Encode `pairs` and write their ids, pair after pair, to `path` (atomically); returns their lengths."""
+    tokenizer = _WORKER_TOKENIZER.get(tokenizer_path)
+    if tokenizer is None:
+        tokenizer = _WORKER_TOKENIZER[tokenizer_path] = Tokenizer.load(tokenizer_path)
+    encoded = encode_pairs(list(pairs), tokenizer)
+    # Interleave the two sides pair by pair: a pair's ids are one contiguous range.
+    source, target = encoded.source, encoded.target
+    totals = source.lengths.astype(np.int64) + target.lengths
+    starts = np.cumsum(totals) - totals
+    values = np.empty(int(totals.sum()), np.dtype(dtype).newbyteorder("<"))
+    for side, shift in ((source, 0), (target, source.lengths.astype(np.int64))):
+        within = np.arange(len(side.values)) - np.repeat(side.starts, side.lengths)
+        values[np.repeat(starts + shift, side.lengths) + within] = side.values
+    write_atomically(path, values.tobytes())
+    return source.lengths, target.lengths
+
+
+def write_prepared(directory: str, key: dict[str, Any], tokenizer_path: str, train: list[Pair],
+                   splits: dict[str, list[Pair]], workers: int = 1, shard_pairs: int = SHARD_PAIRS) -> PreparedCorpus:
+    """Encode `train` into shards with `workers` processes, write the index, the splits and (last) the manifest.
+
+    `tokenizer_path` is copied to the corpus unless it is already there. `train` is emptied shard by
+    shard as it is handed out, so the text and the shards are never both whole in this process.
+    """
+    make_dirs(directory)
+    tokenizer = Tokenizer.load(tokenizer_path)
+    dtype = "uint16" if tokenizer.vocab_size <= np.iinfo(np.uint16).max else "int32"
+    own_tokenizer = os.path.join(directory, TOKENIZER)
+    if os.path.normpath(tokenizer_path) != os.path.normpath(own_tokenizer):
+        write_atomically(own_tokenizer, read_bytes(tokenizer_path))
+    count = max(1, math.ceil(len(train) / shard_pairs))
+    names = [shard_name(index, count) for index in range(count)]
+    sizes = [min(shard_pairs, len(train) - index * shard_pairs) for index in range(count)]
+    lengths: list[tuple[np.ndarray, np.ndarray]] = []
+    if workers <= 1:
+        for name in names:
+            shard = train[:shard_pairs]
+            del train[:shard_pairs]
+            lengths.append(encode_shard(own_tokenizer, shard, os.path.join(directory, name), dtype))
+    else:
+        # Spawned workers: the parent may already run JAX's threads, which a fork would copy half-held.
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+            futures = []
+            for name in names:
+                shard = train[:shard_pairs]
+                del train[:shard_pairs]
+                futures.append(pool.submit(encode_shard, own_tokenizer, shard, os.path.join(directory, name), dtype))
+            lengths = [future.result() for future in futures]
+    source = np.concatenate([pair[0] for pair in lengths]).astype(np.int32)
+    target = np.concatenate([pair[1] for pair in lengths]).astype(np.int32)
+    buffer = io.BytesIO()
+    np.savez(buffer, source_lengths=source, target_lengths=target)
+    write_atomically(os.path.join(directory, INDEX), buffer.getvalue())
+    for split in EVAL_SPLITS:
+        write_atomically(os.path.join(directory, f"{split}.json"), json.dumps(splits[split], ensure_ascii=False))
+    itemsize = np.dtype(dtype).itemsize
+    shards, start = [], 0
+    for name, size in zip(names, sizes):
+        shards.append({"name": name, "pairs": size,
+                       "bytes": int(source[start:start + size].sum() + target[start:start + size].sum()) * itemsize})
+        start += size
+    manifest = {"format": FORMAT, "key": key, "tokenizer": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size,
+                "pairs": len(source), "dtype": dtype, "shards": shards,
+                "index_sha256": hashlib.sha256(buffer.getvalue()).hexdigest(),
+                "splits": {split: len(splits[split]) for split in EVAL_SPLITS}}
+    write_atomically(os.path.join(directory, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True))
+    logging.info("prepared %d training pairs in %d shard(s) at %s", len(source), count, directory)
+    return PreparedCorpus.open(directory)
+
+
+def check_can_write(directory: str) -> None:
+    """Refuse to prepare into a directory holding files that are not a prepared corpus's (nothing is overwritten)."""
+    if not exists(directory):
+        return
+    others = sorted(name for name in list_names(directory) if not owned_name(name.rstrip("/")))
+    if others:
+        raise DataError(f"{directory} holds other files ({', '.join(others[:3])}); prepare the corpus into an "
+                        f"empty or new directory")
+
+
+def remove_partial(directory: str) -> None:
+    """Delete a local unfinished preparation's files (no manifest yet): a rerun starts it again."""
+    if is_local(directory) and os.path.isdir(directory) and not os.path.exists(os.path.join(directory, MANIFEST)):
+        shutil.rmtree(directory, ignore_errors=True)
