@@ -24,8 +24,9 @@ _COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of pr
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (multihost).")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (multihost).")
 _COMPILATION_CACHE = flags.DEFINE_string(
-    "compilation_cache", default_cache_dir(),
-    "Keep compiled programs here and load them in later runs (empty: off).")
+    "compilation_cache", None, "Keep compiled programs here and load them in later runs: a directory (local or "
+    "gs://), 'workdir' for <workdir>/compilation_cache, or empty for off. Default: $JAX_COMPILATION_CACHE_DIR if set, "
+    f"else the workdir's with --multihost (it outlives a preempted host), else {default_cache_dir()}.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -61,7 +62,7 @@ def train(config, workdir: str, stage: list[str]) -> None:
 def main(argv: list[str]) -> None:
     del argv
     quiet_console()
-    use_compilation_cache(_COMPILATION_CACHE.value)
+    use_compilation_cache(_COMPILATION_CACHE.value, _WORKDIR.value, _MULTIHOST.value)
     stage = ["nothing; training had not started (its own Ctrl-C saves a checkpoint and stops)"]
     with user_errors(), interrupts_reported(lambda: stage[0], terminated_exit=0):  # SIGTERM: a rerun resumes
         config, workdir = _CONFIG.value, _WORKDIR.value

@@ -9,31 +9,34 @@ its cross-device sums go through the same collectives and the comparison can be 
 import json
 import pathlib
 import shutil
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
 
-from runs import finish_all, free_port, script_env, snapshot, start_script, tiny_run_config, write_config
+from runs import ROOT, finish_all, free_port, script_env, snapshot, start_script, tiny_run_config, write_config
 from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.training.metrics_log import read_metrics
 
 GLOBAL_DEVICES = 4
 
 
-def launch(config: str, workdir: pathlib.Path, num_processes: int, *, multihost: bool = True,
-           timeout: int = 400, devices: int = GLOBAL_DEVICES) -> pathlib.Path:
+def launch(config: str, workdir: pathlib.Path, num_processes: int, *args: str, multihost: bool = True,
+           timeout: int = 400, devices: int = GLOBAL_DEVICES, records_name: str = "records",
+           **env_extra: str) -> pathlib.Path:
     """Run train.py as `num_processes` processes over `devices` devices; returns the recordings' folder."""
-    records = workdir.parent / f"{workdir.name}.records"
+    records = workdir.parent / f"{workdir.name}.{records_name}"
     shutil.rmtree(records, ignore_errors=True)
-    env = script_env(devices // num_processes, RECORD_TO=str(records))
+    env = script_env(devices // num_processes, RECORD_TO=str(records), **env_extra)
     port = free_port()
     processes = []
     for index in range(num_processes):
         cluster = [f"--coordinator_address=localhost:{port}", f"--num_processes={num_processes}",
                    f"--process_id={index}", "--multihost"] if multihost else []
         processes.append(start_script("tests/record_batches.py", f"--config={config}", f"--workdir={workdir}",
-                                      *cluster, env=env))
+                                      *cluster, *args, env=env))
     finish_all(processes, timeout)
     return records
 
@@ -118,15 +121,40 @@ def test_a_two_process_checkpoint_resumes_in_a_plain_single_process(runs, tmp_pa
     assert all(snapshot(resumed / "checkpoints").get(k) == v for k, v in before.items())
 
 
-def test_four_processes_of_two_devices_on_a_data_by_fsdp_mesh_equal_one_process_of_eight(tmp_path):
-    """A pod-shaped run: 4 hosts x 2 chips, mesh data=4 x fsdp=2 (parameters sharded over pairs of devices)."""
+def test_four_processes_of_two_devices_read_only_their_rows_of_a_prepared_corpus_and_resume_after_sigterm(tmp_path):
+    """A pod-shaped run: 4 hosts x 2 chips, mesh data=4 x fsdp=2 (parameters sharded over pairs of devices),
+    on a corpus prepared beforehand. Each process reads only the pairs of its own rows; process 1 gets
+    SIGTERM mid-run, all four stop at the same step with a checkpoint and exit 0, and the rerun ends
+    with the metrics and parameters of one uninterrupted process of 8 devices."""
     config = tmp_path / "fsdp_config.py"
     config.write_text(f"exec(open({write_config(tmp_path)!r}).read())\n_tiny = get_config\n\n"
                       "def get_config():\n    config = _tiny()\n    config.mesh.update(data=4, fsdp=2)\n"
                       "    config.training.num_train_steps = 4\n    return config\n")
+    prepared = tmp_path / "prepared"
+    result = subprocess.run([sys.executable, "-m", "transformer_jax.cli.prepare", f"--config={config}",
+                             f"--output={prepared}", "--workers=1"], cwd=ROOT, env=script_env(), capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
     single, multi = tmp_path / "single", tmp_path / "multi"
-    launch(str(config), single, 1, devices=8)
-    launch(str(config), multi, 4, devices=8, timeout=600)
+    reference = launch(str(config), single, 1, f"--config.data.prepared={prepared}", devices=8)
+    stopped = launch(str(config), multi, 4, f"--config.data.prepared={prepared}", devices=8, timeout=600,
+                     records_name="stopped", TERMINATE_PROCESS="1", TERMINATE_AFTER_BATCH="2")
+    steps = [r["step"] for r in read_metrics(str(multi)) if r["split"] == "train"]
+    assert steps and steps[-1] < 4 and (multi / "checkpoints" / str(steps[-1])).is_dir()  # stopped early, saved
+    assert not (multi / "run.lock").exists()
+    # Each process read from disk exactly the pairs of its own rows: about a quarter of each batch.
+    alone = json.loads((reference / "process_0.json").read_text())
+    recorded = [json.loads((stopped / f"process_{index}.json").read_text()) for index in range(4)]
+    for record in recorded:
+        assert record["records_read"] == record["pairs_in_rows"] > 0
+    assert sum(r["records_read"] for r in recorded) < alone["records_read"]
+    # The first batches of the four shards, in process order, are the batches one process reads alone.
+    full = np.load(reference / "process_0.npz")
+    shards = [np.load(stopped / f"process_{index}.npz") for index in range(4)]
+    for key in set(full.keys()).intersection(*(shard.keys() for shard in shards)):
+        np.testing.assert_array_equal(np.concatenate([shard[key] for shard in shards]), full[key])
+    launch(str(config), multi, 4, f"--config.data.prepared={prepared}", devices=8, timeout=600,
+           records_name="resumed")
     assert [r["step"] for r in read_metrics(str(multi)) if r["split"] == "train"] == [1, 2, 3, 4]
     # Both go through the multi-process runtime, so their sums are taken in the same order (README).
     assert (multi / "metrics.jsonl").read_bytes() == (single / "metrics.jsonl").read_bytes()

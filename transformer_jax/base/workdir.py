@@ -9,6 +9,8 @@
   test_final.hyp/.json   the test translation and scores at the end of training
   eval/<split>.<tag>.hyp/.json   eval.py's translations and scores
   plots/                 figures (learning curves, attention maps, positional encodings)
+  compilation_cache/     JAX's compiled programs, with --multihost or --compilation_cache=workdir
+                         (base/compile_cache.py)
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ EVAL = "eval"
 PLOTS = "plots"
 LEARNING_CURVES = "learning_curves.png"
 POSITIONAL_ENCODING_PLOT = "positional_encoding.png"
+COMPILATION_CACHE = "compilation_cache"
 
 
 def run_path(workdir: str, *names: str) -> str:

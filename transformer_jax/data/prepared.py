@@ -32,7 +32,6 @@ import logging
 import math
 import multiprocessing
 import os
-import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -65,8 +64,9 @@ def owned_name(name: str) -> bool:
 
 
 def _fix(directory: str) -> str:
-    return f"prepare it again into a new directory (python -m transformer_jax.cli.prepare --output=DIR), " \
-           f"or point data.prepared at the corpus this run was started with"
+    """The repair for a damaged or changed corpus at `directory`."""
+    return (f"prepare it again into a new directory (python -m transformer_jax.cli.prepare --output=DIR) and point "
+            f"data.prepared there, or restore {directory} as it was prepared")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,55 +236,70 @@ _WORKER_TOKENIZER: dict[str, Tokenizer] = {}
 
 
 def encode_shard(tokenizer_path: str, pairs: Sequence[Pair], path: str, dtype: str) -> tuple[np.ndarray, np.ndarray]:
-    """Encode `pairs` and write their ids, pair after pair, to `path` (atomically); returns their lengths."""
+    """Encode `pairs` and write their ids to the shard `path`; returns their source and target lengths."""
     tokenizer = _WORKER_TOKENIZER.get(tokenizer_path)
     if tokenizer is None:
         tokenizer = _WORKER_TOKENIZER[tokenizer_path] = Tokenizer.load(tokenizer_path)
     encoded = encode_pairs(list(pairs), tokenizer)
-    # Interleave the two sides pair by pair: a pair's ids are one contiguous range.
-    source, target = encoded.source, encoded.target
+    write_shard(path, encoded, dtype)
+    return encoded.source.lengths, encoded.target.lengths
+
+
+def write_shard(path: str, pairs: EncodedPairs, dtype: str) -> None:
+    """Write the ids of `pairs` to `path` (atomically), pair after pair: source ids, then target ids."""
+    source, target = pairs.source, pairs.target
     totals = source.lengths.astype(np.int64) + target.lengths
     starts = np.cumsum(totals) - totals
     values = np.empty(int(totals.sum()), np.dtype(dtype).newbyteorder("<"))
     for side, shift in ((source, 0), (target, source.lengths.astype(np.int64))):
-        within = np.arange(len(side.values)) - np.repeat(side.starts, side.lengths)
-        values[np.repeat(starts + shift, side.lengths) + within] = side.values
+        within = np.arange(int(side.lengths.sum())) - np.repeat(np.cumsum(side.lengths, dtype=np.int64) - side.lengths,
+                                                                side.lengths)
+        values[np.repeat(starts + shift, side.lengths) + within] = side.values[np.repeat(side.starts, side.lengths) + within]
     write_atomically(path, values.tobytes())
-    return source.lengths, target.lengths
+
+
+def shard_dtype(vocab_size: int) -> str:
+    """Two bytes a token when the vocabulary allows it (37k pieces do), else four."""
+    return "uint16" if vocab_size <= np.iinfo(np.uint16).max + 1 else "int32"
 
 
 def write_prepared(directory: str, key: dict[str, Any], tokenizer_path: str, train: list[Pair],
                    splits: dict[str, list[Pair]], workers: int = 1, shard_pairs: int = SHARD_PAIRS) -> PreparedCorpus:
-    """Encode `train` into shards with `workers` processes, write the index, the splits and (last) the manifest.
+    """Encode `train` into shards with `workers` processes, then write the index, the splits and the manifest.
 
     `tokenizer_path` is copied to the corpus unless it is already there. `train` is emptied shard by
     shard as it is handed out, so the text and the shards are never both whole in this process.
     """
     make_dirs(directory)
     tokenizer = Tokenizer.load(tokenizer_path)
-    dtype = "uint16" if tokenizer.vocab_size <= np.iinfo(np.uint16).max else "int32"
+    dtype = shard_dtype(tokenizer.vocab_size)
     own_tokenizer = os.path.join(directory, TOKENIZER)
     if os.path.normpath(tokenizer_path) != os.path.normpath(own_tokenizer):
         write_atomically(own_tokenizer, read_bytes(tokenizer_path))
     count = max(1, math.ceil(len(train) / shard_pairs))
     names = [shard_name(index, count) for index in range(count)]
-    sizes = [min(shard_pairs, len(train) - index * shard_pairs) for index in range(count)]
-    lengths: list[tuple[np.ndarray, np.ndarray]] = []
-    if workers <= 1:
+
+    def shards() -> Any:
         for name in names:
             shard = train[:shard_pairs]
             del train[:shard_pairs]
-            lengths.append(encode_shard(own_tokenizer, shard, os.path.join(directory, name), dtype))
+            yield shard, os.path.join(directory, name)
+
+    if workers <= 1:
+        lengths = [encode_shard(own_tokenizer, shard, path, dtype) for shard, path in shards()]
     else:
         # Spawned workers: the parent may already run JAX's threads, which a fork would copy half-held.
         context = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
-            futures = []
-            for name in names:
-                shard = train[:shard_pairs]
-                del train[:shard_pairs]
-                futures.append(pool.submit(encode_shard, own_tokenizer, shard, os.path.join(directory, name), dtype))
+            futures = [pool.submit(encode_shard, own_tokenizer, shard, path, dtype) for shard, path in shards()]
             lengths = [future.result() for future in futures]
+    return finish_prepared(directory, key, tokenizer, names, lengths, splits, dtype)
+
+
+def finish_prepared(directory: str, key: dict[str, Any], tokenizer: Tokenizer, names: list[str],
+                    lengths: list[tuple[np.ndarray, np.ndarray]], splits: dict[str, list[Pair]],
+                    dtype: str) -> PreparedCorpus:
+    """Write the length index, the dev/test text and, last, the manifest of shards already written."""
     source = np.concatenate([pair[0] for pair in lengths]).astype(np.int32)
     target = np.concatenate([pair[1] for pair in lengths]).astype(np.int32)
     buffer = io.BytesIO()
@@ -293,17 +308,14 @@ def write_prepared(directory: str, key: dict[str, Any], tokenizer_path: str, tra
     for split in EVAL_SPLITS:
         write_atomically(os.path.join(directory, f"{split}.json"), json.dumps(splits[split], ensure_ascii=False))
     itemsize = np.dtype(dtype).itemsize
-    shards, start = [], 0
-    for name, size in zip(names, sizes):
-        shards.append({"name": name, "pairs": size,
-                       "bytes": int(source[start:start + size].sum() + target[start:start + size].sum()) * itemsize})
-        start += size
+    shards = [{"name": name, "pairs": len(pair[0]), "bytes": int(pair[0].sum() + pair[1].sum()) * itemsize}
+              for name, pair in zip(names, lengths)]
     manifest = {"format": FORMAT, "key": key, "tokenizer": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size,
                 "pairs": len(source), "dtype": dtype, "shards": shards,
                 "index_sha256": hashlib.sha256(buffer.getvalue()).hexdigest(),
                 "splits": {split: len(splits[split]) for split in EVAL_SPLITS}}
     write_atomically(os.path.join(directory, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True))
-    logging.info("prepared %d training pairs in %d shard(s) at %s", len(source), count, directory)
+    logging.info("prepared %d training pairs in %d shard(s) at %s", len(source), len(names), directory)
     return PreparedCorpus.open(directory)
 
 
@@ -315,9 +327,3 @@ def check_can_write(directory: str) -> None:
     if others:
         raise DataError(f"{directory} holds other files ({', '.join(others[:3])}); prepare the corpus into an "
                         f"empty or new directory")
-
-
-def remove_partial(directory: str) -> None:
-    """Delete a local unfinished preparation's files (no manifest yet): a rerun starts it again."""
-    if is_local(directory) and os.path.isdir(directory) and not os.path.exists(os.path.join(directory, MANIFEST)):
-        shutil.rmtree(directory, ignore_errors=True)
