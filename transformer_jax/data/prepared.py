@@ -98,8 +98,10 @@ class PreparedCorpus:
         first_pair = np.concatenate([[0], np.cumsum(counts)])
         totals = source_lengths.astype(np.int64) + target_lengths
         offsets = np.cumsum(totals) - totals
-        shard_of = np.repeat(np.arange(len(counts), dtype=np.int32), counts)
+        shard_of = np.repeat(np.arange(len(counts), dtype=np.int16 if len(counts) < 2**15 else np.int32), counts)
         offsets -= np.repeat((np.concatenate([[0], np.cumsum(totals)])[first_pair[:-1]]), counts)
+        if len(offsets) and offsets.max() < np.iinfo(np.int32).max:
+            offsets = offsets.astype(np.int32)  # offsets inside a shard: 4 bytes a pair unless a shard is huge
         return {"shard_of": shard_of, "offsets": offsets, "readers": {}, "records_read": 0}
 
     @classmethod
@@ -151,7 +153,7 @@ class PreparedCorpus:
         totals = source_lengths.astype(np.int64) + target_lengths
         starts = np.cumsum(totals) - totals  # where each pair goes in the values read
         values = np.empty(int(totals.sum()), np.int32)
-        shard_of, offsets = self._shared["shard_of"][ids], self._shared["offsets"][ids]
+        shard_of, offsets = self._shared["shard_of"][ids], self._shared["offsets"][ids].astype(np.int64)
         for shard in np.unique(shard_of):
             mine = np.flatnonzero(shard_of == shard)
             self._read_shard(int(shard), offsets[mine], totals[mine], starts[mine], values)
@@ -171,11 +173,17 @@ class PreparedCorpus:
         path = os.path.join(self.directory, self.manifest["shards"][shard]["name"])
         dtype = np.dtype(self.manifest["dtype"]).newbyteorder("<")
         if is_local(path):
-            tokens = self._shared["readers"].get(shard)
-            if tokens is None:
-                tokens = self._shared["readers"][shard] = np.memmap(path, dtype=dtype, mode="r")
-            within = np.arange(int(totals.sum())) - np.repeat(np.cumsum(totals) - totals, totals)
-            values[np.repeat(destinations, totals) + within] = tokens[np.repeat(offsets, totals) + within]
+            # One pread per pair: a memory map would be simpler, but each page fault maps the page cache
+            # around it (megabytes on some file systems), so a process's memory would grow with the corpus.
+            descriptor = self._shared["readers"].get(shard)
+            if descriptor is None:
+                descriptor = self._shared["readers"][shard] = os.open(path, os.O_RDONLY)
+            size = dtype.itemsize
+            read = os.pread
+            tokens = np.frombuffer(b"".join([read(descriptor, length, offset) for length, offset in
+                                             zip((totals * size).tolist(), (offsets * size).tolist())]), dtype)
+            firsts = np.cumsum(totals) - totals  # where each pair starts in `tokens`
+            values[np.repeat(destinations - firsts, totals) + np.arange(len(tokens))] = tokens
             return
         import fsspec  # an object store: one concurrent request per pair's byte range (gcsfs for gs://)
 
