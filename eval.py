@@ -8,15 +8,21 @@
   python eval.py --workdir=DIR [--checkpoint=...] --export=ctranslate2:OUT   # a CTranslate2 model directory
   python eval.py --workdir=DIR --plot_attention="the dog jumped over the wall" [--plot_attention_target=TEXT]
   python eval.py --workdir=DIR --plot_positional_encoding --plot_curves   # PNGs under DIR/plots/
+
+On a TPU pod (or several hosts), every process runs the same command with --multihost (and, without
+auto-detection, --coordinator_address, --num_processes, --process_id): the split is translated over
+all their devices, and process 0 alone writes files and prints.
 """
 
+import jax
 from absl import app, flags
 
 from transformer_jax.base import default_cache_dir, make_mesh, quiet_console, set_cpu_devices, use_compilation_cache
 from transformer_jax.checkpoints import checkpoint_params, open_run, select_steps, write_params
-from transformer_jax.cli import interrupts_reported, parse_flags, user_errors
+from transformer_jax.cli import initialize_distributed, interrupts_reported, parse_flags, user_errors
 from transformer_jax.config import decode_options, decoding_dtype, translation_batching
 from transformer_jax.decoding import DecodeOptions
+from transformer_jax.errors import ConfigError
 from transformer_jax.evaluation import evaluate_checkpoint, format_results, translate_file, write_figures
 from transformer_jax.export import export_run, export_target
 
@@ -49,11 +55,18 @@ _ATTENTION_TARGET = flags.DEFINE_string(
 _POSITIONS = flags.DEFINE_bool("plot_positional_encoding", False, "Plot the positional-encoding matrix.")
 _CURVES = flags.DEFINE_bool("plot_curves", False, "Plot loss, learning rate and BLEU from metrics.jsonl.")
 _COMPILATION_CACHE = flags.DEFINE_string(
-    "compilation_cache", default_cache_dir(),
-    "Keep compiled programs here and load them in later runs (empty: off).")
+    "compilation_cache", None, "Keep compiled programs here and load them in later runs: a directory (local or "
+    "gs://), 'workdir' for <workdir>/compilation_cache, or empty for off. Default: $JAX_COMPILATION_CACHE_DIR if set, "
+    f"else the workdir's with --multihost (it outlives a preempted host), else {default_cache_dir()}.")
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", None, "On a CPU backend, devices that split each batch's rows (0: one per core, at most 8; "
     "default: the count XLA_FLAGS or JAX_NUM_CPU_DEVICES set, else 0). GPU/TPU backends are not affected.")
+_MULTIHOST = flags.DEFINE_bool(
+    "multihost", False, "Join a multi-process run with jax.distributed.initialize() (auto-detected on "
+    "TPU pods and SLURM; elsewhere give the three flags below). Every process runs the same command.")
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multihost).")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (multihost).")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (multihost).")
 flags.mark_flag_as_required("workdir")
 
 
@@ -74,7 +87,7 @@ def translation(run_config) -> dict:
 def main(argv: list[str]) -> None:
     del argv
     quiet_console()
-    use_compilation_cache(_COMPILATION_CACHE.value)
+    use_compilation_cache(_COMPILATION_CACHE.value, _WORKDIR.value, _MULTIHOST.value)
     printed = [0]  # translations written to stdout so far (--translate)
 
     def finished() -> str:
@@ -84,7 +97,14 @@ def main(argv: list[str]) -> None:
 
     with user_errors(), interrupts_reported(finished):
         set_cpu_devices(_CPU_DEVICES.value)  # before JAX starts its backends
+        if _MULTIHOST.value:
+            initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+        # Every process does the same work (restoring and translating are collective); process 0 reports it.
+        lead = not _MULTIHOST.value or jax.process_index() == 0
+        say = print if lead else lambda *args, **kwargs: None
         if _CURVES.value or _POSITIONS.value or {_ATTENTION.value, _ATTENTION_TARGET.value} != {None}:
+            if _MULTIHOST.value and jax.process_count() > 1:
+                raise ConfigError("the --plot_* figures are drawn by one process; run them without --multihost")
             for path in write_figures(_WORKDIR.value, _CHECKPOINT.value, decoding_options, attention=_ATTENTION.value,
                                       attention_target=_ATTENTION_TARGET.value,
                                       positional_encoding=_POSITIONS.value, curves=_CURVES.value, dtype=_DTYPE.value):
@@ -95,20 +115,21 @@ def main(argv: list[str]) -> None:
         try:
             options, batching_and_dtype = decoding_options(run.config), translation(run.config)  # checked first
             if not (_AVERAGED.value or _TRANSLATE.value or target):
-                print(format_results(evaluate_checkpoint(run, _CHECKPOINT.value, _SPLIT.value, options,
-                                                         mesh=make_mesh(), **batching_and_dtype)))
+                say(format_results(evaluate_checkpoint(run, _CHECKPOINT.value, _SPLIT.value, options,
+                                                       mesh=make_mesh(), **batching_and_dtype)))
                 return
             steps = select_steps(run.checkpointer, _CHECKPOINT.value, run.config.eval.average_last)
+            params = checkpoint_params(run, steps)
             if target:
-                directory = export_run(run, checkpoint_params(run, steps), target)
-                print(f"wrote steps {steps} as a {target.format} model to {directory}")
+                if lead:
+                    say(f"wrote steps {steps} as a {target.format} model to {export_run(run, params, target)}")
             elif _AVERAGED.value:
-                write_params(checkpoint_params(run, steps), _AVERAGED.value)
-                print(f"wrote the parameters of steps {steps} to {_AVERAGED.value}")
+                write_params(params, _AVERAGED.value)  # every process takes part; Orbax writes from process 0
+                say(f"wrote the parameters of steps {steps} to {_AVERAGED.value}")
             else:
-                for line in translate_file(run, checkpoint_params(run, steps), _TRANSLATE.value, options,
-                                           mesh=make_mesh(), **batching_and_dtype):
-                    print(line, flush=True)
+                for line in translate_file(run, params, _TRANSLATE.value, options, mesh=make_mesh(),
+                                           **batching_and_dtype):
+                    say(line, flush=True)
                     printed[0] += 1
         finally:
             run.checkpointer.close()

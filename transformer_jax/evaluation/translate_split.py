@@ -6,6 +6,11 @@ optionally the loss); `evaluate_checkpoint` does the same for a saved run's chec
 the results next to the run. Given a device mesh, each device decodes its own rows of every batch
 (`translate_rows`: parameters replicated, no communication inside the search) and the outputs are
 gathered; the translations are those of one device.
+
+A mesh may span several processes (a TPU pod, `--multihost`): every process reads the whole split and
+makes the same batches, places them as one global array (each device copying its own rows,
+`place_rows`), and gathers every batch's outputs (`process_allgather`), so all processes hold the same
+translations and scores; process 0 alone writes them (`evaluate_checkpoint`).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.data.translation_batches import translation_batches
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.translate import decoding_precision, translate_batch, translate_rows
-from transformer_jax.errors import DataError
+from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.evaluation.scores import translation_scores
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.special_tokens import EOS_ID
@@ -125,7 +130,8 @@ def translate_encoded(
     outputs: list[str] = []
     indices: list[int] = []
     pending: tuple[jax.Array, np.ndarray] | None = None
-    with tqdm(total=len(encoded), unit="sent", desc="translate", disable=not show_progress) as progress:
+    shown = show_progress and jax.process_index() == 0  # one bar for a multi-process run, not one per host
+    with tqdm(total=len(encoded), unit="sent", desc="translate", disable=not shown) as progress:
         progress.update(int(empty.sum()))
         # One batch in flight: the next is dispatched before the last one's ids are fetched and detokenized.
         for batch in [*batches, None]:
@@ -193,7 +199,9 @@ def evaluate_checkpoint(run: Run, spec: str, split: str, options: DecodeOptions,
 
     "average" averages the run's `eval.average_last` checkpoints. Hypotheses go to
     `<workdir>/eval/<split>.<tag>.hyp`, scores to the matching `.json`. With `mesh`, the work is split
-    over its devices; the loss is the run builder's dev-loss step, as in training.
+    over its devices; the loss is the run builder's dev-loss step, as in training. In a multi-process
+    run every process calls this alike (restoring and translating are collective) and gets the same
+    results; process 0 alone writes the files.
     """
     steps = select_steps(run.checkpointer, spec, run.config.eval.average_last)
     loss_step = dev_loss_step(run.model_config, run.config.training.label_smoothing)
@@ -204,7 +212,9 @@ def evaluate_checkpoint(run: Run, spec: str, split: str, options: DecodeOptions,
         dtype=dtype, target_lang=run.config.data.target_lang, loss_step=loss_step, show_progress=True, mesh=mesh)
     results = {"split": split, "checkpoint": spec, "steps": steps, **scores}
     base = layout.run_path(run.workdir, layout.EVAL, f"{split}.{checkpoint_tag(steps)}")
-    results["hypotheses_path"] = write_results(base, results, hypotheses)
+    if jax.process_index() == 0:  # every process holds the same results; one writes them
+        write_results(base, results, hypotheses)
+    results["hypotheses_path"] = base + ".hyp"
     return results
 
 
@@ -231,7 +241,10 @@ def translate_file(run: Run, params: Any, path: str, options: DecodeOptions, *,
                    batching: TranslationBatching = TranslationBatching(), dtype: str = "",
                    mesh: Mesh | None = None) -> Iterator[str]:
     """Translations of each line of the UTF-8 text file `path` ("-": standard input, a line at a time,
-    on one device), batches split over `mesh` when given."""
+    on one device, in a single-process run), batches split over `mesh` when given."""
+    if path == "-" and jax.process_count() > 1:
+        raise ConfigError("--translate=- reads standard input in one process; run it without --multihost, "
+                          "or pass a file that every process can read")
     if path == "-":
         yield from translate_lines(run, params, sys.stdin, options, batching=batching.replace(batch_size=1),
                                    dtype=dtype)

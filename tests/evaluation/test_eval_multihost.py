@@ -1,0 +1,162 @@
+"""eval.py --multihost: 2 processes x 2 CPU devices evaluate a run as 1 process with 4 devices does.
+
+A tiny run is trained once. eval.py then scores its test split with the average of its last two
+checkpoints, and translates a file, once as one process with 4 CPU devices and once as two processes
+of 2 devices each joined by jax.distributed (gloo collectives on CPU). Every eval.py runs under an
+audit hook (DRIVER) that records which paths it opens for writing, renames or creates inside the
+workdir, so the test sees which process wrote what, not only the files that resulted.
+
+On CPU, XLA's gloo collectives print "[Gloo] Rank i is connected to ..." to standard output when they
+connect; those lines come from XLA, not from eval.py, and are left out of the comparisons.
+"""
+
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from runs import ROOT, finish_all, free_port, run_script, script_env, write_config
+
+# Long enough (with a steeper schedule than configs/smoke.py) that the hypotheses are not empty lines
+# and their lengths differ from sentence to sentence: a misplaced row would change the .hyp file.
+TRAINING = ("--config.training.num_train_steps=200", "--config.training.checkpoint_every=100",
+            "--config.training.eval_every=1000", "--config.training.warmup_steps=30",
+            "--config.training.learning_rate_scale=2", "--config.training.label_smoothing=0",
+            "--config.model.dropout_rate=0")
+EVALUATION = ("--checkpoint=average:2",)
+# 10 lines (not a multiple of the 4 devices) of many lengths, one empty.
+SENTENCES = ["The dog sleeps.", "This is the house that we will build together in the spring.", "Yes.",
+             "We must take the train before the meeting ends.", "A cat", "",
+             "Blootroft blits lehairk the heaft with a meapret.", "They sing", "Where is the old bridge now?",
+             "Tero must fregrosk that the vunt does not fud the joskeams before froskir trojan beglesks must skeap it."]
+
+# argv: WORKDIR RECORD SCRIPT ARGS...: run SCRIPT with ARGS; at exit, write to RECORD the paths inside
+# WORKDIR that this process opened for writing, renamed to, removed or created as a directory (Python's
+# file operations; Orbax writes array data from C++, which the test checks by the files it finds).
+DRIVER = textwrap.dedent(
+    """
+    import atexit, json, os, runpy, sys
+    workdir, record, script = (os.path.abspath(arg) for arg in sys.argv[1:4])
+    written = []
+    WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+
+    def inside(path):
+        if isinstance(path, (str, bytes)):
+            path = os.path.abspath(os.fsdecode(path))
+            if path == workdir or path.startswith(workdir + os.sep):
+                written.append(os.path.relpath(path, workdir))
+
+    def watch(event, args):
+        if event == "open" and ((args[2] or 0) & WRITING or any(c in (args[1] or "") for c in "wax+")):
+            inside(args[0])
+        elif event == "os.rename":
+            inside(args[1])
+        elif event in ("os.remove", "os.rmdir") or event == "os.mkdir" and not os.path.isdir(args[0]):
+            inside(args[0])
+
+    def save():
+        with open(record, "w") as f:
+            f.write(json.dumps(sorted(set(written))))
+
+    sys.addaudithook(watch)
+    atexit.register(save)
+    sys.argv = [script, *sys.argv[4:]]
+    runpy.run_path(script, run_name="__main__")
+    """
+)
+
+
+def start_eval(workdir: pathlib.Path, record: pathlib.Path, *args: str, devices: int) -> subprocess.Popen:
+    """Start eval.py on `devices` CPU devices under DRIVER (its writes inside `workdir` go to `record`)."""
+    return subprocess.Popen([sys.executable, "-c", DRIVER, str(workdir), str(record), str(ROOT / "eval.py"),
+                             f"--workdir={workdir}", *args], cwd=ROOT, env=script_env(devices),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def printed(stdout: str) -> list[str]:
+    """The lines eval.py printed (XLA's gloo connection lines left out)."""
+    return [line for line in stdout.splitlines() if not line.startswith("[Gloo]")]
+
+
+def writes(record: pathlib.Path) -> list[str]:
+    """The paths a DRIVER record lists, a temporary file (`<path>.tmp.<unique>`, renamed over `path`) as `path`."""
+    return sorted({path.split(".tmp.")[0] for path in json.loads(record.read_text())})
+
+
+def eval_alone(workdir: pathlib.Path, records: pathlib.Path, *args: str) -> tuple[list[str], list[str]]:
+    """eval.py as one process with 4 CPU devices: (printed lines, paths written inside the workdir)."""
+    stdout, _ = finish_all([start_eval(workdir, records / "alone.json", *args, "--cpu_devices=4", devices=4)])[0]
+    return printed(stdout), writes(records / "alone.json")
+
+
+def eval_on_two_processes(workdir: pathlib.Path, records: pathlib.Path,
+                          *args: str) -> list[tuple[list[str], list[str]]]:
+    """eval.py as 2 processes x 2 CPU devices (--multihost): per process, (printed lines, paths written)."""
+    cluster = ("--multihost", f"--coordinator_address=localhost:{free_port()}", "--num_processes=2")
+    processes = [start_eval(workdir, records / f"process_{index}.json", *args, *cluster, f"--process_id={index}",
+                            devices=2) for index in range(2)]
+    outputs = finish_all(processes, timeout=300)
+    return [(printed(stdout), writes(records / f"process_{index}.json"))
+            for index, (stdout, _) in enumerate(outputs)]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> pathlib.Path:
+    """The tiny run trained to step 200 on one device; checkpoints at steps 100 and 200."""
+    directory = tmp_path_factory.mktemp("eval_multihost")
+    workdir = directory / "run"
+    result = run_script("train.py", f"--config={write_config(directory)}", f"--workdir={workdir}", *TRAINING,
+                        env=script_env(1))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return workdir
+
+
+def test_two_processes_score_the_split_like_one_and_only_process_0_writes_and_prints(trained, tmp_path):
+    written = trained / "eval" / "test.average_2_to_200"
+    alone, alone_writes = eval_alone(trained, tmp_path, *EVALUATION)
+    expected = {suffix: pathlib.Path(f"{written}{suffix}").read_text() for suffix in (".hyp", ".json")}
+    shutil.rmtree(trained / "eval")
+
+    (first, first_writes), (second, second_writes) = eval_on_two_processes(trained, tmp_path, *EVALUATION)
+    assert {suffix: pathlib.Path(f"{written}{suffix}").read_text() for suffix in (".hyp", ".json")} == expected
+    assert first == alone and alone[0] == "test (16 sentences, checkpoint average:2 = steps [100, 200])"
+    assert second == []
+    assert first_writes == alone_writes and {"eval/test.average_2_to_200.hyp",
+                                             "eval/test.average_2_to_200.json"} <= set(first_writes)
+    assert second_writes == []
+    # The outputs are real sentences of many lengths, so the comparison above can catch misplaced rows.
+    hypotheses = expected[".hyp"].splitlines()
+    assert len(hypotheses) == 16 and all(hypotheses) and len({len(line) for line in hypotheses}) > 8
+    assert json.loads(expected[".json"])["steps"] == [100, 200]
+
+
+def test_two_processes_translate_a_file_and_only_process_0_prints(trained, tmp_path):
+    lines = tmp_path / "lines.txt"
+    lines.write_text("\n".join(SENTENCES) + "\n")
+    alone, alone_writes = eval_alone(trained, tmp_path, *EVALUATION, f"--translate={lines}")
+    (first, first_writes), (second, second_writes) = eval_on_two_processes(
+        trained, tmp_path, *EVALUATION, f"--translate={lines}")
+    assert first == alone and len(alone) == 10 and alone[5] == "" and all(alone[:5])
+    assert second == [] and first_writes == second_writes == alone_writes == []
+
+
+def test_two_processes_write_the_averaged_parameters_once(trained, tmp_path):
+    alone, alone_writes = eval_alone(trained, tmp_path, *EVALUATION, f"--write_averaged={trained / 'alone'}")
+    (first, first_writes), (second, second_writes) = eval_on_two_processes(
+        trained, tmp_path, *EVALUATION, f"--write_averaged={trained / 'two'}")
+    assert first == [line.replace("alone", "two") for line in alone] and second == []
+    assert first_writes == [path.replace("alone", "two") for path in alone_writes] and second_writes == []
+    # The same layout (array data under ocdbt.process_0/ only: Orbax writes it from process 0) and values.
+    assert sorted(path.name for path in (trained / "two").iterdir()) == sorted(
+        path.name for path in (trained / "alone").iterdir())
+    assert (trained / "two" / "ocdbt.process_0").is_dir() and not list((trained / "two").rglob("*process_1*"))
+    for a, b in zip(*(jax.tree.leaves(ocp.StandardCheckpointer().restore(str(trained / name)))
+                      for name in ("alone", "two")), strict=True):
+        np.testing.assert_array_equal(a, b)
