@@ -100,7 +100,27 @@ def test_the_command_prints_the_table_and_fits(tmp_path):
     result = run_aot(tmp_path, "--topology=v5e-4", "--config.mesh.fsdp=2")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "mesh            data=2 x fsdp=2" in result.stdout and "all-gather" in result.stdout
+    assert "host input      not measured: no corpus" in result.stdout
     assert result.stdout.rstrip().endswith("fits")
+
+
+def test_on_a_prepared_corpus_the_preflight_compiles_its_widths_and_times_one_host_s_input(tmp_path):
+    """v5e:4x4 is 4 host processes: the preflight times building one of their four blocks of rows."""
+    from transformer_jax.aot.host_input import HostInput
+    from transformer_jax.data import prepare_corpus, prepare_data
+
+    config = small_run()
+    corpus = tmp_path / "prepared"
+    prepare_corpus(config, str(corpus))
+    result = run_aot(tmp_path, "--topology=v5e:4x4", f"--config.data.prepared={corpus}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    config.data.prepared = str(corpus)
+    widths = prepare_data(config, None, row_multiple=16).train.batch_shapes()
+    assert f"shapes          train {', '.join(f'{r}x{w}' for r, w in widths)};" in result.stdout
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("host input")]
+    assert "ms per update to build one of 4 host processes' rows" in line, line
+    assert HostInput(0.010, 4).line(0.005).endswith("(data.tokens_per_batch, accumulation)")  # slower than the chips
+    assert "keeps input ahead" in HostInput(0.001, 4).line(0.005)
 
 
 def test_a_tiny_memory_does_not_fit_and_names_what_to_change(tmp_path):

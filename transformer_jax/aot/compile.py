@@ -20,7 +20,7 @@ from jax.sharding import Mesh
 
 from transformer_jax.cli.commands import training_workdir
 from transformer_jax.config.schema import decode_options, decoding_dtype
-from transformer_jax.data.pipeline import prepare_data
+from transformer_jax.data.pipeline import RunData, prepare_data
 from transformer_jax.data.shapes import BatchShapes
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.training.programs import RunPrograms, build_run_for
@@ -113,17 +113,25 @@ class RunShapes:
 PROGRAMS = ("train", "dev_loss", "decode")
 
 
-def run_programs(config: ml_collections.ConfigDict, mesh: Mesh, workdir: str | None = None) -> RunPrograms:
+def run_data(config: ml_collections.ConfigDict, mesh: Mesh, workdir: str | None = None) -> RunData | None:
+    """The corpus train.py would read, when there is one: data.prepared, or `workdir`'s (prepared there as
+    train.py does, reusing what is already there, while holding the workdir's lock); else None."""
+    if workdir:
+        with training_workdir(workdir):  # created if new; owned, as a train.py on it may be preparing it too
+            return prepare_data(config, workdir, row_multiple=mesh.size)
+    if config.data.prepared:
+        return prepare_data(config, None, row_multiple=mesh.size)
+    return None
+
+
+def run_programs(config: ml_collections.ConfigDict, mesh: Mesh, workdir: str | None = None,
+                 data: RunData | None = None) -> RunPrograms:
     """The run builder's programs of `config` on `mesh`, for the batch shapes train.py would feed.
 
-    With `workdir`, the shapes are the ones its corpus gives (the data pipeline prepares the run's
-    tokenizer and encoded corpus there, as train.py does, reusing what is already there); without,
-    rows of data.max_length, and the vocabulary is data.vocab_size (the tokenizer is not trained).
+    The shapes are those of `data`, or of the corpus `run_data` finds (data.prepared, or `workdir`'s);
+    without a corpus, rows of data.max_length, and the vocabulary is data.vocab_size (no tokenizer is trained).
     """
-    if not workdir:
-        return build_run_for(config, mesh)
-    with training_workdir(workdir):  # created if new; owned, as a train.py on it may be preparing it too
-        return build_run_for(config, mesh, prepare_data(config, workdir, row_multiple=mesh.size))
+    return build_run_for(config, mesh, data or run_data(config, mesh, workdir))
 
 
 def run_shapes(programs: RunPrograms) -> RunShapes:

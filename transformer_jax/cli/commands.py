@@ -104,6 +104,11 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
     """
     import jax
 
+    # JAX's preemption service would install a C++ SIGTERM handler here that replaces Python's for good:
+    # a SIGTERM during start-up, compiling or the test translation would then be swallowed. Its sync point
+    # is driven by SIGTERM alone (jaxlib's only notifier), which our own handler and the loop's per-step
+    # agreement (training/preemption.py) already hear, on every platform and at every point of the run.
+    jax.config.update("jax_enable_preemption_service", False)
     try:
         jax.distributed.initialize(coordinator_address, num_processes, process_id)
     except (ValueError, RuntimeError) as error:

@@ -254,6 +254,12 @@ class BatchIterator:
         self.epoch, self.position = 0, 0
         self._plan: tuple[int, EpochPlan] | None = None
 
+    def for_process(self, process_index: int, process_count: int) -> BatchIterator:
+        """The iterator one process of `process_count` would have over the same corpus and plan (from the start)."""
+        return BatchIterator(self.corpus, self.tokens_per_batch, self.max_length, self.pack, self.buckets,
+                             self.devices, self.seed, process_index, process_count, self.num_epochs,
+                             self.row_width, self.rows_per_width)
+
     def plan(self, epoch: int) -> EpochPlan:
         """The global plan of one epoch, a pure function of (seed, epoch); the last one is cached."""
         if self._plan is None or self._plan[0] != epoch:

@@ -173,20 +173,25 @@ def prepare_corpus(config: ml_collections.ConfigDict, directory: str, workers: i
     return write_prepared(directory, key, tokenizer_model, train_pairs, splits, workers)
 
 
-def corpus_directory(config: ml_collections.ConfigDict, workdir: str) -> str:
+def corpus_directory(config: ml_collections.ConfigDict, workdir: str | None) -> str:
     """Where a run reads its prepared corpus: data.prepared, else `<workdir>/corpus` (prepared at its first start)."""
-    return config.data.prepared or layout.run_path(workdir, layout.CORPUS)
+    if config.data.prepared:
+        return config.data.prepared
+    if not workdir:
+        raise DataError("no corpus to read: set data.prepared to a prepared corpus, or give a workdir")
+    return layout.run_path(workdir, layout.CORPUS)
 
 
-def run_corpus(config: ml_collections.ConfigDict, workdir: str, process_index: int = 0,
+def run_corpus(config: ml_collections.ConfigDict, workdir: str | None, process_index: int = 0,
                process_count: int = 1) -> tuple[PreparedCorpus, Tokenizer]:
     """The run's prepared training corpus and its tokenizer, also kept as `<workdir>/tokenizer.model`.
 
     Without data.prepared, process 0 prepares `<workdir>/corpus` at the first start while the others
     wait; then every process opens it and reads only the index until batches ask for its rows.
+    Without a workdir (the preflight on data.prepared alone) nothing is written.
     """
     directory, own = corpus_directory(config, workdir), not config.data.prepared
-    workdir_tokenizer = layout.run_path(workdir, layout.TOKENIZER)
+    workdir_tokenizer = layout.run_path(workdir, layout.TOKENIZER) if workdir else None
     if own and process_index == 0:
         prepare_corpus(config, directory, config.data.prepare_workers,
                        tokenizer_model=workdir_tokenizer if is_file(workdir_tokenizer) else None)
@@ -200,7 +205,9 @@ def run_corpus(config: ml_collections.ConfigDict, workdir: str, process_index: i
     if tokenizer.fingerprint != corpus.manifest["tokenizer"]:
         raise DataError(f"{directory}/{TOKENIZER} is not the tokenizer its corpus was prepared with; "
                         f"prepare the corpus again into a new directory")
-    if is_file(workdir_tokenizer):
+    if workdir_tokenizer is None:
+        pass
+    elif is_file(workdir_tokenizer):
         if Tokenizer.load(workdir_tokenizer).fingerprint != tokenizer.fingerprint:
             raise DataError(f"{directory} was prepared with another tokenizer than {workdir_tokenizer} (this run's); "
                             f"point data.prepared at the corpus this run started with, or use a new workdir")
@@ -219,7 +226,7 @@ def run_split(config: ml_collections.ConfigDict, workdir: str, split: str) -> li
 
 def prepare_data(
     config: ml_collections.ConfigDict,
-    workdir: str,
+    workdir: str | None,
     row_multiple: int = 1,
     process_index: int = 0,
     process_count: int = 1,

@@ -6,6 +6,14 @@ starts an any-reduction of its flag over the mesh and reads the previous step's 
 programs in the order they were dispatched, so that result is ready once the previous update is:
 the host waits for it while the devices already run the current update (the host stays one step
 ahead instead of stalling), and every process reads the same value, so all stop at the same step.
+
+Ours on every platform, TPU included, rather than the runtime's preemption sync point
+(`multihost_utils.reached_preemption_sync_point`, which Orbax's `reached_preemption` asks): in jax/jaxlib
+0.10 that sync point is driven by SIGTERM alone (the coordination service's only notifier is a SIGTERM
+handler polled once a second; no TPU maintenance-event source), so it hears nothing ours does not, and its
+C++ handler, installed by `jax.distributed.initialize`, replaces Python's for good: a SIGTERM during
+start-up, data preparation, compiling or the final translation would be swallowed instead of stopping
+the run cleanly. `cli.initialize_distributed` therefore turns JAX's preemption service off.
 """
 
 from __future__ import annotations
