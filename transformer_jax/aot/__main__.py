@@ -23,8 +23,8 @@ _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology (v5e:16x16, v4:4
 _SLICES = flags.DEFINE_integer("num_slices", 1, "Slices joined by the data-center network (multi-slice).")
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Compile for the batch shapes this run directory's corpus gives, as train.py will (its "
-    "tokenizer and encoded corpus are prepared there, as train.py would, or reused); without it, rows of "
-    "data.max_length.")
+    "corpus is prepared there, as train.py would, or reused; --config.data.prepared=DIR needs no workdir); "
+    "without a corpus, rows of data.max_length.")
 _HBM_GB = flags.DEFINE_float("hbm_gb", None, "Memory per device in GB instead of the chip's (e.g. to keep headroom).")
 flags.mark_flags_as_required(["config", "topology"])
 
