@@ -3,7 +3,7 @@
     python -m benchmarks.run [--sections train,e2e,...|all] [--quick] [--rounds N] [--json PATH]
 
 Run it from the repository root. The default sections run on a CPU host in about 10 minutes; `all`
-adds startup, aot and preemption (see SECTIONS). Each section is a module of benchmarks/sections/ whose
+adds startup, input, aot and preemption (see SECTIONS). Each section is a module of benchmarks/sections/ whose
 docstring says what it times and how; BENCHMARKS.md holds the figures, benchmarks/results/INDEX.md the
 raw output behind them. Needs the `bench` extra for the train section's peer (PyTorch CPU wheel).
 """
@@ -34,6 +34,8 @@ SECTIONS = {
     "pipeline": "the input pipeline alone: batches/s, padding efficiency",
     "split": "translating the demo run's test split (runs/demo: make demo first), and eval.py against a revision",
     "startup": "start-up time and peak memory of a run's data preparation on a 1M-pair text corpus",
+    "input": "one process's batches on one core against the update's roofline; memory and start-up at 1M-10M "
+             "prepared pairs; preparing pairs/s",
     "aot": "the paper's models compiled for TPU topologies and H100s on this host: memory, FLOPs, rooflines",
     "preemption": "what the per-step stop agreement costs a 2-process run, ms per update with and without it",
 }
@@ -65,6 +67,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--split_batch_tokens", default="256",
                         help="split: comma-separated source token budgets to time besides the run's own")
     parser.add_argument("--startup_pairs", type=int, default=1_000_000, help="startup: training pairs generated")
+    parser.add_argument("--input_pairs", default=None,
+                        help="input: comma-separated prepared corpus sizes (default 1000000,4500000,10000000; "
+                             "--quick 100000)")
+    parser.add_argument("--input_text_pairs", type=int, default=None,
+                        help="input: text pairs prepared for pairs/s (default 200000; --quick 20000)")
+    parser.add_argument("--input_batches", type=int, default=None,
+                        help="input: batches timed per feed (default 200; --quick 50)")
     parser.add_argument("--aot_models", default="base,big", help="aot: configs/wmt14_ende_<model>.py to compile")
     parser.add_argument("--aot_topologies", default="v5e-8,v5e-256,v4-128,v5p-128,v6e-64",
                         help="aot: TPU topologies or GPUs (h100, h100-8: needs jax[cuda12])")
