@@ -276,3 +276,23 @@ def test_eval_batches_keep_every_pair_in_a_recoverable_order():
     assert rows[1][:2].tolist() == [EOS_ID, PAD_ID]  # an empty source line stays, as EOS alone
     sharded = [batching.eval_batches(corpus, 4, process_index=p, process_count=2) for p in range(2)]
     assert sorted(i for shard in sharded for b in shard for i in b["index"].tolist() if i >= 0) == [0, 1, 2, 3]
+
+
+def test_the_next_epoch_is_planned_in_the_background_and_gives_the_same_batches(corpus, monkeypatch):
+    """A large corpus plans epoch e+1 while epoch e is read; the batches across the boundary are unchanged."""
+    def batches(ahead: bool) -> tuple[list, batching.BatchIterator]:
+        monkeypatch.setattr(batching, "PLAN_AHEAD_PAIRS", 0 if ahead else 10**9)
+        iterator = batching.BatchIterator(corpus, tokens_per_batch=2048, max_length=128, row_width=48, seed=5)
+        first = next(iterator)
+        if ahead:  # epoch 1 is being planned (or done) before epoch 0 has been read to its end
+            assert iterator._planning is not None and iterator._planning[0] == 1
+            iterator._planning[1].join()
+            assert set(iterator._plans) == {0, 1}
+        steps = len(iterator.plan(0)) + 3
+        return [first] + [next(iterator) for _ in range(steps)], iterator
+
+    expected, _ = batches(ahead=False)
+    got, iterator = batches(ahead=True)
+    assert iterator.epoch == 1 and set(iterator._plans) <= {1, 2}  # epoch 0's plan was let go
+    for want, have in zip(expected, got, strict=True):
+        assert all(np.array_equal(want[key], have[key]) for key in want)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -32,6 +33,8 @@ from transformer_jax.errors import DataError
 from transformer_jax.model.masks import PAD_ID
 
 Batch = dict[str, np.ndarray]
+# Corpora from this size on plan their next epoch in the background (a smaller one plans in milliseconds).
+PLAN_AHEAD_PAIRS = 100_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,29 +108,34 @@ def plan_buckets(corpus: EncodedPairs, rng: np.random.Generator, tokens_per_batc
                         batch_rows, batch_lengths)
 
 
-def first_fit(source_lengths: Sequence[int], target_lengths: Sequence[int], width: int,
-              open_rows: int = 16) -> tuple[np.ndarray, int]:
+def first_fit(source_lengths: Sequence[int] | np.ndarray, target_lengths: Sequence[int] | np.ndarray, width: int,
+              open_rows: int = 16, chunk_size: int = 1 << 20) -> tuple[np.ndarray, int]:
     """Place pairs in order, first-fit, into rows of `width` tokens (both sides), keeping `open_rows` open.
 
     Returns each pair's (row, source offset, target offset, segment) [N, 4] and the number of rows.
+    The lengths are turned into Python ints `chunk_size` pairs at a time (a whole 10M-pair corpus's
+    would take 0.5 GB of lists); the open rows carry over from chunk to chunk.
     """
     placement = np.zeros((len(source_lengths), 4), dtype=np.int32)
     rows: list[list[int]] = []  # open rows: [row id, source used, target used, segments]
     next_row = 0
-    for i, (source_length, target_length) in enumerate(zip(source_lengths, target_lengths)):
-        for row in rows:
-            if row[1] + source_length <= width and row[2] + target_length <= width:
-                break
-        else:
-            if len(rows) == open_rows:
-                rows.pop(0)  # the oldest open row is usually the fullest: close it
-            row = [next_row, 0, 0, 0]
-            rows.append(row)
-            next_row += 1
-        row[3] += 1
-        placement[i] = (row[0], row[1], row[2], row[3])
-        row[1] += source_length
-        row[2] += target_length
+    for begin in range(0, len(source_lengths), chunk_size):
+        sources = np.asarray(source_lengths[begin:begin + chunk_size]).tolist()
+        targets = np.asarray(target_lengths[begin:begin + chunk_size]).tolist()
+        for i, (source_length, target_length) in enumerate(zip(sources, targets), start=begin):
+            for row in rows:
+                if row[1] + source_length <= width and row[2] + target_length <= width:
+                    break
+            else:
+                if len(rows) == open_rows:
+                    rows.pop(0)  # the oldest open row is usually the fullest: close it
+                row = [next_row, 0, 0, 0]
+                rows.append(row)
+                next_row += 1
+            row[3] += 1
+            placement[i] = (row[0], row[1], row[2], row[3])
+            row[1] += source_length
+            row[2] += target_length
     return placement, next_row
 
 
@@ -139,7 +147,7 @@ def plan_packed(corpus: EncodedPairs, rng: np.random.Generator, rows_per_width: 
     tokens wide, in batches of their own (two shapes); the batches of both widths are shuffled together.
     A batch of width W holds `rows_per_width[W]` rows.
     """
-    permutation = rng.permutation(len(corpus))
+    permutation = rng.permutation(len(corpus)).astype(np.int32)  # int32 plans: see _finish_plan
     longest = np.maximum(corpus.source.lengths, corpus.target.lengths)[permutation]
     widest = long_length or length
     if longest.max() > widest:
@@ -149,8 +157,8 @@ def plan_packed(corpus: EncodedPairs, rng: np.random.Generator, rows_per_width: 
     groups = [(permutation, length)] if fits.all() else [(permutation[fits], length), (permutation[~fits], widest)]
     items, placements, batch_ids, batch_rows, batch_lengths = [], [], [], [], []
     for members, width in groups:
-        placement, num_rows = first_fit(corpus.source.lengths[members].tolist(),
-                                        corpus.target.lengths[members].tolist(), width, open_rows)
+        placement, num_rows = first_fit(corpus.source.lengths[members], corpus.target.lengths[members], width,
+                                        open_rows)
         per_batch = rows_per_width[width]
         batch_ids.append(len(batch_rows) + placement[:, 0] // per_batch)
         placement[:, 0] %= per_batch
@@ -162,7 +170,7 @@ def plan_packed(corpus: EncodedPairs, rng: np.random.Generator, rows_per_width: 
     batches, placement = np.concatenate(batch_ids), np.concatenate(placements)
     batch_rows, batch_lengths = np.asarray(batch_rows), np.asarray(batch_lengths)
     if len(groups) > 1:  # mix the two widths through the epoch (one width: the order of rows, as always)
-        new_id = rng.permutation(len(batch_rows))
+        new_id = rng.permutation(len(batch_rows)).astype(np.int32)
         batches = new_id[batches]
         batch_rows, batch_lengths = batch_rows[np.argsort(new_id)], batch_lengths[np.argsort(new_id)]
     return _finish_plan(np.concatenate(items), batches, placement[:, 0], placement[:, 1], placement[:, 2],
@@ -252,7 +260,8 @@ class BatchIterator:
         self.seed, self.process_index, self.process_count = seed, process_index, process_count
         self.num_epochs = num_epochs
         self.epoch, self.position = 0, 0
-        self._plan: tuple[int, EpochPlan] | None = None
+        self._plans: dict[int, EpochPlan] = {}  # the current epoch's plan and, once made, the next one's
+        self._planning: tuple[int, threading.Thread] | None = None  # the next epoch's, in the background
 
     def for_process(self, process_index: int, process_count: int) -> BatchIterator:
         """The iterator one process of `process_count` would have over the same corpus and plan (from the start)."""
@@ -261,16 +270,38 @@ class BatchIterator:
                              self.row_width, self.rows_per_width)
 
     def plan(self, epoch: int) -> EpochPlan:
-        """The global plan of one epoch, a pure function of (seed, epoch); the last one is cached."""
-        if self._plan is None or self._plan[0] != epoch:
-            rng = np.random.default_rng([self.seed, epoch])
-            if self.pack:
-                rows = {width: self.global_rows(width) for width in self.widths()}
-                plan = plan_packed(self.corpus, rng, rows, self.row_width, long_length=self.long_width)
-            else:
-                plan = plan_buckets(self.corpus, rng, self.tokens_per_batch, self.buckets, self.row_multiple)
-            self._plan = (epoch, plan)
-        return self._plan[1]
+        """The global plan of one epoch, a pure function of (seed, epoch); this epoch's and the next are kept."""
+        ahead = self._planning
+        if ahead is not None and ahead[0] == epoch:
+            ahead[1].join()  # being planned in the background: wait for it rather than plan it twice
+        if epoch not in self._plans:
+            self._plans = {epoch: self._make_plan(epoch)}
+        elif len(self._plans) > 1 and min(self._plans) < epoch:
+            self._plans = {e: plan for e, plan in self._plans.items() if e >= epoch}  # past epochs let go
+        return self._plans[epoch]
+
+    def _make_plan(self, epoch: int) -> EpochPlan:
+        rng = np.random.default_rng([self.seed, epoch])
+        if self.pack:
+            rows = {width: self.global_rows(width) for width in self.widths()}
+            return plan_packed(self.corpus, rng, rows, self.row_width, long_length=self.long_width)
+        return plan_buckets(self.corpus, rng, self.tokens_per_batch, self.buckets, self.row_multiple)
+
+    def _plan_next_epoch(self) -> None:
+        """Plan the next epoch in a background thread, so the first batch after an epoch boundary does not
+        wait for it (4.5M pairs take seconds to plan; the devices would idle that long)."""
+        epoch = self.epoch + 1
+        if epoch in self._plans or (self._planning is not None and self._planning[0] == epoch) or (
+                self.num_epochs is not None and epoch >= self.num_epochs):
+            return
+
+        def make() -> None:
+            plan = self._make_plan(epoch)
+            self._plans = {**{e: p for e, p in self._plans.items() if e == self.epoch}, epoch: plan}
+
+        thread = threading.Thread(target=make, name="plan-next-epoch", daemon=True)
+        self._planning = (epoch, thread)
+        thread.start()
 
     def shapes(self) -> list[tuple[int, int]]:
         """The (rows, length) shapes this process's batches can take: one per row width or bucket used."""
@@ -306,6 +337,8 @@ class BatchIterator:
             raise StopIteration
         batch = materialize(self.corpus, self.plan(self.epoch), self.position, self.pack,
                             self.process_index, self.process_count)
+        if self.position == 0 and len(self.corpus) >= PLAN_AHEAD_PAIRS:
+            self._plan_next_epoch()
         self.position += 1
         return batch
 
