@@ -36,6 +36,7 @@ SECTIONS = {
     "startup": "start-up time and peak memory of a run's data preparation on a 1M-pair text corpus",
     "input": "one process's batches on one core against the update's roofline; memory and start-up at 1M-10M "
              "prepared pairs; preparing pairs/s",
+    "tile_widths": "packed row widths around the TPU's 128 lanes: the base train step's HBM bytes per slot (libtpu)",
     "aot": "the paper's models compiled for TPU topologies and H100s on this host: memory, FLOPs, rooflines",
     "preemption": "what the per-step stop agreement costs a 2-process run, ms per update with and without it",
 }
@@ -74,6 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="input: text pairs prepared for pairs/s (default 200000; --quick 20000)")
     parser.add_argument("--input_batches", type=int, default=None,
                         help="input: batches timed per feed (default 200; --quick 50)")
+    parser.add_argument("--tile_topology", default="v5e:2x4", help="tile_widths: the TPU topology compiled for")
     parser.add_argument("--aot_models", default="base,big", help="aot: configs/wmt14_ende_<model>.py to compile")
     parser.add_argument("--aot_topologies", default="v5e-8,v5e-256,v4-128,v5p-128,v6e-64",
                         help="aot: TPU topologies or GPUs (h100, h100-8: needs jax[cuda12])")

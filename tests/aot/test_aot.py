@@ -112,11 +112,16 @@ def test_on_a_prepared_corpus_the_preflight_compiles_its_widths_and_times_one_ho
     config = small_run()
     corpus = tmp_path / "prepared"
     prepare_corpus(config, str(corpus))
-    result = run_aot(tmp_path, "--topology=v5e:4x4", f"--config.data.prepared={corpus}")
+    result = run_aot(tmp_path, "--topology=v5e:4x4", f"--config.data.prepared={corpus}", "--config.data.max_length=256",
+                     "--config.model.max_len=512", "--config.data.tokens_per_batch=8192")
     assert result.returncode == 0, result.stderr[-3000:]
-    config.data.prepared = str(corpus)
-    widths = prepare_data(config, None, row_multiple=16).train.batch_shapes()
-    assert f"shapes          train {', '.join(f'{r}x{w}' for r, w in widths)};" in result.stdout
+    config.data.update(prepared=str(corpus), max_length=256, tokens_per_batch=8192)
+    config.model.max_len = 512
+    shapes = prepare_data(config, None, row_multiple=16, platform="tpu").train.batch_shapes()
+    assert f"shapes          train {', '.join(f'{r}x{w}' for r, w in shapes)};" in result.stdout
+    assert all(width % 128 == 0 for _, width in shapes)  # TPU lanes (shapes.PLATFORM_WIDTH_MULTIPLES)
+    on_cpu = prepare_data(config, None, row_multiple=16).train.batch_shapes()
+    assert any(width % 128 for _, width in on_cpu)  # this corpus's short pairs get narrower rows on CPU
     [line] = [line for line in result.stdout.splitlines() if line.startswith("host input")]
     assert "ms per update to build one of 4 host processes' rows" in line, line
     assert HostInput(0.010, 4).line(0.005).endswith("(data.tokens_per_batch, accumulation)")  # slower than the chips

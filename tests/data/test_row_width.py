@@ -7,6 +7,7 @@ from transformer_jax.data.batching import BatchIterator
 from transformer_jax.data.encoded import EncodedPairs, Ragged
 from transformer_jax.data.row_width import (
     activation_elements_per_row,
+    candidate_widths,
     choose_packed_rows,
     epoch_cost,
     packed_rows,
@@ -89,3 +90,13 @@ def test_every_width_holds_the_real_tokens_of_rows_of_max_length_within_their_me
     assert layout.real_tokens(96) < 0.8 * layout.real_tokens(48)
     assert layout.rows[96] * activation_elements_per_row(SMALL, 96) <= memory
     assert layout.real_tokens(48) > 1.01 * layout.reference_fill * 4_096
+
+
+def test_on_accelerators_the_candidate_widths_are_multiples_of_the_chip_tile():
+    from transformer_jax.data.shapes import width_multiple
+
+    assert width_multiple("tpu") == 128 and width_multiple("gpu") == 64 and width_multiple("cpu") == 8
+    assert candidate_widths(200, 256, 25_000, 8, width_multiple("tpu")) == [128, 256]
+    assert candidate_widths(300, 320, 25_000, 8, width_multiple("tpu")) == [128, 256, 320]  # max_length caps
+    assert candidate_widths(200, 256, 25_000, 8, width_multiple("gpu")) == [64, 128, 192, 256]
+    assert all(width % 8 == 0 for width in candidate_widths(200, 256, 25_000, 8))

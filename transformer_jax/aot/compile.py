@@ -18,6 +18,7 @@ import jax
 import ml_collections
 from jax.sharding import Mesh
 
+from transformer_jax.base.sharding import mesh_platform
 from transformer_jax.cli.commands import training_workdir
 from transformer_jax.config.schema import decode_options, decoding_dtype
 from transformer_jax.data.pipeline import RunData, prepare_data
@@ -118,9 +119,9 @@ def run_data(config: ml_collections.ConfigDict, mesh: Mesh, workdir: str | None 
     train.py does, reusing what is already there, while holding the workdir's lock); else None."""
     if workdir:
         with training_workdir(workdir):  # created if new; owned, as a train.py on it may be preparing it too
-            return prepare_data(config, workdir, row_multiple=mesh.size)
+            return prepare_data(config, workdir, row_multiple=mesh.size, platform=mesh_platform(mesh))
     if config.data.prepared:
-        return prepare_data(config, None, row_multiple=mesh.size)
+        return prepare_data(config, None, row_multiple=mesh.size, platform=mesh_platform(mesh))
     return None
 
 

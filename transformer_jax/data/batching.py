@@ -28,7 +28,7 @@ import numpy as np
 
 from transformer_jax.data.encoded import EncodedPairs, Ragged
 from transformer_jax.model.special_tokens import BOS_ID
-from transformer_jax.data.shapes import BATCH_KEYS, PACKED_KEYS, length_buckets, round_rows, round_up, round_width, rows_per_batch
+from transformer_jax.data.shapes import BATCH_KEYS, PACKED_KEYS, WIDTH_MULTIPLE, length_buckets, round_rows, round_up, round_width, rows_per_batch
 from transformer_jax.errors import DataError
 from transformer_jax.model.masks import PAD_ID
 
@@ -234,7 +234,8 @@ class BatchIterator:
     def __init__(self, corpus: EncodedPairs, tokens_per_batch: int, max_length: int, pack: bool = True,
                  buckets: Sequence[int] | None = None, row_multiple: int = 1, seed: int = 0,
                  process_index: int = 0, process_count: int = 1, num_epochs: int | None = None,
-                 row_width: int | None = None, rows_per_width: dict[int, int] | None = None):
+                 row_width: int | None = None, rows_per_width: dict[int, int] | None = None,
+                 width_multiple: int = WIDTH_MULTIPLE):
         if not 0 <= process_index < process_count:
             raise DataError(f"process_index={process_index} is outside [0, process_count={process_count})")
         if len(corpus) == 0:
@@ -245,7 +246,9 @@ class BatchIterator:
         # pair rounded up to 8 (at most max_length), so a corpus far below max_length never pays for it.
         self.row_width = min(row_width or max_length, max_length)
         longest = int(max(corpus.source.lengths.max(), corpus.target.lengths.max())) if len(corpus) else 0
-        self.long_width = min(max_length, round_width(longest)) if longest > self.row_width else None
+        self.width_multiple = width_multiple  # the chip's tile (shapes.width_multiple) the long rows round to
+        self.long_width = (min(max_length, round_width(longest, multiple=width_multiple))
+                           if longest > self.row_width else None)
         # Each global batch's rows are dealt out to the processes, so rows must divide evenly.
         self.row_multiple = math.lcm(row_multiple, process_count)
         self.devices = row_multiple  # as given: recorded in the state to explain a change of layout
@@ -267,7 +270,7 @@ class BatchIterator:
         """The iterator one process of `process_count` would have over the same corpus and plan (from the start)."""
         return BatchIterator(self.corpus, self.tokens_per_batch, self.max_length, self.pack, self.buckets,
                              self.devices, self.seed, process_index, process_count, self.num_epochs,
-                             self.row_width, self.rows_per_width)
+                             self.row_width, self.rows_per_width, self.width_multiple)
 
     def plan(self, epoch: int) -> EpochPlan:
         """The global plan of one epoch, a pure function of (seed, epoch); this epoch's and the next are kept."""

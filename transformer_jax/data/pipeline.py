@@ -15,6 +15,8 @@ from transformer_jax.data.encoded import EncodedPairs, encode_pairs, filter_by_l
 from transformer_jax.data.prepared import MANIFEST, TOKENIZER, PreparedCorpus, check_can_write, write_prepared
 from transformer_jax.data.row_width import choose_packed_rows
 from transformer_jax.data.shapes import (
+    WIDTH_MULTIPLE,
+    width_multiple,
     BatchShapes,
     TranslationBatching,
     loss_widths,
@@ -89,7 +91,7 @@ def eval_set(pairs: list[Pair], tokenizer: Tokenizer) -> EvalSet:
 
 
 def training_rows(config: ml_collections.ConfigDict, train: EncodedPairs, vocab_size: int,
-                  row_multiple: int) -> tuple[int, dict[int, int] | None]:
+                  row_multiple: int, multiple: int = WIDTH_MULTIPLE) -> tuple[int, dict[int, int] | None]:
     """The packed row width and the global rows per batch of each width used (None: tokens_per_batch // width).
 
     data.row_width (at most max_length) keeps rows of tokens_per_batch slots; 0 chooses the width from
@@ -99,7 +101,7 @@ def training_rows(config: ml_collections.ConfigDict, train: EncodedPairs, vocab_
     if data.row_width or not data.pack:
         return min(data.row_width or data.max_length, data.max_length), None
     layout = choose_packed_rows(train, TransformerConfig.for_run(config.model, vocab_size, data.max_length), data.tokens_per_batch, data.max_length,
-                                row_multiple)
+                                row_multiple, multiple=multiple)
     shapes = ", ".join(f"{rows}x{width} ({layout.fills[width]:.0%} of slots real)"
                        for width, rows in layout.rows.items())
     logging.info("packed batches of %s (rows x tokens), chosen from the corpus to hold as many real tokens as "
@@ -230,10 +232,12 @@ def prepare_data(
     row_multiple: int = 1,
     process_index: int = 0,
     process_count: int = 1,
+    platform: str = "cpu",
 ) -> RunData:
     """The run's prepared corpus (prepared first when needed), its tokenizer, the training iterator, dev and test.
 
-    `row_multiple` (the number of devices the batch is split over) divides every batch's rows.
+    `row_multiple` (the number of devices the batch is split over) divides every batch's rows; packed
+    widths chosen from the corpus are multiples of the `platform`'s tile (shapes.width_multiple).
     """
     data = config.data
     corpus, tokenizer = run_corpus(config, workdir, process_index, process_count)
@@ -245,7 +249,8 @@ def prepare_data(
             f"data.tokens_per_batch={data.tokens_per_batch} cannot hold one row of "
             f"max_length={data.max_length} per device ({row_multiple} devices); raise tokens_per_batch"
         )
-    row_width, rows_per_width = training_rows(config, train, tokenizer.vocab_size, row_multiple)
+    multiple = width_multiple(platform)
+    row_width, rows_per_width = training_rows(config, train, tokenizer.vocab_size, row_multiple, multiple)
     iterator = BatchIterator(
         train,
         tokens_per_batch=data.tokens_per_batch,
@@ -253,6 +258,7 @@ def prepare_data(
         pack=data.pack,
         row_width=row_width,
         rows_per_width=rows_per_width,
+        width_multiple=multiple,
         row_multiple=row_multiple,
         seed=config.training.seed,
         process_index=process_index,

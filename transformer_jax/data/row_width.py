@@ -48,7 +48,7 @@ import numpy as np
 
 from transformer_jax.data.batching import first_fit
 from transformer_jax.data.encoded import EncodedPairs
-from transformer_jax.data.shapes import length_buckets, round_width
+from transformer_jax.data.shapes import WIDTH_MULTIPLE, length_buckets, round_width
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.flops import train_step_flops
 
@@ -142,7 +142,8 @@ class PackedRows:
 
 def packed_rows(source_lengths: np.ndarray, target_lengths: np.ndarray, model: TransformerConfig,
                 tokens_per_batch: int, max_length: int, width: int, row_multiple: int = 1,
-                sample_size: int = 20_000, reference_fill: float | None = None) -> PackedRows:
+                sample_size: int = 20_000, reference_fill: float | None = None,
+                multiple: int = WIDTH_MULTIPLE) -> PackedRows:
     """Rows of `width`, the longer pairs in rows as wide as the longest (to a multiple of 8, at most
     max_length), each width's rows holding the real tokens of rows of max_length (within their memory).
 
@@ -153,7 +154,7 @@ def packed_rows(source_lengths: np.ndarray, target_lengths: np.ndarray, model: T
     if reference_fill is None:
         reference_fill = packing_fill(source_lengths[:sample_size], target_lengths[:sample_size], max_length)
     target = reference_real_tokens(tokens_per_batch, max_length, reference_fill, row_multiple)
-    widest = round_width(longest.max(), max_length)
+    widest = round_width(longest.max(), max_length, multiple)
     long_width = widest if longest.max() > width else None
     groups = {width: longest <= width} | ({long_width: longest > width} if long_width else {})
     fills = {}
@@ -189,18 +190,24 @@ def epoch_cost(source_lengths: np.ndarray, target_lengths: np.ndarray, model: Tr
     return cost
 
 
-def candidate_widths(longest: int, max_length: int, tokens_per_batch: int, row_multiple: int) -> list[int]:
-    """Widths worth pricing: the bucket lengths up to the longest pair (at most max_length), each holding one
-    row per device."""
-    widest = round_width(longest, max_length)
-    return [width for width in length_buckets(widest) if width >= min(SMALLEST_WIDTH, widest)
-            and tokens_per_batch // width >= row_multiple]
+def candidate_widths(longest: int, max_length: int, tokens_per_batch: int, row_multiple: int,
+                     multiple: int = WIDTH_MULTIPLE) -> list[int]:
+    """Widths worth pricing, each holding one row per device: the bucket lengths up to the longest pair (at
+    most max_length), or on an accelerator the multiples of its tile (`multiple`, shapes.width_multiple)."""
+    widest = round_width(longest, max_length, multiple)
+    if multiple > WIDTH_MULTIPLE:
+        widths = sorted({min(width, max_length) for width in range(multiple, widest + multiple, multiple)})
+    else:
+        widths = [width for width in length_buckets(widest) if width >= min(SMALLEST_WIDTH, widest)]
+    return [width for width in widths if tokens_per_batch // width >= row_multiple]
 
 
 def choose_packed_rows(corpus: EncodedPairs, model: TransformerConfig, tokens_per_batch: int, max_length: int,
-                       row_multiple: int = 1, sample_size: int = 20_000) -> PackedRows:
+                       row_multiple: int = 1, sample_size: int = 20_000,
+                       multiple: int = WIDTH_MULTIPLE) -> PackedRows:
     """The packed rows with the lowest estimated epoch cost for this corpus and model, sized by real tokens.
 
+    Widths are multiples of `multiple` (8; the chip's tile on TPU/GPU, shapes.width_multiple).
     Deterministic: the order the fills are sampled in is drawn with a fixed seed, so every process (and
     a resume) chooses the same widths and rows from the same corpus.
     """
@@ -209,9 +216,10 @@ def choose_packed_rows(corpus: EncodedPairs, model: TransformerConfig, tokens_pe
     longest = np.maximum(source, target)
     reference_fill = packing_fill(source[:sample_size], target[:sample_size], max_length)
     # A width no pair fits in would only add an unused shape.
-    candidates = [width for width in candidate_widths(int(longest.max()), max_length, tokens_per_batch, row_multiple)
-                  if width >= longest.min()] or [round_width(longest.max(), max_length)]
+    candidates = [width for width in candidate_widths(int(longest.max()), max_length, tokens_per_batch, row_multiple,
+                                                      multiple)
+                  if width >= longest.min()] or [round_width(longest.max(), max_length, multiple)]
     layouts = {width: packed_rows(source, target, model, tokens_per_batch, max_length, width, row_multiple,
-                                  sample_size, reference_fill) for width in candidates}
+                                  sample_size, reference_fill, multiple) for width in candidates}
     costs = {width: epoch_cost(source, target, model, layout) for width, layout in layouts.items()}
     return layouts[min(costs, key=costs.get)]

@@ -1,4 +1,4 @@
-"""Every batch-shape rule in one place: widths rounded to 8, rows rounded to the mesh, training, loss and
+"""Every batch-shape rule in one place: widths rounded to 8 (to the chip's tile on TPU/GPU), rows rounded to the mesh, training, loss and
 translation shapes.
 
 A compiled program exists per input shape, so every shape a run feeds comes from here: training batches
@@ -20,8 +20,17 @@ from transformer_jax.errors import ConfigError, DataError
 # The arrays of a training batch, all int32 [rows, length]; packed batches add segment ids and positions.
 BATCH_KEYS = ("inputs", "targets", "target_inputs")
 PACKED_KEYS = BATCH_KEYS + ("inputs_segmentation", "inputs_position", "targets_segmentation", "targets_position")
-# Row widths are multiples of this: the tiles of TPU and GPU matmuls (and XLA:CPU's vectors) divide it.
+# Row widths are multiples of this on CPU (XLA:CPU's vectors), and of the platform's own tile where the
+# corpus chooses the width (`width_multiple`).
 WIDTH_MULTIPLE = 8
+# Packed training rows on accelerators: TPU vregs are 8 sublanes x 128 lanes, and the attention scores'
+# last axis (the keys, as wide as the row) lies along the lanes: a row of 112 tokens pays for 128 lanes.
+# By libtpu's own figures for the base model's train step on v5e-8 at ~25k slots (BENCHMARKS.md), rows
+# of 128 move 1,056 KB of HBM traffic per slot against 1,066 (112 and 120) and 1,112 (96), with the
+# least temporary memory, and pack more real tokens per slot. GPUs: 64, the key/query block of the
+# flash-attention kernels (cuDNN, Pallas/Triton) and a multiple of the tensor cores' 16-wide tiles;
+# taken from those kernels' tiling, not measured here (no CUDA compiler on this host).
+PLATFORM_WIDTH_MULTIPLES = {"tpu": 128, "gpu": 64, "cuda": 64, "rocm": 64}
 # Source widths of translation batches: fine steps, as a batch's search runs at its padded source width.
 TRANSLATION_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 # A width holding at most this many batches of sentences is decoded at the next wider width in use.
@@ -33,9 +42,14 @@ def round_up(value: int, multiple: int) -> int:
     return -(-int(value) // multiple) * multiple
 
 
-def round_width(tokens: int, max_length: int | None = None) -> int:
-    """A row width for `tokens`: rounded up to WIDTH_MULTIPLE (at most max_length when given)."""
-    width = round_up(tokens, WIDTH_MULTIPLE)
+def width_multiple(platform: str) -> int:
+    """The multiple a platform's packed training rows are rounded to (PLATFORM_WIDTH_MULTIPLES; 8 on CPU)."""
+    return PLATFORM_WIDTH_MULTIPLES.get(platform, WIDTH_MULTIPLE)
+
+
+def round_width(tokens: int, max_length: int | None = None, multiple: int = WIDTH_MULTIPLE) -> int:
+    """A row width for `tokens`: rounded up to `multiple` (at most max_length when given)."""
+    width = round_up(tokens, multiple)
     return width if max_length is None else min(max_length, width)
 
 

@@ -17,7 +17,7 @@ import ml_collections
 
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.console import say
-from transformer_jax.base.sharding import global_batch, make_mesh
+from transformer_jax.base.sharding import global_batch, make_mesh, mesh_platform
 from transformer_jax.checkpoints.manager import Checkpointer, best_metric_for
 from transformer_jax.config.schema import check_run_config, write_run_config
 from transformer_jax.data.pipeline import RunData, prepare_data
@@ -57,7 +57,7 @@ class Trainer:
         self.mesh = make_mesh(config.mesh.data, config.mesh.fsdp)
         self.data = data or prepare_data(
             config, workdir, row_multiple=self.mesh.size,
-            process_index=jax.process_index(), process_count=jax.process_count(),
+            process_index=jax.process_index(), process_count=jax.process_count(), platform=mesh_platform(self.mesh),
         )
         self.programs = build_run_for(config, self.mesh, self.data)
         self.model_config, self.schedule = self.programs.model_config, self.programs.schedule
