@@ -169,3 +169,29 @@ def test_a_corpus_prepared_in_a_bucket_reads_like_a_local_one(prepared, gcs_work
     local, got = one.read(items), again.read(items)
     assert np.array_equal(got.source.values, local.source.values) and np.array_equal(got.target.values, local.target.values)
     assert remote.split("dev") == one.split("dev")
+
+
+@pytest.mark.parametrize("source", ["text", "tsv", "tfds"])
+def test_text_tsv_and_tfds_prepare_the_same_way_and_read_back_their_training_pairs(source, tmp_path):
+    """Every source is prepared by the same code: the shards read back the encoding of its training pairs."""
+    tfds = pytest.importorskip("tensorflow_datasets")
+    pairs = [(f"the house number {i} is small", f"das Haus Nummer {i} ist klein") for i in range(60)]
+    if source == "text":
+        for split in ("train", "dev", "test"):
+            (tmp_path / f"{split}.en").write_text("\n".join(p[0] for p in pairs) + "\n")
+            (tmp_path / f"{split}.de").write_text("\n".join(p[1] for p in pairs) + "\n")
+    elif source == "tsv":
+        for split in ("train", "dev", "test"):
+            (tmp_path / f"{split}.tsv").write_text("\n".join("\t".join(p) for p in pairs) + "\n")
+    config = small_config(source=source, path="" if source == "tfds" else str(tmp_path), vocab_size=120 if source == "tfds" else 40, byte_fallback=False,
+                          tokenizer_sample_size=200)
+    with tfds.testing.mock_data(num_examples=40):
+        expected = pipeline.load_run_splits(config.data, 0, ("train", "test"))
+        corpus = pipeline.prepare_corpus(config, str(tmp_path / "prepared"))
+    train, _ = drop_empty_pairs(expected["train"])
+    tokenizer = Tokenizer.load(str(tmp_path / "prepared" / "tokenizer.model"))
+    encoded, got = encode_pairs(train, tokenizer), corpus.read_all()
+    assert len(corpus) == len(train) > 0 and corpus.split("test") == expected["test"]
+    for side in ("source", "target"):
+        assert [getattr(got, side)[i].tolist() for i in range(len(train))] == [
+            getattr(encoded, side)[i].tolist() for i in range(len(train))]
