@@ -93,6 +93,11 @@ def fresh(*flags: str):
     return lambda s: [*flags, f"--workdir={s['dir'] / 'fresh'}"]
 
 
+def on_fresh(flags):
+    """A row's flags given the setup, on a workdir that does not exist yet (see `fresh`)."""
+    return lambda s: [*flags(s), f"--workdir={s['dir'] / 'fresh'}"]
+
+
 # (row, train.py flags given the setup (after --config and --workdir of the trained run), fragments of the
 # error line: the problem, then the fix)
 TRAIN_ROWS = [
@@ -123,16 +128,19 @@ TRAIN_ROWS = [
      ["mesh data=3 x fsdp=1 does not cover the 1 available devices", "--config.mesh.data"]),
     ("zero fsdp axis", lambda s: ["--config.mesh.fsdp=0"], ["mesh.fsdp=0 must be positive"]),
     ("zero data axis", lambda s: ["--config.mesh.data=0"], ["mesh.data=0 must be positive, or -1"]),
-    ("unknown data source", lambda s: ["--config.data.source=nonsense"],
+    # Data settings of a new run (on the trained workdir they would be refused as other than its corpus's).
+    ("unknown data source", fresh("--config.data.source=nonsense"),
      ["unknown data source 'nonsense'", "'builtin', 'tfds', 'text', 'tsv'"]),
-    ("language the built-in corpus lacks", lambda s: ["--config.data.source_lang=fr"],
+    ("language the built-in corpus lacks", fresh("--config.data.source_lang=fr"),
      ["the built-in corpus is en<->de, not fr->de"]),
     ("batch smaller than one row", lambda s: ["--config.data.tokens_per_batch=32"],
      ["data.tokens_per_batch=32 cannot hold one row of max_length=64", "raise tokens_per_batch"]),
-    ("missing data file", text_source("missing"), ["dev.de does not exist", "check the data directory"]),
-    ("line counts differ", text_source("mismatch"), ["train.en has 3 lines but", "train.de has 1", "line-aligned"]),
-    ("not UTF-8", text_source("latin1"), ["train.de line 1 is not valid UTF-8 (byte 0xe4)", "re-encode"]),
-    ("empty corpus", text_source("empty"), ["train.en and", "are empty", "one sentence per line"]),
+    ("missing data file", on_fresh(text_source("missing")), ["dev.de does not exist", "check the data directory"]),
+    ("line counts differ", on_fresh(text_source("mismatch")), ["train.en has 3 lines but", "train.de has 1", "line-aligned"]),
+    ("not UTF-8", on_fresh(text_source("latin1")), ["train.de line 1 is not valid UTF-8 (byte 0xe4)", "re-encode"]),
+    ("empty corpus", on_fresh(text_source("empty")), ["train.en and", "are empty", "one sentence per line"]),
+    ("data source changed on resume", text_source("mismatch"),
+     ["data.source='text' differs from the 'builtin' that", "--config.data.source='builtin', or use a new workdir"]),
     ("shapes differ from the checkpoint", lambda s: ["--config.model.d_ff=128"],
      ["does not match the config", "(128,) in the model", "use the config the run was started with"]),
     ("model vocabulary disagrees with the tokenizer", lambda s: ["--config.model.vocab_size=123"],

@@ -137,7 +137,8 @@ def check_corpus_key(corpus: PreparedCorpus, key: dict[str, Any], own: bool) -> 
     if own and "files" in saved and saved.get("files") != key.get("files") and saved.get("path") == key.get("path"):
         raise DataError(f"the files in data.path={key['path']} changed since {corpus.directory} was prepared "
                         f"from them; restore them, {fix}")
-    for name in sorted(set(saved) | set(key)):
+    order = [*CORPUS_SETTINGS, *BUILTIN_SETTINGS, "seed"]  # what the corpus is before how it is tokenized
+    for name in sorted(set(saved) | set(key), key=lambda name: order.index(name) if name in order else len(order)):
         if name in (() if own else LOCATION_SETTINGS) + ("files",):
             continue
         if saved.get(name) != key.get(name):
