@@ -3,7 +3,8 @@
     SIGNAL_AT=POINT python tests/signal_at.py [train.py flags]
 
 POINT is one of: "preparation" (the corpus is being written), "compiling" (the train step is compiled),
-"final translation" (the test split is translated after training). The signal is real and arrives
+"evaluation" (the dev loss of a periodic evaluation, inside the training loop), "final translation" (the
+test split is translated after training). The signal is real and arrives
 in the main thread exactly as a preempted VM's would; the function then runs on as it would have.
 """
 
@@ -17,10 +18,12 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import transformer_jax.data.pipeline as pipeline  # noqa: E402
 import transformer_jax.evaluation as evaluation  # noqa: E402
+import transformer_jax.training.loop as loop  # noqa: E402
 from transformer_jax.training.loop import Trainer  # noqa: E402
 
 TRAIN_PY = pathlib.Path(__file__).resolve().parents[1] / "train.py"
 POINTS = {"preparation": (pipeline, "write_prepared"), "compiling": (Trainer, "compile_steps"),
+          "evaluation": (loop, "evaluate_loss"),
           "final translation": (evaluation, "evaluate_split")}
 
 

@@ -45,3 +45,15 @@ def test_sigterm_outside_the_loop_stops_cleanly_and_the_same_command_finishes(tm
     assert rerun.returncode == 0 and "test SacreBLEU" in rerun.stdout, rerun.stderr[-3000:]
     if point == "final translation":
         assert "resumed from" in rerun.stdout  # training was not redone
+
+
+def test_sigterm_during_a_periodic_evaluation_saves_a_checkpoint_and_the_same_command_finishes(tmp_path):
+    """Inside the loop the signal is the loop's: the evaluation ends, a checkpoint is saved at that step."""
+    config, workdir = write_config(tmp_path), tmp_path / "run"
+    stopped = signalled_run(config, workdir, "evaluation")
+    assert stopped.returncode == 0 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    assert "stopped by signal" in stopped.stderr and not (workdir / layout.LOCK).exists()
+    assert sorted(int(p.name) for p in (workdir / layout.CHECKPOINTS).iterdir() if p.name.isdigit())[-1] == 3
+    rerun = run_script("train.py", f"--config={config}", f"--workdir={workdir}")
+    assert rerun.returncode == 0 and "test SacreBLEU" in rerun.stdout, rerun.stderr[-3000:]
+    assert "resumed from" in rerun.stdout
