@@ -109,14 +109,14 @@ def plan_buckets(corpus: EncodedPairs, rng: np.random.Generator, tokens_per_batc
 
 
 def first_fit(source_lengths: Sequence[int] | np.ndarray, target_lengths: Sequence[int] | np.ndarray, width: int,
-              open_rows: int = 16, chunk_size: int = 1 << 20) -> tuple[np.ndarray, int]:
+              open_rows: int = 16, chunk_size: int = 1 << 20, out: np.ndarray | None = None) -> tuple[np.ndarray, int]:
     """Place pairs in order, first-fit, into rows of `width` tokens (both sides), keeping `open_rows` open.
 
-    Returns each pair's (row, source offset, target offset, segment) [N, 4] and the number of rows.
-    The lengths are turned into Python ints `chunk_size` pairs at a time (a whole 10M-pair corpus's
+    Returns each pair's (row, source offset, target offset, segment) [N, 4] (written to `out` when given)
+    and the number of rows. The lengths are turned into Python ints `chunk_size` pairs at a time (a whole 10M-pair corpus's
     would take 0.5 GB of lists); the open rows carry over from chunk to chunk.
     """
-    placement = np.zeros((len(source_lengths), 4), dtype=np.int32)
+    placement = np.zeros((len(source_lengths), 4), dtype=np.int32) if out is None else out
     rows: list[list[int]] = []  # open rows: [row id, source used, target used, segments]
     next_row = 0
     for begin in range(0, len(source_lengths), chunk_size):
@@ -154,26 +154,34 @@ def plan_packed(corpus: EncodedPairs, rng: np.random.Generator, rows_per_width: 
         raise DataError(f"a training pair is longer than the packed row length {widest}; "
                         "filter the corpus with max_length first")
     fits = longest <= length
+    del longest
     groups = [(permutation, length)] if fits.all() else [(permutation[fits], length), (permutation[~fits], widest)]
-    items, placements, batch_ids, batch_rows, batch_lengths = [], [], [], [], []
+    del fits
+    # One array for every pair's placement and batch, filled group by group (no concatenated copies: a
+    # 10M-pair epoch's placements are 160 MB).
+    placement = np.empty((len(permutation), 4), np.int32)
+    batches = np.empty(len(permutation), np.int32)
+    batch_rows, batch_lengths, start = [], [], 0
     for members, width in groups:
-        placement, num_rows = first_fit(corpus.source.lengths[members], corpus.target.lengths[members], width,
-                                        open_rows)
+        end = start + len(members)
+        _, num_rows = first_fit(corpus.source.lengths[members], corpus.target.lengths[members], width,
+                                open_rows, out=placement[start:end])
         per_batch = rows_per_width[width]
-        batch_ids.append(len(batch_rows) + placement[:, 0] // per_batch)
-        placement[:, 0] %= per_batch
-        items.append(members)
-        placements.append(placement)
+        np.floor_divide(placement[start:end, 0], per_batch, out=batches[start:end])
+        batches[start:end] += len(batch_rows)
+        placement[start:end, 0] %= per_batch
         num_batches = -(-num_rows // per_batch)
         batch_rows += [per_batch] * num_batches
         batch_lengths += [width] * num_batches
-    batches, placement = np.concatenate(batch_ids), np.concatenate(placements)
+        start = end
+    items = groups[0][0] if len(groups) == 1 else np.concatenate([members for members, _ in groups])
+    del groups, permutation
     batch_rows, batch_lengths = np.asarray(batch_rows), np.asarray(batch_lengths)
-    if len(groups) > 1:  # mix the two widths through the epoch (one width: the order of rows, as always)
+    if len(batch_lengths) and len(set(batch_lengths.tolist())) > 1:  # mix the two widths through the epoch
         new_id = rng.permutation(len(batch_rows)).astype(np.int32)
         batches = new_id[batches]
         batch_rows, batch_lengths = batch_rows[np.argsort(new_id)], batch_lengths[np.argsort(new_id)]
-    return _finish_plan(np.concatenate(items), batches, placement[:, 0], placement[:, 1], placement[:, 2],
+    return _finish_plan(items, batches, placement[:, 0], placement[:, 1], placement[:, 2],
                         placement[:, 3], batch_rows, batch_lengths)
 
 

@@ -141,9 +141,10 @@ class PreparedCorpus:
 
     def select(self, indices: np.ndarray) -> PreparedCorpus:
         """The pairs at `indices`, in that order (nothing is read)."""
-        ids = indices if self.pair_ids is None else self.pair_ids[indices]
+        ids = np.asarray(indices if self.pair_ids is None else self.pair_ids[indices])
+        ids = ids.astype(np.int32 if self.manifest["pairs"] < np.iinfo(np.int32).max else np.int64, copy=False)
         return PreparedCorpus(self.directory, self.manifest, self.source.lengths[indices],
-                              self.target.lengths[indices], np.asarray(ids, np.int64), self._shared)
+                              self.target.lengths[indices], ids, self._shared)
 
     def read(self, items: np.ndarray) -> EncodedPairs:
         """The token ids of the pairs at `items`, in that order: reads only those pairs' bytes."""
