@@ -32,6 +32,11 @@ flags.mark_flags_as_required(["config", "topology"])
 def main(argv: list[str]) -> None:
     del argv
     with user_errors():
+        import jax
+
+        # The environment default above comes too late when `python -m` has imported jax with the package:
+        # set the platform before any backend starts, so an installed CUDA plugin is only compiled for.
+        jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS") or "cpu")
         from transformer_jax.aot.plan import plan_run
 
         report, fits = plan_run(_CONFIG.value, _TOPOLOGY.value, _SLICES.value,

@@ -30,8 +30,8 @@ class HostInput:
         """The report's line: the time against the roofline, and whether input would hold the chips back."""
         ahead = step_seconds / self.seconds_per_update if self.seconds_per_update else float("inf")
         measured = (f"{self.seconds_per_update * 1e3:.2f} ms per update to build one of {self.processes} host "
-                    f"processes' rows (this machine, one thread): {ahead:.1f}x the roofline's "
-                    f"{step_seconds * 1e3:.1f} ms")
+                    f"processes' rows (this machine, one thread) against the roofline's {step_seconds * 1e3:.1f} ms: "
+                    f"input {ahead:.1f}x as fast as the chips")
         if ahead < 1:
             return (f"{measured}; input would be the bottleneck: use hosts with faster cores, more processes per "
                     f"batch (rows dealt to each), or larger updates (data.tokens_per_batch, accumulation)")
