@@ -12,6 +12,7 @@ connect; those lines come from XLA, not from eval.py, and are left out of the co
 
 import json
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -81,8 +82,15 @@ def start_eval(workdir: pathlib.Path, record: pathlib.Path, *args: str, devices:
 
 
 def printed(stdout: str) -> list[str]:
-    """The lines eval.py printed (XLA's gloo connection lines left out)."""
-    return [line for line in stdout.splitlines() if not line.startswith("[Gloo]")]
+    """The lines eval.py printed (XLA's gloo connection messages left out: written from C++ in pieces, they can
+    be split by a line Python prints in between)."""
+    gloo = re.compile(r"\[Gloo\] Rank |\d+ is connected to \d+ peer ranks\. Expected number of connected peer ranks is : \d+")
+    kept = []
+    for line in stdout.splitlines():
+        cleaned = gloo.sub("", line)
+        if cleaned or cleaned == line:  # a line that held only gloo's words goes; an empty translation stays
+            kept.append(cleaned)
+    return kept
 
 
 def writes(record: pathlib.Path) -> list[str]:
