@@ -6,8 +6,9 @@ Hardware: the paper used 8 P100 GPUs for 100k steps (12 hours) with ~25k source 
           (and --config.data.tokens_per_batch=3125), or lower the batch and expect a lower BLEU.
 Expected: paper, newstest2014: 27.3 tokenized BLEU (last 5 checkpoints averaged, beam 4, alpha 0.6).
           Not yet measured with this code.
-Data:     prepare once with `tfds build wmt14_translate/de-en --file_format=array_record` (downloads
-          ~1.5 GB; array_record lets it load without TensorFlow), then pass
+Data:     prepare once with `python -c "import tensorflow_datasets as tfds; tfds.builder('wmt14_translate/de-en',
+          file_format='array_record').download_and_prepare()"` (downloads ~1.5 GB; array_record lets it load
+          without TensorFlow), then pass
           --config.data.tfds_data_dir if it is not in the TFDS default location.
 """
 

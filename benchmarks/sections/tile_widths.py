@@ -1,10 +1,11 @@
-"""Row widths on the chip: the base model's train step compiled by libtpu at packed widths around the TPU's
-128 lanes, at about the paper's 25,000 token slots per update, compared by XLA's own figures per slot.
+"""Row widths on the chip: the base model's train step compiled for a TPU (libtpu) or a GPU (JAX's CUDA plugin)
+at packed widths around the chip's tile, at about the paper's 25,000 token slots per update, compared by
+XLA's own figures per slot (on a GPU, XLA's cost model run on this host over the optimized GPU program).
 
 The rule in transformer_jax/data/shapes.py (PLATFORM_WIDTH_MULTIPLES: packed training rows on TPU are
 multiples of 128) comes from this table: per token slot, the HBM bytes XLA's cost analysis says the step
 moves, its FLOPs, and the step's temporary memory, at widths 96, 112, 120, 128 and 256 on v5e-8
-(`--tile_topology`). A width that is not a multiple of 128 lays the attention scores' key axis over
+(`--tile_topology`; `h100` for one H100: 48 to 256). A width that is not a multiple of 128 lays the attention scores' key axis over
 partly empty lanes. Compile-only (JAX's CPU platform, libtpu's topology); each compile takes minutes on
 2 cores.
 """
@@ -24,8 +25,9 @@ from transformer_jax.aot.compile import program_of  # noqa: E402
 from transformer_jax.data.shapes import PACKED_KEYS, BatchShapes  # noqa: E402
 from transformer_jax.training.programs import build_run  # noqa: E402
 
-# (global rows, width): about 25,000 slots each.
-SHAPES = ((256, 96), (224, 112), (208, 120), (192, 128), (96, 256))
+# Widths compared around each platform's tile, at about 25,000 token slots an update.
+WIDTHS = {"tpu": (96, 112, 120, 128, 256), "gpu": (48, 64, 96, 112, 128, 192, 256)}
+SLOTS = 25_000
 VOCAB = 37_000
 
 
@@ -35,13 +37,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     mesh = mesh_for(topology, -1, 1)
     config = load_config("base")
     results = {}
-    print(f"base train step, {args.tile_topology} ({len(topology.devices)} devices), bf16, vocab {VOCAB}; "
+    print(f"base train step, {args.tile_topology} ({len(topology.devices)} devices), {config.model.dtype}, vocab {VOCAB}; "
           "XLA's figures per device")
     print(f"{'rows x width':>13} {'slots':>7} {'HBM bytes/slot':>15} {'MFLOP/slot':>11} {'temporaries':>12} "
           f"{'compile':>8}")
-    shapes = SHAPES[:2] if args.quick else SHAPES
-    for rows, width in shapes:
-        rows = rows // mesh.size * mesh.size
+    widths = WIDTHS["gpu" if topology.chip.is_gpu else "tpu"]
+    for width in widths[:2] if args.quick else widths:
+        rows = max(1, round(SLOTS / width / mesh.size)) * mesh.size
         batches = BatchShapes(train=((rows, width),), train_keys=PACKED_KEYS, dev_loss=((mesh.size, 128),),
                               translation=(mesh.size, 128))
         started = time.perf_counter()

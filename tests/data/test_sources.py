@@ -137,5 +137,5 @@ def test_tfds_unknown_name_split_or_language_is_a_data_error(mocked_tfds):
 
 
 def test_tfds_unprepared_data_is_a_data_error(tfds, tmp_path):
-    with pytest.raises(DataError, match="tfds build"):
+    with pytest.raises(DataError, match="download_and_prepare"):
         data.load_tfds_split(data.TFDS_NAME, "test", "en", "de", data_dir=str(tmp_path))

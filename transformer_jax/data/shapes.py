@@ -28,8 +28,8 @@ WIDTH_MULTIPLE = 8
 # By libtpu's own figures for the base model's train step on v5e-8 at ~25k slots (BENCHMARKS.md), rows
 # of 128 move 1,056 KB of HBM traffic per slot against 1,066 (112 and 120) and 1,112 (96), with the
 # least temporary memory, and pack more real tokens per slot. GPUs: 64, the key/query block of the
-# flash-attention kernels (cuDNN, Pallas/Triton) and a multiple of the tensor cores' 16-wide tiles;
-# taken from those kernels' tiling, not measured here (no CUDA compiler on this host).
+# flash-attention kernels; by XLA's cost model over the CUDA plugin's H100 program (BENCHMARKS.md), rows
+# of 64 move the fewest bytes per slot of 48-256, and 112 more than 128.
 PLATFORM_WIDTH_MULTIPLES = {"tpu": 128, "gpu": 64, "cuda": 64, "rocm": 64}
 # Source widths of translation batches: fine steps, as a batch's search runs at its padded source width.
 TRANSLATION_BUCKETS = (8, 16, 24, 32, 48, 64, 96, 128, 192, 256)

@@ -119,11 +119,17 @@ def _tfds_builder(tfds: Any, name: str, data_dir: str | None) -> Any:
     return tfds.builder(name, data_dir=data_dir, file_format="array_record")
 
 
+def prepare_command(name: str) -> str:
+    """The command that downloads and prepares a TFDS dataset as array_record, without TensorFlow."""
+    return (f"python -c \"import tensorflow_datasets as tfds; tfds.builder('{name}', "
+            f"file_format='array_record').download_and_prepare()\"")
+
+
 def load_tfds_split(name: str, split: str, source_lang: str, target_lang: str, data_dir: str | None = None) -> list[Pair]:
     """(source, target) pairs of one TFDS translation split, e.g. ("wmt14_translate/de-en", "test").
 
-    The data must be prepared in `data_dir` as array_record (`tfds build NAME --file_format=array_record`);
-    nothing is downloaded here.
+    The data must be prepared in `data_dir` as array_record (TFDS's Python API, `prepare_command(name)`: its
+    `tfds build` command needs TensorFlow and Apache Beam, which we do not install); nothing is downloaded here.
     """
     tfds = _import_tfds()
     builder = _tfds_builder(tfds, name, data_dir)
@@ -140,8 +146,7 @@ def load_tfds_split(name: str, split: str, source_lang: str, target_lang: str, d
                                   builder_kwargs={"file_format": "array_record"})
     except Exception as error:  # noqa: BLE001 - any failure here is a data problem the user must fix
         raise DataError(f"cannot read TFDS {name} split {split!r} from data_dir={data_dir}: "
-                        f"{str(error).splitlines()[0]} (prepare it with `tfds build {name} "
-                        "--file_format=array_record`)") from None
+                        f"{str(error).splitlines()[0]} (prepare it once with: {prepare_command(name)})") from None
     # One record at a time: tfds.testing.mock_data's sources do not support batched __getitems__.
     examples = (source[i] for i in range(len(source)))
     return [(_text(example[source_lang]), _text(example[target_lang])) for example in examples]
