@@ -140,3 +140,8 @@ def test_an_unknown_topology_is_one_line(tmp_path):
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert result.returncode == 2 and len(errors) == 1 and "unknown TPU topology" in errors[0]
     assert "Traceback" not in result.stderr
+
+
+def test_zero_slices_is_a_config_error():
+    with pytest.raises(ConfigError, match="--num_slices=0 must be at least 1"):
+        describe("v5e-4", num_slices=0)

@@ -72,3 +72,20 @@ def test_update_rewrites_a_stale_section(tmp_path):
     text = stale.read_text()
     assert config_reference.readme_section(text) == config_reference.markdown_table()
     assert text.startswith("# x\n\n") and text.endswith(f"{config_reference.END_MARKER}\nafter\n")
+
+
+def test_non_finite_settings_are_config_errors():
+    import math
+
+    import pytest
+
+    from transformer_jax.config.schema import check_run_config
+    from transformer_jax.errors import ConfigError
+
+    for section, key in (("training", "learning_rate_scale"), ("training", "adam_eps"),
+                         ("model", "layer_norm_epsilon"), ("training", "label_smoothing")):
+        for value in (math.inf, math.nan):
+            config = default_config()
+            config[section][key] = value
+            with pytest.raises(ConfigError, match=f"{section}.{key}={value!r} must be a finite number"):
+                check_run_config(config)

@@ -15,7 +15,7 @@ def test_defaults_are_the_papers():
 
 
 @pytest.mark.parametrize("field, value", [
-    ("temperature", 0.0), ("temperature", -1.0), ("top_p", 0.0), ("top_p", 1.5), ("beam_size", 0),
+    ("temperature", 0.0), ("temperature", -1.0), ("temperature", float("inf")), ("top_p", 0.0), ("top_p", 1.5), ("beam_size", 0),
     ("mode", "nucleus"), ("top_k", -1), ("alpha", -0.1), ("max_extra_length", 0),
 ])
 def test_a_bad_value_raises_a_config_error_naming_the_field(field, value):

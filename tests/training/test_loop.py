@@ -176,3 +176,17 @@ def test_every_batch_shape_is_compiled_once_before_the_first_step(run_config, tm
         trainer.close()
     assert events == ["compile", "compile"] + ["step"] * run_config.training.num_train_steps
     assert run_config.training.num_train_steps > 2  # the second shape's first batch comes after step 2
+
+
+def test_a_run_with_every_update_skipped_or_parameters_not_finite_is_not_scored():
+    """What train.py checks before the test translation (check_trained, after the loop)."""
+    from transformer_jax.training.loop import check_trained
+
+    state = type("State", (), {"skipped_updates": np.int32(4), "params": {"w": np.ones(2)}})()
+    with pytest.raises(TrainingError, match="all 4 updates had a non-finite loss or gradient"):
+        check_trained(state, 4)
+    state.skipped_updates = np.int32(3)
+    check_trained(state, 4)  # one update went through: trained
+    state.params = {"w": np.array([1.0, np.nan])}
+    with pytest.raises(TrainingError, match="parameters at step 4 are not finite"):
+        check_trained(state, 4)

@@ -94,6 +94,8 @@ def describe(name: str, num_slices: int = 1) -> Topology:
 
     Raises ConfigError for a missing libtpu or CUDA plugin, or an unknown name.
     """
+    if num_slices < 1:
+        raise ConfigError(f"--num_slices={num_slices} must be at least 1 (the slices joined by the data-center network)")
     if name in GPU_TYPES:
         return _describe_gpus(name, num_slices)
     topology_name = CLOUD_TYPES.get(name, name)

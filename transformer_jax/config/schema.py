@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from typing import Any
 
@@ -116,6 +117,9 @@ NON_NEGATIVE_SETTINGS = {
 
 def check_run_config(config: ml_collections.ConfigDict) -> None:
     """Fail with one ConfigError line on a setting no run can use, before any data or device work."""
+    for section, key, value in _numbers(config):
+        if isinstance(value, float) and not math.isfinite(value):  # inf passes every "> 0" check below
+            raise ConfigError(f"{section}.{key}={value!r} must be a finite number; set --config.{section}.{key}")
     for limits, allowed, wording in ((POSITIVE_SETTINGS, lambda v: v > 0, "positive"),
                                      (NON_NEGATIVE_SETTINGS, lambda v: v >= 0, "zero or positive")):
         for section, keys in limits.items():
@@ -139,6 +143,12 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
                           "own dtype); set --config.eval.dtype")
     # The model's own checks (d_model divisible by num_heads, ...), with the vocabulary still unknown.
     model_config(config, config.model.vocab_size or config.data.vocab_size)
+
+
+def _numbers(config: ml_collections.ConfigDict) -> list[tuple[str, str, Any]]:
+    """(section, key, value) of every number of the run config's sections."""
+    return [(section, key, value) for section, values in config.items() if isinstance(values, ml_collections.ConfigDict)
+            for key, value in values.items() if isinstance(value, (int, float)) and not isinstance(value, bool)]
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:

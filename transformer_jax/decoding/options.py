@@ -61,8 +61,8 @@ class DecodeOptions:
                 f"top_k={self.top_k!r} must be 0 (keep every token) or a positive integer")
         require(is_python_number(self.alpha) and self.alpha >= 0,
                 f"alpha={self.alpha!r} must be >= 0 (0 turns the length penalty off)")
-        require(is_python_number(self.temperature) and self.temperature > 0,
-                f"temperature={self.temperature!r} must be positive (mode=greedy takes the most likely token)")
+        require(is_python_number(self.temperature) and 0 < self.temperature < float("inf"),
+                f"temperature={self.temperature!r} must be positive and finite (mode=greedy takes the most likely token)")
         require(is_python_number(self.top_p) and 0 < self.top_p <= 1,
                 f"top_p={self.top_p!r} must be in (0, 1] (1 keeps every token)")
 

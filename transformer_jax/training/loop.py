@@ -13,6 +13,7 @@ import time
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from transformer_jax.base import workdir as layout
@@ -46,6 +47,20 @@ def check_skip_streak(state: TrainState, max_skipped_updates: int,
             f"{streak} updates in a row had a non-finite loss or gradient and were skipped; "
             f"lower training.learning_rate_scale or set training.grad_clip_norm ({kept})"
         )
+
+
+def check_trained(state: TrainState, step: int) -> None:
+    """Raise TrainingError when the run has nothing trained to score: every update skipped, or parameters
+    that are not finite (a test BLEU of such a model would be reported as if it meant something)."""
+    skipped = int(jax.device_get(state.skipped_updates))
+    if step > 0 and skipped >= step:
+        raise TrainingError(f"all {step} updates had a non-finite loss or gradient and were skipped, so the model is "
+                            "untrained; lower training.learning_rate_scale or set training.grad_clip_norm, and check "
+                            "the model settings (e.g. model.layer_norm_epsilon)")
+    finite = jax.tree.reduce(lambda a, b: a & b, jax.tree.map(lambda x: jnp.isfinite(x).all(), state.params))
+    if not bool(jax.device_get(finite)):
+        raise TrainingError(f"the parameters at step {step} are not finite; the run cannot be scored: restart from an "
+                            "earlier checkpoint with a lower training.learning_rate_scale")
 
 
 class Trainer:
@@ -230,6 +245,7 @@ class Trainer:
             self.stop_input()
             window.finish()
             self.checkpointer.wait()
+        check_trained(self.state, step)
         return self.state
 
     def close(self) -> None:
