@@ -15,6 +15,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.console import say
@@ -49,18 +50,29 @@ def check_skip_streak(state: TrainState, max_skipped_updates: int,
         )
 
 
-def check_trained(state: TrainState, step: int) -> None:
+def check_trained(state: TrainState, step: int, mesh: jax.sharding.Mesh | None = None) -> None:
     """Raise TrainingError when the run has nothing trained to score: every update skipped, or parameters
-    that are not finite (a test BLEU of such a model would be reported as if it meant something)."""
-    skipped = int(jax.device_get(state.skipped_updates))
+    that are not finite (a test BLEU of such a model would be reported as if it meant something).
+
+    With several processes every one of them calls this: the finiteness is one jitted reduction whose
+    replicated result each process reads from its own devices (no process waits alone in a collective).
+    """
+    replicated = None if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    all_finite = jax.jit(lambda params: jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(params)])),
+                         out_shardings=replicated)(state.params)
+    skipped = int(np.asarray(_local(state.skipped_updates)))
     if step > 0 and skipped >= step:
         raise TrainingError(f"all {step} updates had a non-finite loss or gradient and were skipped, so the model is "
                             "untrained; lower training.learning_rate_scale or set training.grad_clip_norm, and check "
                             "the model settings (e.g. model.layer_norm_epsilon)")
-    finite = jax.tree.reduce(lambda a, b: a & b, jax.tree.map(lambda x: jnp.isfinite(x).all(), state.params))
-    if not bool(jax.device_get(finite)):
+    if not bool(np.asarray(_local(all_finite))):
         raise TrainingError(f"the parameters at step {step} are not finite; the run cannot be scored: restart from an "
                             "earlier checkpoint with a lower training.learning_rate_scale")
+
+
+def _local(value: Any) -> Any:
+    """This process's copy of a replicated value (a NumPy value as it is)."""
+    return value.addressable_data(0) if isinstance(value, jax.Array) else value
 
 
 class Trainer:
@@ -245,7 +257,7 @@ class Trainer:
             self.stop_input()
             window.finish()
             self.checkpointer.wait()
-        check_trained(self.state, step)
+        check_trained(self.state, step, self.mesh)
         return self.state
 
     def close(self) -> None:
