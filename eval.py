@@ -17,9 +17,9 @@ all their devices, and process 0 alone writes files and prints.
 import jax
 from absl import app, flags
 
-from transformer_jax.base import default_cache_dir, make_mesh, quiet_console, set_cpu_devices, use_compilation_cache
+from transformer_jax.base import make_mesh, quiet_console, set_cpu_devices
 from transformer_jax.checkpoints import checkpoint_params, open_run, select_steps, write_params
-from transformer_jax.cli import initialize_distributed, interrupts_reported, parse_flags, user_errors
+from transformer_jax.cli import define_cluster_flags, interrupts_reported, parse_flags, user_errors
 from transformer_jax.config import decode_options, decoding_dtype, translation_batching
 from transformer_jax.decoding import DecodeOptions
 from transformer_jax.errors import ConfigError
@@ -54,19 +54,10 @@ _ATTENTION_TARGET = flags.DEFINE_string(
     "plot_attention_target", None, "Target for --plot_attention (default: the model's translation).")
 _POSITIONS = flags.DEFINE_bool("plot_positional_encoding", False, "Plot the positional-encoding matrix.")
 _CURVES = flags.DEFINE_bool("plot_curves", False, "Plot loss, learning rate and BLEU from metrics.jsonl.")
-_COMPILATION_CACHE = flags.DEFINE_string(
-    "compilation_cache", None, "Keep compiled programs here and load them in later runs: a directory (local or "
-    "gs://), 'workdir' for <workdir>/compilation_cache, or empty for off. Default: $JAX_COMPILATION_CACHE_DIR if set, "
-    f"else the workdir's with --multihost (it outlives a preempted host), else {default_cache_dir()}.")
 _CPU_DEVICES = flags.DEFINE_integer(
     "cpu_devices", None, "On a CPU backend, devices that split each batch's rows (0: one per core, at most 8; "
     "default: the count XLA_FLAGS or JAX_NUM_CPU_DEVICES set, else 0). GPU/TPU backends are not affected.")
-_MULTIHOST = flags.DEFINE_bool(
-    "multihost", False, "Join a multi-process run with jax.distributed.initialize() (auto-detected on "
-    "TPU pods and SLURM; elsewhere give the three flags below). Every process runs the same command.")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multihost).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (multihost).")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (multihost).")
+_CLUSTER = define_cluster_flags()  # --multihost and its three, --compilation_cache
 flags.mark_flag_as_required("workdir")
 
 
@@ -87,7 +78,7 @@ def translation(run_config) -> dict:
 def main(argv: list[str]) -> None:
     del argv
     quiet_console()
-    use_compilation_cache(_COMPILATION_CACHE.value, _WORKDIR.value, _MULTIHOST.value)
+    _CLUSTER.use_compilation_cache(_WORKDIR.value)
     printed = [0]  # translations written to stdout so far (--translate)
 
     def finished() -> str:
@@ -97,13 +88,12 @@ def main(argv: list[str]) -> None:
 
     with user_errors(), interrupts_reported(finished):
         set_cpu_devices(_CPU_DEVICES.value)  # before JAX starts its backends
-        if _MULTIHOST.value:
-            initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+        _CLUSTER.join()
         # Every process does the same work (restoring and translating are collective); process 0 reports it.
-        lead = not _MULTIHOST.value or jax.process_index() == 0
+        lead = not _CLUSTER.multihost.value or jax.process_index() == 0
         say = print if lead else lambda *args, **kwargs: None
         if _CURVES.value or _POSITIONS.value or {_ATTENTION.value, _ATTENTION_TARGET.value} != {None}:
-            if _MULTIHOST.value and jax.process_count() > 1:
+            if _CLUSTER.multihost.value and jax.process_count() > 1:
                 raise ConfigError("the --plot_* figures are drawn by one process; run them without --multihost")
             for path in write_figures(_WORKDIR.value, _CHECKPOINT.value, decoding_options, attention=_ATTENTION.value,
                                       attention_target=_ATTENTION_TARGET.value,

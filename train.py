@@ -8,25 +8,16 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from transformer_jax.base import default_cache_dir, quiet_console, use_compilation_cache
+from transformer_jax.base import quiet_console
 from transformer_jax.base import workdir as layout
-from transformer_jax.cli import initialize_distributed, interrupts_reported, parse_flags, training_workdir, user_errors
+from transformer_jax.cli import define_cluster_flags, interrupts_reported, parse_flags, training_workdir, user_errors
 from transformer_jax.config import check_run_config, decode_options, decoding_dtype, translation_batching
 from transformer_jax.evaluation import evaluate_split, plot_learning_curves, write_results
 from transformer_jax.training import Trainer
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (see configs/).", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, tokenizer, logs and outputs.")
-_MULTIHOST = flags.DEFINE_bool(
-    "multihost", False, "Join a multi-process run with jax.distributed.initialize() (auto-detected on "
-    "TPU pods and SLURM; elsewhere give the three flags below).")
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multihost).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes (multihost).")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index (multihost).")
-_COMPILATION_CACHE = flags.DEFINE_string(
-    "compilation_cache", None, "Keep compiled programs here and load them in later runs: a directory (local or "
-    "gs://), 'workdir' for <workdir>/compilation_cache, or empty for off. Default: $JAX_COMPILATION_CACHE_DIR if set, "
-    f"else the workdir's with --multihost (it outlives a preempted host), else {default_cache_dir()}.")
+_CLUSTER = define_cluster_flags()  # --multihost and its three, --compilation_cache
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -62,13 +53,12 @@ def train(config, workdir: str, stage: list[str]) -> None:
 def main(argv: list[str]) -> None:
     del argv
     quiet_console()
-    use_compilation_cache(_COMPILATION_CACHE.value, _WORKDIR.value, _MULTIHOST.value)
+    _CLUSTER.use_compilation_cache(_WORKDIR.value)
     stage = ["nothing; training had not started (its own Ctrl-C saves a checkpoint and stops)"]
     with user_errors(), interrupts_reported(lambda: stage[0], terminated_exit=0):  # SIGTERM: a rerun resumes
         config, workdir = _CONFIG.value, _WORKDIR.value
         check_run_config(config)  # before any work, so a bad value leaves no trace in the workdir
-        if _MULTIHOST.value:
-            initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+        _CLUSTER.join()
         with training_workdir(workdir):  # one job owns the workdir (run.lock) until it returns
             train(config, workdir, stage)
 

@@ -61,7 +61,7 @@ def builtin_encoded(vocab_size: int = 4_000, max_length: int = 64) -> EncodedPai
     config.data.update(source="builtin", vocab_size=vocab_size, tokenizer_sample_size=20_000, max_length=max_length,
                        tokens_per_batch=4_096)
     with tempfile.TemporaryDirectory() as workdir:
-        return prepare_data(config, workdir).train.corpus
+        return prepare_data(config, workdir).train.corpus.read_all()  # in memory: the directory goes
 
 
 def write_wmt_like_prepared(directory: str, num_pairs: int, tokenizer_path: str, longest: int = 1024,

@@ -93,6 +93,8 @@ def bash_blocks(text: str) -> list[str]:
 def script_flags(script: str) -> set[str]:
     """The absl flags a script defines (DEFINE_*("name", ...) and DEFINE_config_file("name", ...))."""
     source = (ROOT / script).read_text()
+    if "define_cluster_flags()" in source:  # the multi-process and compilation-cache flags train.py and eval.py share
+        source += (ROOT / "transformer_jax" / "cli" / "commands.py").read_text()
     names = set(re.findall(r"DEFINE_\w+\(\s*\"(\w+)\"", source))
     assert names, f"{script} defines no flags?"
     return names | {"help", "helpfull", "verbosity"}  # absl's own flags

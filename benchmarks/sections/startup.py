@@ -5,8 +5,8 @@ WMT-like lengths), trains a SentencePiece model (vocabulary 32,000) on a small c
 then times `prepare_data` (reading the text, encoding, length filter, choosing the row width, planning
 the first epoch) each in a fresh process, reporting its wall time and peak resident memory (VmHWM):
   tiny corpus   1,000 pairs, same tokenizer: the floor (imports, tokenizer, dev/test);
-  first run     the large corpus, encoded in chunks of 50,000 pairs, the arrays saved to the workdir;
-  resume        the same workdir again: the saved arrays are read, the text is not encoded.
+  first run     the large corpus prepared in the workdir (data/prepared.py: encoded into token shards);
+  resume        the same workdir again: the prepared corpus's index is read, the text is not encoded.
 """
 
 from __future__ import annotations

@@ -5,6 +5,8 @@ workdir checks and ownership, multi-process start-up).
 """
 
 from transformer_jax.cli.commands import (
+    ClusterFlags,
+    define_cluster_flags,
     initialize_distributed,
     interrupts_reported,
     parse_flags,
@@ -12,4 +14,4 @@ from transformer_jax.cli.commands import (
     user_errors,
 )
 
-__all__ = ["initialize_distributed", "interrupts_reported", "parse_flags", "training_workdir", "user_errors"]
+__all__ = ["ClusterFlags", "define_cluster_flags", "initialize_distributed", "interrupts_reported", "parse_flags", "training_workdir", "user_errors"]

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
 import traceback
 from typing import Callable, Iterator
 
+from absl import flags
+
+from transformer_jax.base.compile_cache import default_cache_dir, use_compilation_cache
 from transformer_jax.errors import (
     ConfigError,
     UserError,
@@ -117,6 +121,43 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
             f"cannot join the multi-process run ({detail}); on a cluster without auto-detection pass "
             "--coordinator_address=HOST:PORT --num_processes=N --process_id=I"
         ) from None
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterFlags:
+    """The flags by which train.py and eval.py join a multi-process run and keep their compiled programs."""
+
+    multihost: flags.FlagHolder
+    coordinator_address: flags.FlagHolder
+    num_processes: flags.FlagHolder
+    process_id: flags.FlagHolder
+    compilation_cache: flags.FlagHolder
+
+    def use_compilation_cache(self, workdir: str) -> str:
+        """Point JAX's compilation cache where --compilation_cache says (base.compile_cache)."""
+        return use_compilation_cache(self.compilation_cache.value, workdir, self.multihost.value)
+
+    def join(self) -> None:
+        """With --multihost, join the run (jax.distributed); before anything touches the devices."""
+        if self.multihost.value:
+            initialize_distributed(self.coordinator_address.value, self.num_processes.value, self.process_id.value)
+
+
+def define_cluster_flags() -> ClusterFlags:
+    """Define --multihost, --coordinator_address, --num_processes, --process_id and --compilation_cache."""
+    return ClusterFlags(
+        flags.DEFINE_bool("multihost", False, "Join a multi-process run with jax.distributed.initialize() "
+                          "(auto-detected on TPU pods and SLURM; elsewhere give the three flags below). Every "
+                          "process runs the same command."),
+        flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multihost)."),
+        flags.DEFINE_integer("num_processes", None, "Number of processes (multihost)."),
+        flags.DEFINE_integer("process_id", None, "This process's index (multihost)."),
+        flags.DEFINE_string(
+            "compilation_cache", None, "Keep compiled programs here and load them in later runs: a directory "
+            "(local or gs://), 'workdir' for <workdir>/compilation_cache, or empty for off. Default: "
+            "$JAX_COMPILATION_CACHE_DIR if set, else the workdir's with --multihost (it outlives a preempted "
+            f"host), else {default_cache_dir()}."),
+    )
 
 
 def ensure_writable_workdir(workdir: str) -> list[str]:

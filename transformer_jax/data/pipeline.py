@@ -12,7 +12,7 @@ import numpy as np
 
 from transformer_jax.data.batching import BatchIterator
 from transformer_jax.data.encoded import EncodedPairs, encode_pairs, filter_by_length
-from transformer_jax.data.prepared import MANIFEST, TOKENIZER, PreparedCorpus, check_can_write, write_prepared
+from transformer_jax.data.prepared import MANIFEST, TOKENIZER, PreparedCorpus, check_can_write, read_split, write_prepared
 from transformer_jax.data.row_width import choose_packed_rows
 from transformer_jax.data.shapes import (
     WIDTH_MULTIPLE,
@@ -208,13 +208,11 @@ def run_corpus(config: ml_collections.ConfigDict, workdir: str | None, process_i
     if tokenizer.fingerprint != corpus.manifest["tokenizer"]:
         raise DataError(f"{directory}/{TOKENIZER} is not the tokenizer its corpus was prepared with; "
                         f"prepare the corpus again into a new directory")
-    if workdir_tokenizer is None:
-        pass
-    elif is_file(workdir_tokenizer):
+    if workdir_tokenizer and is_file(workdir_tokenizer):
         if Tokenizer.load(workdir_tokenizer).fingerprint != tokenizer.fingerprint:
             raise DataError(f"{directory} was prepared with another tokenizer than {workdir_tokenizer} (this run's); "
                             f"point data.prepared at the corpus this run started with, or use a new workdir")
-    elif process_index == 0:
+    elif workdir_tokenizer and process_index == 0:
         write_atomically(workdir_tokenizer, read_bytes(os.path.join(directory, TOKENIZER)))
     return corpus, tokenizer
 
@@ -223,7 +221,7 @@ def run_split(config: ml_collections.ConfigDict, workdir: str, split: str) -> li
     """A dev/test split of a run as text pairs: from its prepared corpus when there is one, else from the source."""
     directory = corpus_directory(config, workdir)
     if is_file(os.path.join(directory, MANIFEST)):
-        return PreparedCorpus.open(directory).split(split)
+        return read_split(directory, split)
     return load_run_splits(config.data, config.training.seed, (split,))[split]
 
 

@@ -200,12 +200,17 @@ class PreparedCorpus:
 
     def split(self, name: str) -> list[Pair]:
         """The dev or test pairs stored as text beside the training shards."""
-        path = os.path.join(self.directory, f"{name}.json")
-        try:
-            return [tuple(pair) for pair in json.loads(read_text(path))]  # type: ignore[misc]
-        except (OSError, ValueError) as error:
-            raise DataError(f"{path} cannot be read ({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
-                            f"{_fix(self.directory)}") from None
+        return read_split(self.directory, name)
+
+
+def read_split(directory: str, name: str) -> list[Pair]:
+    """The dev or test pairs of the prepared corpus in `directory` (its index and shards are not read)."""
+    path = os.path.join(directory, f"{name}.json")
+    try:
+        return [tuple(pair) for pair in json.loads(read_text(path))]  # type: ignore[misc]
+    except (OSError, ValueError) as error:
+        raise DataError(f"{path} cannot be read ({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
+                        f"{_fix(directory)}") from None
 
 
 def _shard_bounds(manifest: dict[str, Any]) -> list[tuple[int, int]]:
