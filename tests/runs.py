@@ -6,13 +6,17 @@ after the first skips most compiling; it changes how fast a run starts, never wh
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
 import os
 import pathlib
+import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+from typing import Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTS = pathlib.Path(__file__).resolve().parent
@@ -102,3 +106,43 @@ def finish_all(processes: list[subprocess.Popen], timeout: float = 300) -> list[
     for process, (_, stderr) in zip(processes, results):
         assert process.returncode == 0, (stderr or "")[-3000:]
     return results
+
+
+def run_rows(script: str, rows: list[list[str]], directory: pathlib.Path) -> list[subprocess.CompletedProcess]:
+    """Each command line of `rows` run through `script`'s own flag parsing and main, all in one process."""
+    rows_file, out = directory / f"{script}.rows.json", directory / f"{script}.results.json"
+    rows_file.write_text(json.dumps(rows))
+    done = subprocess.run(command("tests/cli_rows.py", script, rows_file, out), cwd=ROOT, env=script_env(),
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [subprocess.CompletedProcess(args, r["returncode"], r["stdout"], r["stderr"])
+            for args, r in zip(rows, json.loads(out.read_text()))]
+
+
+def copy_run(trained_run: dict, destination: pathlib.Path) -> pathlib.Path:
+    """A copy of the trained run at `destination` (which must not exist), for a test to change."""
+    shutil.copytree(trained_run["workdir"], destination)
+    return destination
+
+
+@contextlib.contextmanager
+def small_disk(path: pathlib.Path, size: str) -> Iterator[pathlib.Path]:
+    """A real file system of `size` (e.g. "4m") mounted at `path` for the block: a disk that fills up.
+
+    A tmpfs: writes past its size fail with ENOSPC as on a full disk. Mounting needs root (or
+    CAP_SYS_ADMIN), which this project's test machines and CI have.
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], check=True,
+                   capture_output=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True, capture_output=True)
+
+
+def fill(directory: pathlib.Path, leave: int = 0) -> None:
+    """Fill the file system holding `directory` up to `leave` free bytes (a file named .filler)."""
+    free = os.statvfs(directory).f_bavail * os.statvfs(directory).f_frsize
+    with open(directory / ".filler", "wb") as file:
+        file.write(b"\0" * max(0, free - leave))

@@ -36,5 +36,10 @@ class MeshError(ConfigError):
     """The device mesh settings do not fit the devices present."""
 
 
+class StorageError(UserError, OSError):
+    """The machine's storage failed a read or write (a full disk, a read-only or vanished directory); the
+    message names the path, what was kept and how to go on. Not a bug: nothing in the run was wrong."""
+
+
 class TrainingError(UserError, RuntimeError):
     """Training cannot go on (e.g. the loss stays non-finite); the message says why and what to do."""

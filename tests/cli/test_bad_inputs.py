@@ -20,16 +20,16 @@ from runs import (
     ROOT,
     assert_one_line_error,
     command,
+    copy_run,
+    run_rows,
     run_script,
     script_env,
     snapshot,
-    tiny_run_config,
     write_config,
 )
 from transformer_jax.base import workdir as layout
 from transformer_jax.cli.lock import Owner, read_owner
 from transformer_jax.checkpoints.manager import Checkpointer
-from transformer_jax.training.loop import Trainer
 
 
 def write_text_corpus(directory: pathlib.Path, **files: bytes) -> pathlib.Path:
@@ -50,15 +50,11 @@ BAD_CONFIGS = {
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
+def setup(tmp_path_factory, trained_run):
     """A trained tiny run (checkpoints, tokenizer, config.json, logs), copies of it, and bad inputs next to it."""
     directory = tmp_path_factory.mktemp("bad_inputs")
     config = write_config(directory)
-    workdir = directory / "run"
-
-    trainer = Trainer(tiny_run_config(), str(workdir))
-    trainer.run()
-    trainer.close()
+    workdir = copy_run(trained_run, directory / "run")
     corpora = {
         "missing": write_text_corpus(directory / "missing", dev_de=None),
         "mismatch": write_text_corpus(directory / "mismatch", train_en=b"One .\nTwo .\nThree .\n"),
@@ -180,17 +176,6 @@ TRAIN_ROWS = [
     ("data check failing on a new workdir", lambda s: [*text_source("mismatch")(s), f"--workdir={s['dir'] / 'fresh'}"],
      ["train.en has 3 lines but"]),
 ]
-
-
-def run_rows(script: str, rows: list[list[str]], directory: pathlib.Path) -> list[subprocess.CompletedProcess]:
-    """Each command line of `rows` run through `script`'s own flag parsing and main, all in one process."""
-    rows_file, out = directory / f"{script}.rows.json", directory / f"{script}.results.json"
-    rows_file.write_text(json.dumps(rows))
-    done = subprocess.run(command("tests/cli_rows.py", script, rows_file, out), cwd=ROOT, env=script_env(),
-                          capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [subprocess.CompletedProcess(args, r["returncode"], r["stdout"], r["stderr"])
-            for args, r in zip(rows, json.loads(out.read_text()))]
 
 
 @pytest.fixture(scope="module")

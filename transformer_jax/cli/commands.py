@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import os
 import signal
 import sys
@@ -13,10 +14,7 @@ from typing import Callable, Iterator
 from absl import flags
 
 from transformer_jax.base.compile_cache import default_cache_dir, use_compilation_cache
-from transformer_jax.errors import (
-    ConfigError,
-    UserError,
-)
+from transformer_jax.errors import ConfigError, StorageError, UserError
 from transformer_jax.base.files import is_local, make_dirs, remove, unique_name, write_atomically
 from transformer_jax.cli.lock import owning
 
@@ -28,14 +26,41 @@ INTERRUPTED_EXIT = 130
 TERMINATED_EXIT = 143
 
 
+# OSError numbers that are the machine's storage, not a bug: a full disk or quota, a file-size limit, a
+# read-only file system, a directory removed under the run.
+STORAGE_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+                  errno.EFBIG: "file too large for the file system or its limit", errno.EROFS: "read-only file system"}
+
+
+def storage_error(error: OSError, doing: str, after: str = "free space and run the same command again") -> StorageError | None:
+    """A StorageError line for `error` when it is a fault of the machine's storage (STORAGE_ERRNOS), else None.
+
+    `doing` says what was being written ("writing checkpoint 6"), `after` what keeps and how to go on.
+    """
+    if error.errno not in STORAGE_ERRNOS:
+        return None
+    where = f" ({error.filename})" if error.filename else ""
+    return StorageError(f"{doing}{where} failed: {STORAGE_ERRNOS[error.errno]}; {after}")
+
+
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn a UserError into one line on stderr and exit status 2; any other exception is a bug and keeps its traceback."""
+    """Turn a UserError into one line on stderr and exit status 2; any other exception is a bug and keeps its traceback.
+
+    An OSError of the machine's storage (a full disk, a read-only file system) that reached this far
+    unnamed is one line as well: it is no bug, and its traceback would hide the one thing to do.
+    """
     try:
         yield
     except UserError as error:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         print(f"error: {message}", file=sys.stderr)
+        sys.exit(USER_ERROR_EXIT)
+    except OSError as error:
+        named = storage_error(error, "writing")
+        if named is None:
+            raise
+        print(f"error: {named}", file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)
 
 
