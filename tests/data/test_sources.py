@@ -1,5 +1,7 @@
 """Data sources: text files and their bad inputs, TSV, TFDS (mocked), the built-in corpus."""
 
+import os
+
 import pytest
 
 from transformer_jax.data import sources as data
@@ -41,6 +43,31 @@ def test_missing_file_is_named(text_dir):
     (text_dir / "dev.de").unlink()
     with pytest.raises(DataError, match=r"dev\.de does not exist"):
         data.load_splits("text", path=str(text_dir))
+
+
+def test_a_directory_a_pipe_or_a_dangling_link_in_place_of_a_file_says_what_it_is(text_dir):
+    (text_dir / "train.en").unlink()
+    (text_dir / "train.en").mkdir()
+    with pytest.raises(DataError, match=r"train\.en is a directory, not a text file"):
+        data.load_splits("text", path=str(text_dir))
+    (text_dir / "train.en").rmdir()
+    os.mkfifo(text_dir / "train.en")  # opening it would wait for a writer forever
+    with pytest.raises(DataError, match=r"train\.en is not a regular file \(a named pipe"):
+        data.load_splits("text", path=str(text_dir))
+    (text_dir / "train.en").unlink()
+    (text_dir / "train.en").symlink_to(text_dir / "gone.en")
+    with pytest.raises(DataError, match=r"train\.en is a symbolic link to .*gone\.en, which does not exist"):
+        data.load_splits("text", path=str(text_dir))
+
+
+def test_a_leading_byte_order_mark_is_not_part_of_the_first_sentence(tmp_path):
+    source = _write(tmp_path, "test.en", "\ufeffThe dog .\nA cat .\n".encode())
+    target = _write(tmp_path, "test.de", b"\xef\xbb\xbfDer Hund .\nEine Katze \xff.\n")
+    with pytest.raises(DataError, match=r"test\.de line 2 is not valid UTF-8 \(byte 0xff\)"):
+        data.read_parallel_text(source, target)  # line and byte counted as in the file
+    target = _write(tmp_path, "test.de", "\ufeffDer Hund .\nEine Katze .\n".encode())
+    assert data.read_parallel_text(source, target) == [("The dog .", "Der Hund ."), ("A cat .", "Eine Katze .")]
+    assert data.read_tsv(_write(tmp_path, "a.tsv", "\ufeffone\teins\n".encode())) == [("one", "eins")]
 
 
 def test_empty_corpus_is_rejected(tmp_path):
@@ -96,7 +123,7 @@ def test_builtin_source_and_its_reverse_direction():
 def test_unknown_source_and_missing_path():
     with pytest.raises(DataError, match="unknown data source 'csv'"):
         data.load_splits("csv")
-    with pytest.raises(DataError, match="needs a data directory"):
+    with pytest.raises(DataError, match=r"needs a data directory and data.path is empty; set --config.data.path=DIR"):
         data.load_splits("text")
 
 

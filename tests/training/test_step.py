@@ -108,6 +108,23 @@ def test_loss_falls_over_30_steps(small_state):
     assert np.mean(losses[-5:]) < 0.9 * np.mean(losses[:5]), losses
 
 
+def test_bfloat16_parameters_train_and_keep_their_dtype_in_parameters_and_adam_moments():
+    """model.param_dtype=bfloat16: the compiled step takes updates (it failed to compile when float32
+    token counts promoted the gradients) and leaves parameters and both moments in bfloat16."""
+    model = Transformer(TransformerConfig.preset("tiny", vocab_size=32, param_dtype="bfloat16"))
+    optimizer = paper_optimizer(paper_learning_rate(model.config.d_model, warmup_steps=10))
+    state = create_train_state(model, optimizer, seed=0)
+    step = jax.jit(train_step, static_argnums=2, donate_argnums=0)
+    batch = copy_task_batch(np.random.default_rng(0))
+    before = np.asarray(jax.tree.leaves(state.params)[0], np.float32)
+    for _ in range(3):
+        state, metrics = step(state, batch, 0.1)
+    assert int(state.skipped_updates) == 0 and np.isfinite(float(metrics["loss"]))
+    dtypes = {leaf.dtype for leaf in jax.tree.leaves((state.params, state.opt_state[0].mu, state.opt_state[0].nu))}
+    assert dtypes == {jnp.dtype(jnp.bfloat16)}
+    assert not np.array_equal(np.asarray(jax.tree.leaves(state.params)[0], np.float32), before)
+
+
 def test_non_finite_gradients_skip_the_update(small_state):
     step = jax.jit(train_step, static_argnums=2)
     batch = copy_task_batch(np.random.default_rng(0))

@@ -8,6 +8,7 @@ run's work is done) are dropped. absl's `--verbosity=0` (INFO) or higher brings 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
@@ -26,13 +27,40 @@ class _DropClosedLoop(logging.Filter):
         return not (_is_closed_loop(error) or CLOSED_LOOP in record.getMessage())
 
 
+def skip_absent_tpu() -> None:
+    """On a host without TPU chips, keep JAX from starting libtpu, which the `tpu` extra installs for the
+    preflight and whose start-up there prints errors about TPU worker hostnames on every run.
+
+    JAX then starts CUDA (when an NVIDIA GPU and JAX's CUDA plugin are present) and the CPU. An explicit
+    JAX_PLATFORMS (or JAX_FORCE_TPU_INIT) is left alone; on a TPU VM nothing changes.
+    """
+    import importlib.util
+
+    if os.environ.get("JAX_PLATFORMS") or "JAX_FORCE_TPU_INIT" in os.environ or importlib.util.find_spec("libtpu") is None:
+        return
+    try:
+        from jax._src import hardware_utils  # the PCI scan JAX's own TPU start-up does
+    except ImportError:
+        return
+    if hardware_utils.num_available_tpu_chips_and_device_id()[0] > 0:
+        return
+    import jax
+
+    cuda = hardware_utils.has_visible_nvidia_gpu() and any(
+        importlib.util.find_spec(plugin) for plugin in ("jax_cuda12_plugin", "jax_cuda13_plugin"))
+    jax.config.update("jax_platforms", "cuda,cpu" if cuda else "cpu")
+
+
 def quiet_console() -> None:
     """Unless `--verbosity` was given: logging at WARNING, closed-event-loop reports at exit dropped.
+    Always: libtpu is not started on a host without TPU chips (skip_absent_tpu).
 
-    Call it in main(), after absl parsed the flags.
+    Call it in main(), after absl parsed the flags, before any JAX work.
     """
     from absl import flags
     from absl import logging as absl_logging
+
+    skip_absent_tpu()
 
     if "verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present:
         return

@@ -49,11 +49,19 @@ def make_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[jax.Device] | Non
     count = len(devices)
     if data == -1 and fsdp == -1:
         raise MeshError("only one of mesh.data and mesh.fsdp may be -1")
+    for name, size in (("data", data), ("fsdp", fsdp)):
+        if size != -1 and size <= 0:
+            raise MeshError(f"mesh.{name}={size} must be positive (or -1: the devices the other axis leaves)")
+    for name, size, rest in (("fsdp", fsdp, data), ("data", data, fsdp)):
+        if rest == -1 and count % size:
+            other = "data" if name == "fsdp" else "fsdp"
+            raise MeshError(f"mesh.{name}={size} does not divide the {count} {where} devices, so mesh.{other}=-1 "
+                            f"cannot take the rest; set --config.mesh.{name} to a divisor of {count}")
     if data == -1:
-        data = count // fsdp if fsdp > 0 else 0
+        data = count // fsdp
     if fsdp == -1:
-        fsdp = count // data if data > 0 else 0
-    if data <= 0 or fsdp <= 0 or data * fsdp != count:
+        fsdp = count // data
+    if data * fsdp != count:
         raise MeshError(
             f"mesh data={data} x fsdp={fsdp} does not cover the {count} {where} devices; "
             "set --config.mesh.data and --config.mesh.fsdp so that their product is the device count"
@@ -75,6 +83,9 @@ def make_mesh(data: int = -1, fsdp: int = 1, devices: Sequence[jax.Device] | Non
 
 # Each CPU device holds a whole copy of the parameters when decoding, so a large host stops at this many.
 MAX_AUTOMATIC_CPU_DEVICES = 8
+# The most CPU devices --cpu_devices accepts: XLA:CPU runs one thread per device in every collective,
+# and past a few hundred their rendezvous times out and aborts the process.
+MAX_CPU_DEVICES = 64
 
 
 def automatic_cpu_devices() -> int:
@@ -96,6 +107,9 @@ def set_cpu_devices(count: int | None) -> int | None:
     """
     if count is not None and count < 0:
         raise ConfigError(f"cpu_devices={count} must be >= 0 (0: one per core)")
+    if count is not None and count > MAX_CPU_DEVICES:  # XLA:CPU's rendezvous of that many threads aborts
+        raise ConfigError(f"cpu_devices={count} is more than {MAX_CPU_DEVICES} CPU devices (each holds a copy of "
+                          f"the model; more than the cores only adds waiting); pass --cpu_devices=0 for one per core")
     user_set = "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "") or (
         jax.config.jax_num_cpu_devices != -1)  # also set by the JAX_NUM_CPU_DEVICES variable
     if count is None and user_set:

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import errno
 import os
+import shutil
 import signal
 import sys
 import traceback
@@ -13,6 +14,7 @@ from typing import Callable, Iterator
 
 from absl import flags
 
+from transformer_jax.base import workdir as layout
 from transformer_jax.base.compile_cache import default_cache_dir, use_compilation_cache
 from transformer_jax.errors import ConfigError, StorageError, UserError
 from transformer_jax.base.files import is_local, make_dirs, remove, unique_name, write_atomically
@@ -138,6 +140,9 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
     # is driven by SIGTERM alone (jaxlib's only notifier), which our own handler and the loop's per-step
     # agreement (training/preemption.py) already hear, on every platform and at every point of the run.
     jax.config.update("jax_enable_preemption_service", False)
+    if coordinator_address is not None and not coordinator_address.rpartition(":")[2].isdigit():
+        raise ConfigError(f"--coordinator_address={coordinator_address} has no port; pass HOST:PORT of process 0 "
+                          "(e.g. --coordinator_address=10.0.0.2:8476), the same on every process")
     try:
         jax.distributed.initialize(coordinator_address, num_processes, process_id)
     except (ValueError, RuntimeError) as error:
@@ -163,9 +168,27 @@ class ClusterFlags:
         return use_compilation_cache(self.compilation_cache.value, workdir, self.multihost.value)
 
     def join(self) -> None:
-        """With --multihost, join the run (jax.distributed); before anything touches the devices."""
+        """With --multihost, join the run (jax.distributed); then start JAX's backends (start_backends)."""
         if self.multihost.value:
             initialize_distributed(self.coordinator_address.value, self.num_processes.value, self.process_id.value)
+        start_backends()
+
+
+def start_backends() -> None:
+    """Start JAX's backends now: a JAX_PLATFORMS naming a platform this machine cannot start (no plugin, no
+    chip) is one ConfigError line, not the AssertionError or RuntimeError of JAX's first device query."""
+    import jax
+
+    try:
+        jax.devices()
+    except (RuntimeError, AssertionError) as error:
+        platforms = os.environ.get("JAX_PLATFORMS") or jax.config.jax_platforms
+        if not platforms:
+            raise  # JAX chose the platforms itself: not the user's setting
+        detail = (str(error).strip().splitlines() or ["its JAX plugin is not installed"])[0].split(" (set JAX_PLATFORMS")[0]
+        raise ConfigError(f"JAX_PLATFORMS={platforms} cannot start on this machine ({detail}); install the "
+                          "platform's JAX plugin (e.g. pip install 'jax[cuda12]'), or unset JAX_PLATFORMS to use "
+                          "the devices this machine has") from None
 
 
 def define_cluster_flags() -> ClusterFlags:
@@ -221,13 +244,20 @@ def ensure_writable_workdir(workdir: str) -> list[str]:
 def training_workdir(workdir: str) -> Iterator[None]:
     """Create `workdir` and own it (run.lock, see cli/lock.py) while training writes it.
 
-    A start that fails before anything was written (a data check, a bad vocabulary size) removes
-    the directories it created, so a failed first attempt leaves no empty workdir behind.
+    A first start that fails (a data check, a bad vocabulary size, a model that does not fit) before
+    training began, which config.json marks, removes the workdir it created with everything in it (a
+    prepared corpus, the tokenizer, logs): a failed first attempt leaves nothing behind. Ctrl-C and
+    SIGTERM keep what was made (a rerun resumes it, the corpus included); an existing workdir is never
+    removed.
     """
     created = ensure_writable_workdir(workdir)
     try:
         with owning(workdir):
             yield
+    except Exception:
+        if created and not os.path.exists(os.path.join(workdir, layout.CONFIG)):
+            shutil.rmtree(created[-1], ignore_errors=True)  # the outermost directory this start created
+        raise
     except BaseException:
         for directory in created:  # deepest first; rmdir fails on a directory holding anything
             try:

@@ -99,6 +99,9 @@ def default_config() -> ml_collections.ConfigDict:
     return config
 
 
+# The largest training.seed: JAX's random keys and NumPy's generators take a 64-bit signed seed.
+MAX_SEED = 2**63 - 1
+
 # Run settings that must be positive (model sizes are checked by TransformerConfig itself).
 POSITIVE_SETTINGS = {
     "data": ("vocab_size", "tokenizer_sample_size", "prepare_workers", "tokens_per_batch", "max_length", "eval_batch_size",
@@ -117,6 +120,13 @@ NON_NEGATIVE_SETTINGS = {
 
 def check_run_config(config: ml_collections.ConfigDict) -> None:
     """Fail with one ConfigError line on a setting no run can use, before any data or device work."""
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError(f"get_config() returned a {type(config).__name__}, not an ml_collections.ConfigDict; "
+                          "start from transformer_jax.config.default_config() and change its values (see configs/)")
+    missing = [section for section in default_config() if section not in config]
+    if missing:
+        raise ConfigError(f"the config has no {', '.join(missing)} section; start get_config() from "
+                          "transformer_jax.config.default_config() (see configs/)")
     for section, key, value in _numbers(config):
         if isinstance(value, float) and not math.isfinite(value):  # inf passes every "> 0" check below
             raise ConfigError(f"{section}.{key}={value!r} must be a finite number; set --config.{section}.{key}")
@@ -138,6 +148,17 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
     if config.mesh.data != -1 and not (isinstance(config.mesh.data, int) and config.mesh.data > 0):
         raise ConfigError(f"mesh.data={config.mesh.data!r} must be positive, or -1 (all devices not used by "
                           "fsdp); set --config.mesh.data")
+    seed = config.training.seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ConfigError(f"training.seed={seed!r} must be an integer in [0, 2**63 - 1]; set --config.training.seed")
+    for check in (decode_options, translation_batching):  # the settings of the final test translation
+        try:
+            check(config)
+        except ConfigError as error:
+            setting = str(error).split("=", 1)[0]
+            section = "data" if setting == "batch_size" else "eval"
+            key = "eval_batch_size" if setting == "batch_size" else setting
+            raise ConfigError(f"{section}.{error}; set --config.{section}.{key}") from None
     if decoding_dtype(config) not in DTYPES:
         raise ConfigError(f"eval.dtype={decoding_dtype(config)!r} is not one of {list(DTYPES)} ('' = the model's "
                           "own dtype); set --config.eval.dtype")

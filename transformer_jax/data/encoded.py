@@ -112,7 +112,7 @@ def filter_by_length(corpus: EncodedPairs | Any, max_length: int) -> tuple[Any, 
     """
     keep = np.flatnonzero((corpus.source.lengths <= max_length) & (corpus.target.lengths <= max_length))
     if len(keep) == 0:
-        raise DataError(f"no training pair fits max_length={max_length} tokens; raise max_length")
+        raise DataError(f"no training pair fits max_length={max_length} tokens; raise --config.data.max_length")
     if len(keep) == len(corpus):
         return corpus, 0  # no copy of a large corpus's index
     return corpus.select(keep), len(corpus) - len(keep)

@@ -13,6 +13,7 @@ so dev/test stay line-aligned with their references.
 
 from __future__ import annotations
 
+import codecs
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -26,12 +27,26 @@ TFDS_NAME = "wmt14_translate/de-en"
 
 
 
-def read_lines(path: str) -> list[str]:
-    """Lines of a UTF-8 text file (stripped; a final newline does not add an empty line)."""
-    if not os.path.isfile(path):
+def check_text_file(path: str) -> None:
+    """DataError unless `path` is a regular file: missing, a directory and a pipe or device each say so."""
+    if os.path.isfile(path):
+        return
+    if not os.path.lexists(path):
         raise DataError(f"{path} does not exist; check the data directory and file names")
+    if os.path.isdir(path):
+        raise DataError(f"{path} is a directory, not a text file; put the file itself at that path")
+    if not os.path.exists(path):
+        raise DataError(f"{path} is a symbolic link to {os.path.realpath(path)}, which does not exist; fix the link")
+    raise DataError(f"{path} is not a regular file (a named pipe, socket or device); a corpus is read more than "
+                    "once, so write it to a regular file first")
+
+
+def read_lines(path: str) -> list[str]:
+    """Lines of a UTF-8 text file (stripped; a final newline does not add an empty line; a leading
+    byte-order mark, which some editors write, is not part of the first sentence)."""
+    check_text_file(path)
     with open(path, "rb") as f:
-        data = f.read()
+        data = f.read().removeprefix(codecs.BOM_UTF8)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -184,7 +199,8 @@ def load_splits(source: str, *, path: str | None = None, source_lang: str = "en"
                 for s in splits}
     if source in ("text", "tsv"):
         if not path:
-            raise DataError(f"source {source!r} needs a data directory; set the data path")
+            raise DataError(f"data source {source!r} needs a data directory and data.path is empty; set "
+                            f"--config.data.path=DIR (the directory of the {'<split>.<lang>' if source == 'text' else '<split>.tsv'} files)")
         if source == "text":
             return load_text_splits(path, source_lang, target_lang, splits)
         return load_tsv_splits(path, splits, tsv_columns)

@@ -32,6 +32,7 @@ def decoding_precision(params: Any, config: TransformerConfig, dtype: str,
     also return float32 before rounding and the caches are float32 (`TransformerConfig.float32_dot_outputs`,
     model/precision.py): XLA:CPU runs bfloat16 matmuls natively only that way. Accelerators keep the
     model's dtypes (bfloat16 caches take half the memory). A float32 model is the same either way.
+    A model trained with cuDNN's attention (attention_backend="cudnn") decodes with "fused" off GPUs.
     """
     require(dtype in DTYPES, f"decoding dtype={dtype!r} is not one of {list(DTYPES)} ('' = the model's own dtype)")
     if dtype and (config.dtype, config.param_dtype) != (dtype, dtype):
@@ -40,6 +41,8 @@ def decoding_precision(params: Any, config: TransformerConfig, dtype: str,
         config = config.replace(dtype=dtype, param_dtype=dtype)
     if platform == "cpu" and not config.float32_dot_outputs:
         config = config.replace(float32_dot_outputs=True)
+    if config.attention_backend == "cudnn" and platform != "gpu":
+        config = config.replace(attention_backend="fused")  # the same attention, by XLA where cuDNN is absent
     return params, config
 
 

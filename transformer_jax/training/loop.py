@@ -169,8 +169,7 @@ class Trainer:
         wait for it in the step's collectives (which time out on a loaded host).
         """
         start = time.perf_counter()
-        for _, lowered in self.programs.lower_train(self.state, self.micro_steps[0]):
-            lowered.compile()
+        self.programs.compile_train(self.state, self.micro_steps[0])  # each checked to fit the devices
         shapes = list(self.programs.shapes.train)
         logging.info("compiled the train step for batches of %s (rows x tokens) in %.1f s",
                      ", ".join(f"{rows}x{length}" for rows, length in shapes), time.perf_counter() - start)

@@ -22,9 +22,11 @@ from transformer_jax.base.sharding import abstract_with_shardings, batch_shardin
 from transformer_jax.config.schema import model_config as run_model_config
 from transformer_jax.config.schema import translation_batching
 from transformer_jax.decoding.options import DecodeOptions
+from transformer_jax.errors import ConfigError
 from transformer_jax.decoding.translate import decoding_precision, translate_rows
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.training.memory import check_fits, compiled_bytes_per_device, state_bytes_per_device
 from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer
 from transformer_jax.training.state import TrainState, create_train_state
 from transformer_jax.training.step import add_trees, apply_gradients, compute_gradients, eval_step, train_step
@@ -64,8 +66,24 @@ class RunPrograms:
         return self.config.training.accumulation_steps
 
     def init_state(self) -> TrainState:
-        """The initial state, each device materializing only its own shards."""
+        """The initial state, each device materializing only its own shards (checked to fit them first)."""
+        model = self.model_config
+        check_fits(state_bytes_per_device(self.abstract_state), self.mesh,
+                   f"the train state (parameters and Adam moments of d_model={model.d_model}, d_ff={model.d_ff}, "
+                   f"{model.num_layers} layers, a vocabulary of {model.vocab_size})",
+                   "lower the model's sizes, or shard the state over more devices with --config.mesh.fsdp")
         return jax.jit(self.create_state, out_shardings=self.shardings)()
+
+    def compile_train(self, state: Any = None, micro_step: Any = None) -> list[jax.stages.Compiled]:
+        """lower_train's programs compiled, each checked by XLA's memory analysis to fit a device."""
+        compiled = []
+        for name, lowered in self.lower_train(state, micro_step):
+            program = lowered.compile()
+            check_fits(compiled_bytes_per_device(program), self.mesh, f"the {name} (rows x tokens)",
+                       f"lower data.tokens_per_batch (now {self.config.data.tokens_per_batch}), or reach the same "
+                       "batch with --config.training.accumulation_steps, or shard over more devices")
+            compiled.append(program)
+        return compiled
 
     def micro_steps(self) -> list[jax.Array]:
         """The micro-step indices, placed on the devices once (the update then passes no Python scalars)."""
@@ -153,6 +171,10 @@ def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
     """Build the run `config` describes on `mesh`, for a vocabulary of `vocab_size` and batches of `shapes`
     (None: nothing to lower ahead of time, e.g. eval.py, whose shapes come from the split it reads)."""
     model_config = run_model_config(config, vocab_size)
+    if model_config.attention_backend == "cudnn" and mesh_platform(mesh) != "gpu":
+        raise ConfigError(f"model.attention_backend='cudnn' needs NVIDIA GPUs, but this run's devices are "
+                          f"{mesh_platform(mesh)}; set --config.model.attention_backend=fused (cuDNN on GPUs, "
+                          "XLA's attention elsewhere) or einsum")
     model = Transformer(model_config)
     training = config.training
     schedule = paper_learning_rate(model_config.d_model, training.warmup_steps, training.learning_rate_scale)

@@ -81,7 +81,9 @@ def apply_gradients(state: TrainState, grad_sums: Any, sums: Metrics) -> tuple[T
     finite = jnp.isfinite(grad_norm) & jnp.isfinite(sums["loss"])
 
     def update(state: TrainState) -> TrainState:
-        return state.apply_gradients(grads=jax.tree.map(lambda g: g / tokens, grad_sums))
+        # In the parameters' dtype: float32 `tokens` would promote bfloat16 gradients (model.param_dtype)
+        # and so Adam's moments, which must keep the dtype they were created in.
+        return state.apply_gradients(grads=jax.tree.map(lambda g: (g / tokens).astype(g.dtype), grad_sums))
 
     # Optax's count (and so the schedule) advances only on applied updates.
     new_state = jax.lax.cond(finite, update, lambda s: s.replace(step=s.step + 1), state)
