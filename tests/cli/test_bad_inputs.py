@@ -7,6 +7,7 @@ trained workdir; eval.py rows against copies of it.
 
 import dataclasses
 import json
+import os
 import pathlib
 import shutil
 import signal
@@ -46,6 +47,7 @@ def write_text_corpus(directory: pathlib.Path, **files: bytes) -> pathlib.Path:
 BAD_CONFIGS = {
     "syntax_error.py": "def get_config(:\n    pass\n",
     "name_error.py": "def get_config():\n    return true\n",
+    "dict_config.py": "def get_config():\n    return {'model': {'d_model': 512}}\n",
 }
 
 
@@ -76,7 +78,17 @@ def setup(tmp_path_factory, trained_run):
     shutil.copytree(workdir, foreign)
     (foreign / "config.json").write_text('{"model": {"layers": 2}}')
     (directory / "latin1.txt").write_bytes(b"The dog sleeps .\nDer Hund schl\xe4ft .\n")
-    return {"config": config, "workdir": workdir, "dir": directory, "owned": owned, "damaged": damaged,
+    edited = directory / "edited_config"  # config.json with a value changed by hand to one no run can use
+    shutil.copytree(workdir, edited)
+    saved = json.loads((workdir / "config.json").read_text())
+    saved["model"]["d_ff"] = -5
+    (edited / "config.json").write_text(json.dumps(saved, indent=2))
+    (directory / "edited.json").write_text(json.dumps(saved, indent=2))
+    corpora["dir_as_file"] = write_text_corpus(directory / "dir_as_file", train_en=None)
+    (corpora["dir_as_file"] / "train.en").mkdir()
+    corpora["pipe_as_file"] = write_text_corpus(directory / "pipe_as_file", train_en=None)
+    os.mkfifo(corpora["pipe_as_file"] / "train.en")  # reading it would wait for a writer forever
+    return {"edited": edited, "config": config, "workdir": workdir, "dir": directory, "owned": owned, "damaged": damaged,
             "foreign": foreign, **corpora}
 
 
@@ -169,7 +181,43 @@ TRAIN_ROWS = [
     ("workdir that is a file", lambda s: [f"--workdir={s['dir'] / 'a_file'}"],
      ["a_file is a file, not a directory", "choose another --workdir"]),
     ("empty workdir flag", lambda s: ["--workdir="], ["--workdir is empty"]),
-    # A first start that fails leaves no workdir behind.
+    ("seed below zero", lambda s: ["--config.training.seed=-1"],
+     ["training.seed=-1 must be an integer in [0, 2**63 - 1]", "--config.training.seed"]),
+    ("seed past 64 bits", lambda s: ["--config.training.seed=9223372036854775808"],
+     ["training.seed=9223372036854775808 must be an integer in [0, 2**63 - 1]"]),
+    ("config file whose get_config() returns a dict", lambda s: [f"--config={s['dir'] / 'dict_config.py'}"],
+     ["get_config() returned a dict, not an ml_collections.ConfigDict", "default_config()"]),
+    ("a hand-edited config.json through configs/rerun.py",
+     lambda s: [f"--config=configs/rerun.py:{s['dir'] / 'edited.json'}"],
+     ["edited.json holds a setting no run can use: d_ff=-5 must be a positive integer", "correct it in"]),
+    ("fsdp axis that does not divide the devices", lambda s: ["--config.mesh.fsdp=2"],
+     ["mesh.fsdp=2 does not divide the 1 available devices, so mesh.data=-1 cannot take the rest",
+      "--config.mesh.fsdp to a divisor of 1"]),
+    ("cuDNN attention without a GPU", lambda s: ["--config.model.attention_backend=cudnn"],
+     ["model.attention_backend='cudnn' needs NVIDIA GPUs, but this run's devices are cpu",
+      "--config.model.attention_backend=fused"]),
+    ("parameters larger than the device", lambda s: ["--config.model.d_ff=2000000000"],
+     ["the train state (parameters and Adam moments of d_model=32, d_ff=2000000000", "GB per device, but a cpu",
+      "lower the model's sizes", "--config.mesh.fsdp"]),
+    ("coordinator address without a port",
+     lambda s: ["--multihost", "--coordinator_address=localhost", "--num_processes=1", "--process_id=0"],
+     ["--coordinator_address=localhost has no port", "pass HOST:PORT of process 0"]),
+    ("data directory flag left empty", fresh("--config.data.source=text"),
+     ["data source 'text' needs a data directory and data.path is empty", "--config.data.path=DIR"]),
+    ("a directory in place of a data file", on_fresh(text_source("dir_as_file")),
+     ["dir_as_file/train.en is a directory, not a text file"]),
+    ("a named pipe in place of a data file", on_fresh(text_source("pipe_as_file")),
+     ["pipe_as_file/train.en is not a regular file (a named pipe", "write it to a regular file first"]),
+    # A first start that fails leaves no workdir behind, whatever it had made by then.
+    ("batch larger than the device", fresh("--config.data.tokens_per_batch=2000000000"),
+     ["the train step 31250000x64 (rows x tokens) needs", "lower data.tokens_per_batch (now 2000000000)",
+      "--config.training.accumulation_steps"]),
+    ("bad search setting on a new workdir", fresh("--config.eval.alpha=-1"),
+     ["eval.alpha=-1.0 must be >= 0", "--config.eval.alpha"]),
+    ("no pair as short as max_length on a new workdir", fresh("--config.data.max_length=1"),
+     ["no training pair fits max_length=1 tokens", "raise --config.data.max_length"]),
+    ("batch smaller than one row on a new workdir", fresh("--config.data.tokens_per_batch=63"),
+     ["data.tokens_per_batch=63 cannot hold one row of max_length=64"]),
     ("vocabulary larger than the corpus supports", fresh("--config.data.vocab_size=50000"),
      ["data.vocab_size=50000 is more than this corpus supports: SentencePiece built only",
       "set --config.data.vocab_size="]),
@@ -205,6 +253,31 @@ def test_train_py_rejects_bad_input_without_touching_the_workdir(setup, train_re
 def test_multihost_without_a_coordinator(setup):
     result = run_script("train.py", f"--config={setup['config']}", f"--workdir={setup['workdir']}", "--multihost")
     assert_one_line_error(result, "cannot join the multi-process run", "--coordinator_address=HOST:PORT")
+
+
+@pytest.mark.parametrize("script", ["train.py", "eval.py"])
+def test_jax_platforms_naming_a_platform_without_its_plugin(setup, script):
+    # JAX_PLATFORMS is read when JAX starts its backends: a process of its own, not a row of run_rows.
+    flags = [f"--config={setup['config']}"] if script == "train.py" else []
+    before = snapshot(setup["workdir"])
+    result = run_script(script, *flags, f"--workdir={setup['workdir']}", env=script_env(JAX_PLATFORMS="cuda"))
+    assert_one_line_error(result, "JAX_PLATFORMS=cuda cannot start on this machine", "install the platform's JAX plugin",
+                          "or unset JAX_PLATFORMS")
+    assert snapshot(setup["workdir"]) == before
+
+
+def test_no_libtpu_start_up_noise_on_a_host_without_tpu_chips(setup):
+    import importlib.util
+
+    assert importlib.util.find_spec("libtpu") is not None  # the test install has the tpu extra (the preflight's)
+    env = script_env()
+    del env["JAX_PLATFORMS"]  # as a user runs it: JAX picks the platforms
+    result = run_script("eval.py", f"--workdir={setup['workdir']}", "--translate=-", "--mode=greedy",
+                        stdin="The dog sleeps .\n", env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert len(result.stdout.splitlines()) == 1
+    for noise in ("TPU_WORKER_HOSTNAMES", "TPU accelerator type", "libtpu", "E0000"):
+        assert noise not in result.stderr, result.stderr[-3000:]
 
 
 # (row, eval.py flags given the setup (after --workdir of a copy of the trained run), fragments of the error line)
@@ -245,6 +318,10 @@ EVAL_ROWS = [
     ("damaged config.json", lambda s: [f"--workdir={s['damaged']}"],
      ["damaged_config/config.json is damaged (Unterminated string starting at: line",
       "restore it, or run train.py on the workdir again"]),
+    ("hand-edited config.json", lambda s: [f"--workdir={s['edited']}"],
+     ["edited_config/config.json holds a setting no run can use: d_ff=-5", "correct it in"]),
+    ("more CPU devices than XLA can gather", lambda s: ["--cpu_devices=1000"],
+     ["cpu_devices=1000 is more than 64 CPU devices", "--cpu_devices=0 for one per core"]),
     ("config.json of something else", lambda s: [f"--workdir={s['foreign']}"],
      ["foreign_config/config.json is not a run config of this project (no 'data' section)", "restore it"]),
 ]
@@ -255,7 +332,7 @@ def eval_results(setup):
     """Every EVAL_ROWS command on a copy of the trained run (which is being owned by a job: eval.py takes no lock)."""
     workdir = setup["dir"] / "eval_run"
     shutil.copytree(setup["workdir"], workdir)
-    watched = [workdir, setup["damaged"], setup["foreign"]]
+    watched = [workdir, setup["damaged"], setup["foreign"], setup["edited"]]
     before = [snapshot(w) for w in watched] + [(setup["dir"] / "a_file").read_text()]
     rows = [[f"--workdir={workdir}", *flags(setup)] for _, flags, _ in EVAL_ROWS]
     results = run_rows("eval.py", rows, setup["dir"])

@@ -201,6 +201,11 @@ def read_run_config(path: str) -> ml_collections.ConfigDict:
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         detail = error.args[0] if isinstance(error, KeyError) else error
         raise CheckpointError(f"{path} is not a run config of this project ({detail}); {repair}") from None
+    try:
+        check_run_config(config)  # a hand-edited value: name the file it is in, not a flag
+    except ConfigError as error:
+        raise CheckpointError(f"{path} holds a setting no run can use: {error}".split("; set --config")[0]
+                              + f"; correct it in {path}, or {repair}") from None
     return config
 
 
