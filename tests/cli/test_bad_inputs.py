@@ -155,6 +155,10 @@ TRAIN_ROWS = [
     ("empty corpus", on_fresh(text_source("empty")), ["train.en and", "are empty", "one sentence per line"]),
     ("data source changed on resume", text_source("mismatch"),
      ["data.source='text' differs from the 'builtin' that", "--config.data.source='builtin', or use a new workdir"]),
+    ("seed changed on resume", lambda s: ["--config.training.seed=5"],
+     ["training.seed=5 differs from the 0 that", "corpus was prepared with", "--config.training.seed=0, or use a new workdir"]),
+    ("built-in test size changed on resume", lambda s: ["--config.data.builtin_test_size=300"],
+     ["data.builtin_test_size=300 differs from the 16 that", "--config.data.builtin_test_size=16"]),
     ("shapes differ from the checkpoint", lambda s: ["--config.model.d_ff=128"],
      ["does not match the config", "(128,) in the model", "use the config the run was started with"]),
     ("model vocabulary disagrees with the tokenizer", lambda s: ["--config.model.vocab_size=123"],
@@ -381,6 +385,25 @@ def test_ctrl_c_during_eval_py_says_what_was_finished_and_exits_130(setup):
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr[-3000:]
     assert stderr.splitlines()[-1] == "interrupted: 1 translations printed above; nothing else was written"
     assert read_owner(str(setup["owned"] / layout.LOCK)).pid == 4242  # the owner's lock left as it was
+
+
+def test_sigterm_during_eval_py_says_what_was_finished_and_exits_143(setup):
+    process = subprocess.Popen(command("eval.py", f"--workdir={setup['owned']}", "--translate=-", "--mode=greedy"),
+                               cwd=ROOT, env=script_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        process.stdin.write("The dog sleeps .\n")
+        process.stdin.flush()
+        first = process.stdout.readline()  # translated; eval.py now waits for the next line
+        process.send_signal(signal.SIGTERM)
+        rest, stderr = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 143, stderr[-3000:]
+    assert first.endswith("\n") and rest == ""
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.splitlines()[-1] == "stopped by SIGTERM: 1 translations printed above; nothing else was written"
+    assert read_owner(str(setup["owned"] / layout.LOCK)).pid == 4242
 
 
 def test_unwritable_workdir(setup):
