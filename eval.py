@@ -14,16 +14,24 @@ auto-detection, --coordinator_address, --num_processes, --process_id): the split
 all their devices, and process 0 alone writes files and prints.
 """
 
+import contextlib
+import errno
+import os
+from typing import Iterator
+
 import jax
 from absl import app, flags
 
 from transformer_jax.base import make_mesh, quiet_console, set_cpu_devices
 from transformer_jax.checkpoints import checkpoint_params, open_run, select_steps, write_params
 from transformer_jax.cli import define_cluster_flags, interrupts_reported, parse_flags, user_errors
+from transformer_jax.cli.commands import storage_error
 from transformer_jax.config import decode_options, decoding_dtype, translation_batching
 from transformer_jax.decoding import DecodeOptions
 from transformer_jax.errors import ConfigError
-from transformer_jax.evaluation import evaluate_checkpoint, format_results, translate_file, write_figures
+from transformer_jax.evaluation import (evaluate_checkpoint, format_results, translate_file, write_evaluation,
+                                       write_figures)
+from transformer_jax.evaluation.outputs import check_new_output, check_outside_checkpoints
 from transformer_jax.export import export_run, export_target
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The --workdir of a training run.")
@@ -75,6 +83,21 @@ def translation(run_config) -> dict:
                 dtype=decoding_dtype(run_config) if _DTYPE.value is None else _DTYPE.value)
 
 
+@contextlib.contextmanager
+def storage_named(doing: str) -> Iterator[None]:
+    """A full disk or read-only file system while `doing` is one line saying so; any other OSError is a bug."""
+    try:
+        yield
+    except OSError as error:
+        fix = "free space"
+        if error.errno == errno.EROFS:
+            fix = f"make {os.path.dirname(error.filename) if error.filename else 'it'} writable"
+        named = storage_error(error, doing, f"{fix} and run the same command again")
+        if named is None:
+            raise
+        raise named from None
+
+
 def main(argv: list[str]) -> None:
     del argv
     quiet_console()
@@ -95,26 +118,39 @@ def main(argv: list[str]) -> None:
         if _CURVES.value or _POSITIONS.value or {_ATTENTION.value, _ATTENTION_TARGET.value} != {None}:
             if _CLUSTER.multihost.value and jax.process_count() > 1:
                 raise ConfigError("the --plot_* figures are drawn by one process; run them without --multihost")
-            for path in write_figures(_WORKDIR.value, _CHECKPOINT.value, decoding_options, attention=_ATTENTION.value,
-                                      attention_target=_ATTENTION_TARGET.value,
-                                      positional_encoding=_POSITIONS.value, curves=_CURVES.value, dtype=_DTYPE.value):
-                print(f"wrote {path}")
+            with storage_named("writing the figures"):
+                for path in write_figures(_WORKDIR.value, _CHECKPOINT.value, decoding_options,
+                                          attention=_ATTENTION.value, attention_target=_ATTENTION_TARGET.value,
+                                          positional_encoding=_POSITIONS.value, curves=_CURVES.value,
+                                          dtype=_DTYPE.value):
+                    print(f"wrote {path}")
             return
-        target = export_target(_EXPORT.value) if _EXPORT.value else None  # checked before any work
+        # The outputs' places are checked before any work.
+        target = export_target(_EXPORT.value) if _EXPORT.value else None
+        if target:
+            check_outside_checkpoints(_WORKDIR.value, target.directory, "--export directory")
+        if _AVERAGED.value:
+            check_new_output(_WORKDIR.value, _AVERAGED.value, "--write_averaged path")
         run = open_run(_WORKDIR.value)
         try:
             options, batching_and_dtype = decoding_options(run.config), translation(run.config)  # checked first
             if not (_AVERAGED.value or _TRANSLATE.value or target):
-                say(format_results(evaluate_checkpoint(run, _CHECKPOINT.value, _SPLIT.value, options,
-                                                       mesh=make_mesh(), **batching_and_dtype)))
+                results, hypotheses = evaluate_checkpoint(run, _CHECKPOINT.value, _SPLIT.value, options,
+                                                          mesh=make_mesh(), **batching_and_dtype)
+                say(format_results(results))  # before writing them: a full disk loses no score
+                if lead:
+                    with storage_named("saving the translations and scores printed above"):
+                        say(f"  hypotheses: {write_evaluation(run, results, hypotheses)}")
                 return
             steps = select_steps(run.checkpointer, _CHECKPOINT.value, run.config.eval.average_last)
             params = checkpoint_params(run, steps)
             if target:
                 if lead:
-                    say(f"wrote steps {steps} as a {target.format} model to {export_run(run, params, target)}")
+                    with storage_named(f"writing the {target.format} model"):
+                        say(f"wrote steps {steps} as a {target.format} model to {export_run(run, params, target)}")
             elif _AVERAGED.value:
-                write_params(params, _AVERAGED.value)  # every process takes part; Orbax writes from process 0
+                with storage_named("writing the averaged parameters"):
+                    write_params(params, _AVERAGED.value)  # every process takes part; Orbax writes from process 0
                 say(f"wrote the parameters of steps {steps} to {_AVERAGED.value}")
             else:
                 for line in translate_file(run, params, _TRANSLATE.value, options, mesh=make_mesh(),

@@ -11,6 +11,7 @@ from ml_collections import config_flags
 from transformer_jax.base import quiet_console
 from transformer_jax.base import workdir as layout
 from transformer_jax.cli import define_cluster_flags, interrupts_reported, parse_flags, training_workdir, user_errors
+from transformer_jax.cli.commands import storage_error
 from transformer_jax.config import check_run_config, decode_options, decoding_dtype, translation_batching
 from transformer_jax.evaluation import evaluate_split, plot_learning_curves, write_results
 from transformer_jax.training import Trainer
@@ -42,12 +43,22 @@ def train(config, workdir: str, stage: list[str]) -> None:
         return  # stopped early by a signal; the checkpoint is saved
     scores, hypotheses = evaluate_split(state.params, model_config, data.test, data.tokenizer, decode_options(config),
                                         show_progress=True, **translation)
-    if jax.process_index() == 0:
-        write_results(layout.run_path(workdir, layout.FINAL_TEST), {"step": int(state.step), **scores}, hypotheses)
+    if jax.process_index() == 0:  # the scores first: a full disk loses none of them
         print(f"test SacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})")
         print(f"test chrF {scores['chrf']:.2f}; tokenized compound-split BLEU (paper-style, "
               f"not comparable with SacreBLEU) {scores['tokenized_compound_split_bleu']:.2f}")
-        print(f"learning curves: {plot_learning_curves(workdir)}")
+        doing = "saving the test translation and scores printed above"
+        try:
+            write_results(layout.run_path(workdir, layout.FINAL_TEST), {"step": int(state.step), **scores}, hypotheses)
+            doing = "writing the learning curves"
+            print(f"learning curves: {plot_learning_curves(workdir)}")
+        except OSError as error:
+            named = storage_error(error, doing, f"training finished at step {int(state.step)} (checkpoint saved): "
+                                  "free space (or make the workdir writable) and run the same command again, "
+                                  "which translates the test split again")
+            if named is None:
+                raise
+            raise named from None
 
 
 def main(argv: list[str]) -> None:

@@ -406,6 +406,19 @@ def test_sigterm_during_eval_py_says_what_was_finished_and_exits_143(setup):
     assert read_owner(str(setup["owned"] / layout.LOCK)).pid == 4242
 
 
+def test_a_run_trained_with_cudnn_attention_evaluates_on_a_cpu(setup, tmp_path):
+    # A GPU run (model.attention_backend=cudnn) copied to a machine without cuDNN: eval.py decodes and
+    # scores it with the same attention computed by XLA ("fused"), the parameters being the same.
+    workdir = copy_run({"workdir": setup["workdir"]}, tmp_path / "run")
+    saved = json.loads((workdir / "config.json").read_text())
+    saved["model"]["attention_backend"] = "cudnn"
+    (workdir / "config.json").write_text(json.dumps(saved))
+    result = run_script("eval.py", f"--workdir={workdir}", "--mode=greedy", "--split=dev")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.startswith("dev (16 sentences") and "SacreBLEU" in result.stdout, result.stdout
+    assert "perplexity" in result.stdout, result.stdout  # the dev loss, by the same attention
+
+
 def test_unwritable_workdir(setup):
     # A path under a regular file cannot be created, even by root (which ignores permission bits).
     result = run_script("train.py", f"--config={setup['config']}", f"--workdir={setup['dir'] / 'a_file' / 'run'}")

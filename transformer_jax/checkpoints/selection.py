@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import glob
+import logging
 import os
-from typing import Any
+import re
+import shutil
+from typing import Any, Iterator
 
 import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging as absl_logging
 
+from transformer_jax.data.pipeline import corpus_directory
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import CheckpointError
 from transformer_jax.model.config import TransformerConfig
@@ -46,7 +53,9 @@ def open_run(workdir: str) -> Run:
             "pass the --workdir given to train.py"
         )
     config = read_run_config(config_path)
-    tokenizer = Tokenizer.load(layout.run_path(workdir, layout.TOKENIZER))
+    # A damaged tokenizer.model is named with the fix: the copy its prepared corpus keeps, when intact.
+    tokenizer = Tokenizer.load(layout.run_path(workdir, layout.TOKENIZER),
+                               copies=[os.path.join(corpus_directory(config, workdir), layout.TOKENIZER)])
     directory = layout.run_path(workdir, layout.CHECKPOINTS)
     if not is_dir(directory):
         raise CheckpointError(f"no checkpoint in {directory}; train first (train.py) or pass another --workdir")
@@ -101,14 +110,18 @@ def check_param_shapes(run: Run, params: Any, step: int) -> None:
     from transformer_jax.model.transformer import Transformer
 
     dummy = jax.numpy.ones((1, 4), jax.numpy.int32)
-    expected = jax.eval_shape(
-        lambda: Transformer(run.model_config).init(jax.random.key(0), dummy, dummy)["params"]
-    )
+    shapes_of = run.model_config.replace(attention_backend="einsum")  # the same parameters; runs on any platform
+    expected = jax.eval_shape(lambda: Transformer(shapes_of).init(jax.random.key(0), dummy, dummy)["params"])
     check_shapes(params, expected, f"checkpoint {run.checkpointer.directory}/{step}")
 
 
 def write_params(params: Any, path: str) -> None:
-    """Save parameters alone (e.g. an averaged model) as an Orbax checkpoint at `path`."""
+    """Save parameters alone (e.g. an averaged model) as an Orbax checkpoint at `path`.
+
+    A save that fails (a full disk, a read-only file system) removes what it wrote, so that the same
+    command can run again, and raises the OSError naming `path` (TensorStore reports it as a ValueError
+    holding the error number).
+    """
     if exists(path):
         raise CheckpointError(f"{path} already exists; choose another path or remove it")
     if is_local(path):
@@ -116,6 +129,40 @@ def write_params(params: Any, path: str) -> None:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         except OSError as error:
             raise CheckpointError(f"cannot write {path} ({error.strerror or error}); choose another path") from None
-    checkpointer = ocp.StandardCheckpointer()
-    checkpointer.save(absolute(path), params)
-    checkpointer.wait_until_finished()
+    # Synchronous: a failed asynchronous save leaves threads waiting 5 minutes for a signal before the process ends.
+    checkpointer = ocp.Checkpointer(ocp.StandardCheckpointHandler())
+    try:
+        with _failed_writes_unlogged():
+            checkpointer.save(absolute(path), args=ocp.args.StandardSave(params))
+    except Exception as error:
+        if is_local(path) and jax.process_index() == 0:  # the process that wrote it
+            for written in [path, *glob.glob(glob.escape(path) + ".orbax-checkpoint-tmp*")]:
+                shutil.rmtree(written, ignore_errors=True)
+        fault = _os_error(error)
+        if fault is None:
+            raise
+        raise OSError(fault.errno, fault.strerror, path) from error
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """The OSError behind a failed Orbax save: raised as is, or a TensorStore error holding "os_error_code='28'"."""
+    for cause in (error, error.__cause__, error.__context__):
+        if isinstance(cause, OSError) and cause.errno:
+            return cause
+        found = re.search(r"os_error_code='?(\d+)", str(cause)) if cause is not None else None
+        if found:
+            return OSError(int(found[1]), os.strerror(int(found[1])))
+    return None
+
+
+@contextlib.contextmanager
+def _failed_writes_unlogged() -> Iterator[None]:
+    """Orbax logs a failed background write (traceback and all) before it raises it again: the raise is
+    reported once, by the caller, so its log records are dropped while it saves."""
+    logger = absl_logging.get_absl_logger()
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

@@ -29,7 +29,7 @@ from transformer_jax.data.sources import Pair, drop_empty_pairs, load_splits
 from transformer_jax.data.tokenizer import Tokenizer, load_or_train_tokenizer
 from transformer_jax.errors import DataError
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.base.files import is_file, is_local, read_bytes, write_atomically
+from transformer_jax.base.files import exists, is_file, is_local, read_bytes, write_atomically
 from transformer_jax.base import workdir as layout
 
 
@@ -170,8 +170,8 @@ def prepare_corpus(config: ml_collections.ConfigDict, directory: str, workers: i
                                 byte_fallback=data.byte_fallback, sample_size=data.tokenizer_sample_size,
                                 seed=config.training.seed)
         tokenizer_model = os.path.join(directory, TOKENIZER)
-    elif Tokenizer.load(tokenizer_model).vocab_size != data.vocab_size:
-        raise DataError(f"data.vocab_size={data.vocab_size} differs from the {Tokenizer.load(tokenizer_model).vocab_size} "
+    elif (pieces := Tokenizer.load(tokenizer_model).vocab_size) != data.vocab_size:
+        raise DataError(f"data.vocab_size={data.vocab_size} differs from the {pieces} "
                         f"pieces of {tokenizer_model}; set --config.data.vocab_size to that, or use a new workdir")
     return write_prepared(directory, key, tokenizer_model, train_pairs, splits, workers)
 
@@ -197,19 +197,19 @@ def run_corpus(config: ml_collections.ConfigDict, workdir: str | None, process_i
     workdir_tokenizer = layout.run_path(workdir, layout.TOKENIZER) if workdir else None
     if own and process_index == 0:
         prepare_corpus(config, directory, config.data.prepare_workers,
-                       tokenizer_model=workdir_tokenizer if is_file(workdir_tokenizer) else None)
+                       tokenizer_model=workdir_tokenizer if exists(workdir_tokenizer) else None)
     if own and process_count > 1:
         from jax.experimental import multihost_utils
 
         multihost_utils.sync_global_devices("corpus prepared")
     corpus = PreparedCorpus.open(directory)
     check_corpus_key(corpus, corpus_key(config.data, config.training.seed), own)
-    tokenizer = Tokenizer.load(os.path.join(directory, TOKENIZER))
+    tokenizer = Tokenizer.load(os.path.join(directory, TOKENIZER), copies=[workdir_tokenizer] if workdir_tokenizer else [])
     if tokenizer.fingerprint != corpus.manifest["tokenizer"]:
         raise DataError(f"{directory}/{TOKENIZER} is not the tokenizer its corpus was prepared with; "
                         f"prepare the corpus again into a new directory")
-    if workdir_tokenizer and is_file(workdir_tokenizer):
-        if Tokenizer.load(workdir_tokenizer).fingerprint != tokenizer.fingerprint:
+    if workdir_tokenizer and exists(workdir_tokenizer):
+        if Tokenizer.load(workdir_tokenizer, copies=[os.path.join(directory, TOKENIZER)]).fingerprint != tokenizer.fingerprint:
             raise DataError(f"{directory} was prepared with another tokenizer than {workdir_tokenizer} (this run's); "
                             f"point data.prepared at the corpus this run started with, or use a new workdir")
     elif workdir_tokenizer and process_index == 0:

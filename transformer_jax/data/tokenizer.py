@@ -17,7 +17,7 @@ import sentencepiece as spm
 
 from transformer_jax.errors import DataError
 from transformer_jax.model.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from transformer_jax.base.files import exists, is_file, read_bytes, write_atomically
+from transformer_jax.base.files import exists, is_dir, is_file, read_bytes, write_atomically
 from transformer_jax.base import workdir as layout
 
 
@@ -36,11 +36,23 @@ class Tokenizer:
                             f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; delete it so it is retrained")
 
     @classmethod
-    def load(cls, path: str) -> Tokenizer:
-        """Load a model file written by `train_tokenizer`."""
+    def load(cls, path: str, copies: Sequence[str] = ()) -> Tokenizer:
+        """Load a model file written by `train_tokenizer`.
+
+        A missing, damaged (cut short, overwritten) or directory `path` is a DataError saying how to get it
+        back: from an intact one of `copies` or of the copies a run keeps (`_kept_copies`), else a backup.
+        """
+        if is_dir(path):
+            raise DataError(f"tokenizer model {path} is a directory, not a file; remove it, then "
+                            f"{_restore(path, copies)}")
         if not is_file(path):
-            raise DataError(f"tokenizer model {path} does not exist; train one or point to the run's workdir")
-        return cls(read_bytes(path))
+            raise DataError(f"tokenizer model {path} does not exist; {_restore(path, copies)}")
+        model_proto = read_bytes(path)
+        try:
+            return cls(model_proto)
+        except RuntimeError:  # SentencePiece's parse error: multi-line, naming its own source file
+            raise DataError(f"tokenizer model {path} is damaged (SentencePiece cannot read its "
+                            f"{len(model_proto)} bytes); {_restore(path, copies)}") from None
 
     @property
     def vocab_size(self) -> int:
@@ -74,6 +86,32 @@ class Tokenizer:
     def piece(self, token: int) -> str:
         """The vocabulary piece of one id (for inspection)."""
         return self._processor.id_to_piece(token)
+
+
+def _kept_copies(path: str) -> list[str]:
+    """Where a run keeps other copies of the tokenizer model at `path`: `<workdir>/tokenizer.model` and
+    its prepared corpus's `<workdir>/corpus/tokenizer.model` copy each other (data/prepared.py)."""
+    directory = os.path.dirname(path)
+    if os.path.basename(path) != layout.TOKENIZER:
+        return []
+    if os.path.basename(os.path.normpath(directory)) == layout.CORPUS:
+        return [os.path.join(os.path.dirname(os.path.normpath(directory)), layout.TOKENIZER)]
+    return [layout.run_path(directory, layout.CORPUS, layout.TOKENIZER)]
+
+
+def _restore(path: str, copies: Sequence[str]) -> str:
+    """How to get the tokenizer model at `path` back: copy an intact copy over it, else (a run's) a backup."""
+    for copy in [*copies, *_kept_copies(path)]:
+        if os.path.normpath(copy) == os.path.normpath(path) or not is_file(copy):
+            continue
+        try:
+            Tokenizer(read_bytes(copy))
+        except (RuntimeError, DataError):
+            continue  # damaged as well
+        return f"copy {copy} (an intact copy the run keeps) to {path}"
+    if os.path.basename(path) != layout.TOKENIZER and not copies:
+        return "pass the path of an intact SentencePiece model"
+    return "restore it from a backup (a retrained tokenizer would not give the same ids)"
 
 
 def sample_sentences(pairs: Sequence[tuple[str, str]], sample_size: int, seed: int = 0) -> list[str]:

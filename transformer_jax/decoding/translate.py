@@ -41,9 +41,7 @@ def decoding_precision(params: Any, config: TransformerConfig, dtype: str,
         config = config.replace(dtype=dtype, param_dtype=dtype)
     if platform == "cpu" and not config.float32_dot_outputs:
         config = config.replace(float32_dot_outputs=True)
-    if config.attention_backend == "cudnn" and platform != "gpu":
-        config = config.replace(attention_backend="fused")  # the same attention, by XLA where cuDNN is absent
-    return params, config
+    return params, config.runnable_on(platform)
 
 
 def translate_batch(

@@ -1,8 +1,9 @@
 """Evaluation: scores the field reports, translating whole splits, figures.
 
-`scores` (SacreBLEU, chrF, the paper's tokenized BLEU) -> `translate_split` (translate and score a
-split: the one function train.py and eval.py share; translating text) -> `introspection` (attention
-weights, positional encodings), `plots` and `attention_plots` (figures).
+`outputs` (output folders checked before any work, files written whole) and `scores` (SacreBLEU, chrF,
+the paper's tokenized BLEU) -> `translate_split` (translate and score a split: the one function
+train.py and eval.py share; translating text) -> `introspection` (attention weights, positional
+encodings), `plots` and `attention_plots` (figures).
 """
 
 from transformer_jax.evaluation.attention_plots import write_figures
@@ -15,6 +16,7 @@ from transformer_jax.evaluation.translate_split import (
     translate_encoded,
     translate_file,
     translate_lines,
+    write_evaluation,
     write_results,
 )
 
@@ -22,5 +24,5 @@ from transformer_jax.evaluation.translate_split import (
 __all__ = [
     "evaluate_checkpoint", "evaluate_split", "format_results", "plot_learning_curves", "sacrebleu_scores",
     "tokenized_compound_split_bleu", "translate_encoded", "translate_file", "translate_lines", "translation_scores",
-    "write_figures", "write_results",
+    "write_evaluation", "write_figures", "write_results",
 ]

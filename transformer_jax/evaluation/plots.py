@@ -16,7 +16,8 @@ import numpy as np
 
 from transformer_jax.errors import DataError
 from transformer_jax.evaluation.introspection import ATTENTION_TITLES
-from transformer_jax.base.files import is_file, read_text, write_atomically
+from transformer_jax.evaluation.outputs import check_run_folder, write_together
+from transformer_jax.base.files import is_file, read_text
 from transformer_jax.training.metrics_log import read_records, tensorboard_writer
 from transformer_jax.base import workdir as layout
 
@@ -139,8 +140,11 @@ def png_bytes(figure: Figure, dpi: int = 100) -> bytes:
 
 
 def save_png(figure: Figure, path: str) -> str:
-    """Write the figure to `path` atomically (a reader never sees half a PNG); returns `path`."""
-    write_atomically(path, png_bytes(figure))
+    """Write the figure to `path` atomically (a reader never sees half a PNG); returns `path`.
+
+    A failure (a full disk) is the OSError naming `path`, and leaves no temporary behind.
+    """
+    write_together({path: png_bytes(figure)})
     return path
 
 
@@ -160,12 +164,14 @@ def add_to_tensorboard(workdir: str, images: dict[str, Figure], step: int) -> No
 def plot_learning_curves(workdir: str) -> str:
     """Draw `<workdir>/metrics.jsonl` (and test_final.json's BLEU) to `<workdir>/plots/learning_curves.png`.
 
-    Returns the PNG's path. Raises DataError when the run has logged no metrics yet.
+    Returns the PNG's path. Raises DataError when the run has logged no metrics yet, CheckpointError
+    when a file stands where the plots folder goes.
     """
     metrics_path = layout.run_path(workdir, layout.METRICS)
     records = read_records(metrics_path) if is_file(metrics_path) else []
     if not records:
         raise DataError(f"no metrics in {metrics_path}; train first (train.py) or pass the run's --workdir")
+    check_run_folder(workdir, layout.PLOTS, "figures")
     final_path = layout.run_path(workdir, layout.FINAL_TEST + ".json")
     test_bleu = None
     if is_file(final_path):

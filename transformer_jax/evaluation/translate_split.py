@@ -2,15 +2,16 @@
 
 `evaluate_split` translates every sentence of a dev/test split with a `DecodeOptions`, detokenizes,
 puts the outputs back in corpus order and scores them (SacreBLEU, chrF, the paper-style BLEU, and
-optionally the loss); `evaluate_checkpoint` does the same for a saved run's checkpoint and writes
-the results next to the run. Given a device mesh, each device decodes its own rows of every batch
+optionally the loss); `evaluate_checkpoint` does the same for a saved run's checkpoint, and
+`write_evaluation` writes them next to the run (after eval.py has printed the scores: a full disk loses
+no score). Given a device mesh, each device decodes its own rows of every batch
 (`translate_rows`: parameters replicated, no communication inside the search) and the outputs are
 gathered; the translations are those of one device.
 
 A mesh may span several processes (a TPU pod, `--multihost`): every process reads the whole split and
 makes the same batches, places them as one global array (each device copying its own rows,
 `place_rows`), and gathers every batch's outputs (`process_allgather`), so all processes hold the same
-translations and scores; process 0 alone writes them (`evaluate_checkpoint`).
+translations and scores; process 0 alone writes them.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
 from transformer_jax.base import workdir as layout
-from transformer_jax.base.files import write_atomically
 from transformer_jax.base.sharding import mesh_platform
 from transformer_jax.checkpoints.selection import Run, checkpoint_params, select_steps
 from transformer_jax.data.batching import restore_order
@@ -43,6 +43,7 @@ from transformer_jax.data.translation_batches import translation_batches
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.translate import decoding_precision, translate_batch, translate_rows
 from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.evaluation.outputs import check_run_folder, write_together
 from transformer_jax.evaluation.scores import translation_scores
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.special_tokens import EOS_ID
@@ -179,9 +180,10 @@ def evaluate_split(
 
 
 def write_results(path_base: str, results: dict[str, Any], hypotheses: list[str]) -> str:
-    """Write `<path_base>.hyp` (one translation per line) and `<path_base>.json`; returns the .hyp path."""
-    write_atomically(path_base + ".hyp", "".join(line + "\n" for line in hypotheses))
-    write_atomically(path_base + ".json", json.dumps(results, indent=2) + "\n")
+    """Write `<path_base>.hyp` (one translation per line) and `<path_base>.json`, both or neither; returns the
+    .hyp path. A failure (a full disk) is the OSError naming the file it failed on; no temporary is left."""
+    write_together({path_base + ".hyp": "".join(line + "\n" for line in hypotheses),
+                    path_base + ".json": json.dumps(results, indent=2) + "\n"})
     return path_base + ".hyp"
 
 
@@ -194,28 +196,31 @@ def checkpoint_tag(steps: list[int]) -> str:
 
 def evaluate_checkpoint(run: Run, spec: str, split: str, options: DecodeOptions, *,
                         batching: TranslationBatching = TranslationBatching(), dtype: str = "",
-                        mesh: Mesh | None = None) -> dict[str, Any]:
-    """Translate every sentence of `split` with the checkpoint(s) `spec` names; write and return the scores.
+                        mesh: Mesh | None = None) -> tuple[dict[str, Any], list[str]]:
+    """Translate every sentence of `split` with the checkpoint(s) `spec` names; return the scores and translations.
 
-    "average" averages the run's `eval.average_last` checkpoints. Hypotheses go to
-    `<workdir>/eval/<split>.<tag>.hyp`, scores to the matching `.json`. With `mesh`, the work is split
-    over its devices; the loss is the run builder's dev-loss step, as in training. In a multi-process
-    run every process calls this alike (restoring and translating are collective) and gets the same
-    results; process 0 alone writes the files.
+    "average" averages the run's `eval.average_last` checkpoints; `write_evaluation` writes the results
+    (a file standing where their folder goes fails here, before any work). With `mesh`, the work is split
+    over its devices; the loss is the run builder's dev-loss step, as in training. In a multi-process run
+    every process calls this alike (restoring and translating are collective) and gets the same results.
     """
+    check_run_folder(run.workdir, layout.EVAL, "evaluations")
     steps = select_steps(run.checkpointer, spec, run.config.eval.average_last)
-    loss_step = dev_loss_step(run.model_config, run.config.training.label_smoothing)
+    platform = mesh_platform(mesh) if mesh is not None else jax.default_backend()
+    loss_step = dev_loss_step(run.model_config.runnable_on(platform), run.config.training.label_smoothing)
     params = checkpoint_params(run, steps)
     pairs = run_split(run.config, run.workdir, split)
     scores, hypotheses = evaluate_split(
         params, run.model_config, eval_set(pairs, run.tokenizer), run.tokenizer, options, batching=batching,
         dtype=dtype, target_lang=run.config.data.target_lang, loss_step=loss_step, show_progress=True, mesh=mesh)
-    results = {"split": split, "checkpoint": spec, "steps": steps, **scores}
-    base = layout.run_path(run.workdir, layout.EVAL, f"{split}.{checkpoint_tag(steps)}")
-    if jax.process_index() == 0:  # every process holds the same results; one writes them
-        write_results(base, results, hypotheses)
-    results["hypotheses_path"] = base + ".hyp"
-    return results
+    return {"split": split, "checkpoint": spec, "steps": steps, **scores}, hypotheses
+
+
+def write_evaluation(run: Run, results: dict[str, Any], hypotheses: list[str]) -> str:
+    """Write `evaluate_checkpoint`'s results to `<workdir>/eval/<split>.<tag>.hyp` and `.json` (see
+    `write_results`); returns the .hyp path."""
+    tag = checkpoint_tag(results["steps"])
+    return write_results(layout.run_path(run.workdir, layout.EVAL, f"{results['split']}.{tag}"), results, hypotheses)
 
 
 def translate_lines(run: Run, params: Any, lines: Iterable[str], options: DecodeOptions, *,
@@ -246,12 +251,43 @@ def translate_file(run: Run, params: Any, path: str, options: DecodeOptions, *,
         raise ConfigError("--translate=- reads standard input in one process; run it without --multihost, "
                           "or pass a file that every process can read")
     if path == "-":
-        yield from translate_lines(run, params, sys.stdin, options, batching=batching.replace(batch_size=1),
-                                   dtype=dtype)
+        yield from translate_lines(run, params, standard_input_lines(), options,
+                                   batching=batching.replace(batch_size=1), dtype=dtype)
         return
+    if os.path.isdir(path):
+        raise DataError(f"--translate file {path} is a directory; pass a text file or -")
     if not os.path.isfile(path):
         raise DataError(f"--translate file {path} does not exist; pass a text file or -")
     yield from translate_lines(run, params, read_lines(path), options, batching=batching, dtype=dtype, mesh=mesh)
+
+
+def standard_input_lines() -> Iterator[str]:
+    """The lines of standard input as they arrive, decoded as UTF-8, each without its line break.
+
+    Text that is not UTF-8 (Latin-1, binary data), a closed standard input and one that cannot be read
+    (a directory) are each a DataError naming it, as the same text in a file would be.
+    """
+    if sys.stdin is None:  # started with standard input closed (`<&-`)
+        raise DataError("--translate=- reads standard input, but it is closed; pipe the text in "
+                        "(... | python eval.py --translate=-) or pass a file")
+    stream = getattr(sys.stdin, "buffer", sys.stdin)  # the bytes, to say which line is not UTF-8
+    number = 0
+    while True:
+        try:
+            line = stream.readline()  # one line at a time: an interactive user gets each translation at once
+        except OSError as error:
+            raise DataError(f"standard input cannot be read ({error.strerror or error}); pipe the text into "
+                            "--translate=- or pass a file") from None
+        if not line:
+            return
+        number += 1
+        if isinstance(line, bytes):
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DataError(f"standard input line {number} is not valid UTF-8 (byte 0x{line[error.start]:02x}); "
+                                "re-encode the text as UTF-8 (e.g. iconv -t UTF-8)") from None
+        yield line.rstrip("\n").removesuffix("\r")
 
 
 def _translate_chunk(run: Run, params: Any, texts: list[str], options: DecodeOptions,
@@ -266,7 +302,7 @@ def _translate_chunk(run: Run, params: Any, texts: list[str], options: DecodeOpt
 
 
 def format_results(results: dict[str, Any]) -> str:
-    """The lines eval.py prints: primary SacreBLEU first, the paper-style figure labelled."""
+    """The scores eval.py prints: primary SacreBLEU first, the paper-style figure labelled."""
     lines = [
         f"{results['split']} ({results['sentences']} sentences, checkpoint {results['checkpoint']} "
         f"= steps {results['steps']})",
@@ -277,5 +313,4 @@ def format_results(results: dict[str, Any]) -> str:
     ]
     if "loss" in results:
         lines.append(f"  loss {results['loss']:.4f}  perplexity {results['perplexity']:.2f}")
-    lines.append(f"  hypotheses: {results['hypotheses_path']}")
     return "\n".join(lines)

@@ -19,6 +19,7 @@ ctranslate2 is imported here only, so `import transformer_jax` does not need it.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -31,7 +32,8 @@ from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.masks import PAD_ID
 from transformer_jax.model.positional_encoding import sinusoidal_encoding
 from transformer_jax.model.stacks import unscanned_layout
-from transformer_jax.base.files import is_local
+from transformer_jax.base.files import is_local, unique_name
+from transformer_jax.evaluation.outputs import file_in_the_way
 
 # Added to the output logits of tokens our decoding never emits (PAD, BOS). Finite, so float16
 # compute stays finite; exp() of it underflows to 0 like our -inf mask.
@@ -169,10 +171,14 @@ def transformer_spec(params: Any, config: TransformerConfig, vocabulary: Sequenc
 
 
 def check_output_directory(output_dir: str) -> None:
-    """Fail with a ConfigError unless `output_dir` is a local path, absent or an empty directory."""
+    """Fail with a ConfigError unless `output_dir` is a local path, absent or an empty directory, that can be made."""
     if not is_local(output_dir):
         raise ConfigError(f"export directory {output_dir} must be on this machine (CTranslate2 loads local "
                           "directories); export locally, then copy it")
+    blocking = file_in_the_way(os.path.dirname(os.path.abspath(output_dir)))
+    if blocking is not None:
+        raise ConfigError(f"cannot write export directory {output_dir} (Not a directory: {blocking} is a file); "
+                          "choose another directory")
     if os.path.isfile(output_dir) or (os.path.isdir(output_dir) and os.listdir(output_dir)):
         raise ConfigError(f"export directory {output_dir} already exists and is not empty; "
                           "choose a new directory or remove it")
@@ -185,14 +191,28 @@ def export_ctranslate2(params: Any, config: TransformerConfig, vocabulary: Seque
     `quantization` (e.g. "int8", "float16") stores the weights so; by default float32, which any
     compute_type can load. `extra_files` ({file name: content}, e.g. the SentencePiece model) are
     written beside the model. Returns `output_dir`.
+
+    The model is written into a temporary folder beside `output_dir`, renamed to it when complete: a
+    failure (a full disk) leaves no `output_dir` that a second try would refuse as not empty, and is
+    raised as the OSError naming `output_dir`.
     """
     check_output_directory(output_dir)
     spec = transformer_spec(params, config, vocabulary)
     if quantization is not None:
         spec.optimize(quantization=quantization)
-    os.makedirs(output_dir, exist_ok=True)
-    spec.save(output_dir)
-    for name, content in (extra_files or {}).items():
-        with open(os.path.join(output_dir, name), "wb") as f:
-            f.write(content)
+    output_dir = os.path.normpath(output_dir)
+    staging = unique_name(os.path.join(os.path.dirname(os.path.abspath(output_dir)),
+                                       f".{os.path.basename(output_dir)}.tmp"))
+    try:
+        os.makedirs(staging)
+        spec.save(staging)
+        for name, content in (extra_files or {}).items():
+            with open(os.path.join(staging, name), "wb") as f:
+                f.write(content)
+        os.replace(staging, output_dir)  # onto an absent or empty directory
+    except BaseException as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, OSError):
+            raise OSError(error.errno, error.strerror, output_dir) from error
+        raise
     return output_dir

@@ -123,6 +123,13 @@ class TransformerConfig:
         """The jnp dtype parameters are stored in."""
         return _DTYPES[self.param_dtype]
 
+    def runnable_on(self, platform: str) -> "TransformerConfig":
+        """This config as it runs on `platform` ("cpu", "gpu", "tpu"): a model trained with cuDNN's attention
+        evaluates and decodes with "fused" (the same attention, by XLA) where there is no cuDNN."""
+        if self.attention_backend == "cudnn" and platform != "gpu":
+            return self.replace(attention_backend="fused")
+        return self
+
     def replace(self, **changes: Any) -> "TransformerConfig":
         """A copy with some fields changed (validated again)."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
