@@ -70,7 +70,13 @@ flags.mark_flag_as_required("workdir")
 
 
 def decoding_options(run_config) -> DecodeOptions:
-    """The run's search settings (its eval section), overridden by the flags given."""
+    """The run's search settings (its eval section), overridden by the flags given (each for its mode only)."""
+    mode = _MODE.value or "beam"
+    for flag, belongs in ((_BEAM, "beam"), (_ALPHA, "beam"), (_SEED, "sample"), (_TEMPERATURE, "sample"),
+                          (_TOP_K, "sample"), (_TOP_P, "sample")):
+        if flag.value is not None and mode != belongs:
+            raise ConfigError(f"--{flag.name} applies to --mode={belongs}, not --mode={mode}; drop it, or pass "
+                              f"--mode={belongs}")
     return decode_options(run_config).replace(
         mode=_MODE.value, beam_size=_BEAM.value, alpha=_ALPHA.value, max_extra_length=_EXTRA.value,
         seed=_SEED.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)

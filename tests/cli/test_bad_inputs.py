@@ -12,6 +12,7 @@ import pathlib
 import shutil
 import signal
 import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -31,6 +32,7 @@ from runs import (
 from transformer_jax.base import workdir as layout
 from transformer_jax.cli.lock import Owner, read_owner
 from transformer_jax.checkpoints.manager import Checkpointer
+from transformer_jax.data.tokenizer import train_tokenizer
 
 
 def write_text_corpus(directory: pathlib.Path, **files: bytes) -> pathlib.Path:
@@ -48,6 +50,11 @@ BAD_CONFIGS = {
     "syntax_error.py": "def get_config(:\n    pass\n",
     "name_error.py": "def get_config():\n    return true\n",
     "dict_config.py": "def get_config():\n    return {'model': {'d_model': 512}}\n",
+    "typo_config.py": "import sys\nsys.path.insert(0, {tests!r})\nfrom runs import tiny_run_config\n\n"
+                      "def get_config():\n    config = tiny_run_config()\n    config.training.num_train_step = 3\n"
+                      "    return config\n",
+    "string_config.py": "from transformer_jax.config import default_config\n\ndef get_config():\n"
+                        "    config = default_config()\n    config.data.vocab_size = '500'\n    return config\n",
 }
 
 
@@ -65,7 +72,8 @@ def setup(tmp_path_factory, trained_run):
     }
     (directory / "a_file").write_text("not a directory")
     for name, text in BAD_CONFIGS.items():
-        (directory / name).write_text(text)
+        (directory / name).write_text(text.replace("{tests!r}", repr(str(ROOT / "tests"))))
+    (directory / "dangling").symlink_to(directory / "gone")  # a workdir link to a directory that is not there
     owned = directory / "owned"  # a run another live job (on another host) holds
     shutil.copytree(workdir, owned)
     (owned / layout.LOCK).write_text(json.dumps(dataclasses.asdict(
@@ -88,7 +96,11 @@ def setup(tmp_path_factory, trained_run):
     (corpora["dir_as_file"] / "train.en").mkdir()
     corpora["pipe_as_file"] = write_text_corpus(directory / "pipe_as_file", train_en=None)
     os.mkfifo(corpora["pipe_as_file"] / "train.en")  # reading it would wait for a writer forever
-    return {"edited": edited, "config": config, "workdir": workdir, "dir": directory, "owned": owned, "damaged": damaged,
+    swapped = directory / "swapped_tokenizer"  # tokenizer.model of another corpus copied over the run's
+    shutil.copytree(workdir, swapped)
+    train_tokenizer([f"{word} sleeps ." for word in ("dog", "cat", "bird", "fish")] * 50,
+                    str(swapped / "tokenizer.model"), vocab_size=300, model_type="bpe")
+    return {"edited": edited, "swapped": swapped, "config": config, "workdir": workdir, "dir": directory, "owned": owned, "damaged": damaged,
             "foreign": foreign, **corpora}
 
 
@@ -189,6 +201,20 @@ TRAIN_ROWS = [
      ["training.seed=-1 must be an integer in [0, 2**63 - 1]", "--config.training.seed"]),
     ("seed past 64 bits", lambda s: ["--config.training.seed=9223372036854775808"],
      ["training.seed=9223372036854775808 must be an integer in [0, 2**63 - 1]"]),
+    ("a misspelt key in a config file", lambda s: [f"--config={s['dir'] / 'typo_config.py'}"],
+     ["config key training.num_train_step is not a setting", 'did you mean "training.num_train_steps"?']),
+    ("a string for a number in a config file", lambda s: [f"--config={s['dir'] / 'string_config.py'}"],
+     ["string_config.py:5: TypeError: Could not override field 'vocab_size'"]),
+    ("an argument the config file does not take", lambda s: ["--config=configs/smoke.py:foo"],
+     ["get_config() of configs/smoke.py takes no argument; drop the ':foo'"]),
+    ("configs/rerun.py without the run's config.json", lambda s: ["--config=configs/rerun.py"],
+     ["get_config() of configs/rerun.py needs an argument", "--config=configs/rerun.py:RUN/config.json"]),
+    ("more steps than a run counts", lambda s: ["--config.training.num_train_steps=3000000000"],
+     ["training.num_train_steps=3000000000 is more steps than a run counts (2**31 - 1)"]),
+    ("beam wider than the vocabulary allows", lambda s: ["--config.eval.beam_size=300"],
+     ["eval.beam_size=300 needs a vocabulary of at least 600 pieces (it has 500)", "--config.eval.beam_size lower"]),
+    ("workdir that is a link to nowhere", lambda s: [f"--workdir={s['dir'] / 'dangling'}"],
+     ["dangling is a symbolic link to", "gone, which does not exist", "create that directory or fix the link"]),
     ("config file whose get_config() returns a dict", lambda s: [f"--config={s['dir'] / 'dict_config.py'}"],
      ["get_config() returned a dict, not an ml_collections.ConfigDict", "default_config()"]),
     ("a hand-edited config.json through configs/rerun.py",
@@ -324,6 +350,14 @@ EVAL_ROWS = [
       "restore it, or run train.py on the workdir again"]),
     ("hand-edited config.json", lambda s: [f"--workdir={s['edited']}"],
      ["edited_config/config.json holds a setting no run can use: d_ff=-5", "correct it in"]),
+    ("tokenizer of another corpus", lambda s: [f"--workdir={s['swapped']}"],
+     ["swapped_tokenizer/tokenizer.model is not the tokenizer this run was trained with", "copy",
+      "swapped_tokenizer/corpus/tokenizer.model to"]),
+    ("sampling flag without sampling", lambda s: ["--top_k=5"],
+     ["--top_k applies to --mode=sample, not --mode=beam", "pass --mode=sample"]),
+    ("beam flag with greedy decoding", lambda s: ["--mode=greedy", "--beam_size=8"],
+     ["--beam_size applies to --mode=beam, not --mode=greedy"]),
+    ("infinite length penalty", lambda s: ["--alpha=inf"], ["alpha=inf must be >= 0 and finite"]),
     ("more CPU devices than XLA can gather", lambda s: ["--cpu_devices=1000"],
      ["cpu_devices=1000 is more than 64 CPU devices", "--cpu_devices=0 for one per core"]),
     ("config.json of something else", lambda s: [f"--workdir={s['foreign']}"],
@@ -336,7 +370,7 @@ def eval_results(setup):
     """Every EVAL_ROWS command on a copy of the trained run (which is being owned by a job: eval.py takes no lock)."""
     workdir = setup["dir"] / "eval_run"
     shutil.copytree(setup["workdir"], workdir)
-    watched = [workdir, setup["damaged"], setup["foreign"], setup["edited"]]
+    watched = [workdir, setup["damaged"], setup["foreign"], setup["edited"], setup["swapped"]]
     before = [snapshot(w) for w in watched] + [(setup["dir"] / "a_file").read_text()]
     rows = [[f"--workdir={workdir}", *flags(setup)] for _, flags, _ in EVAL_ROWS]
     results = run_rows("eval.py", rows, setup["dir"])
@@ -417,6 +451,32 @@ def test_a_run_trained_with_cudnn_attention_evaluates_on_a_cpu(setup, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.startswith("dev (16 sentences") and "SacreBLEU" in result.stdout, result.stdout
     assert "perplexity" in result.stdout, result.stdout  # the dev loss, by the same attention
+
+
+def test_closed_standard_output_is_refused_before_any_work(setup):
+    # Scores or translations printed into a closed stdout would be lost without a word (exit 0).
+    line = " ".join(command("eval.py", f"--workdir={setup['workdir']}")) + " >&-"
+    done = subprocess.run(line, shell=True, cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=300)
+    assert_one_line_error(done, "standard output is closed", "redirect it to a file")
+    assert not (setup["workdir"] / "eval").exists()
+
+
+def run_module(module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=script_env(), capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("flags, fragments", [
+    (["--topology="], ["--topology is empty", "--topology=v5e:2x4"]),
+    (["--topology=v5e:2x4", "--hbm_gb=0"], ["--hbm_gb=0.0 must be a positive number of GB per device"]),
+])
+def test_preflight_flags(setup, flags, fragments):
+    assert_one_line_error(run_module("transformer_jax.aot", f"--config={setup['config']}", *flags), *fragments)
+
+
+def test_prepare_into_an_empty_output(setup):
+    assert_one_line_error(run_module("transformer_jax.cli.prepare", f"--config={setup['config']}", "--output="),
+                          "--output is empty")
 
 
 def test_unwritable_workdir(setup):

@@ -253,8 +253,12 @@ def test_bad_configuration_and_state_are_data_errors(corpus):
     with pytest.raises(DataError, match="tokens_per_batch=100 is too small"):
         next(batching.BatchIterator(corpus, 100, 128))
     iterator = batching.BatchIterator(corpus, 2_048, 128, seed=1)
-    with pytest.raises(DataError, match="another corpus or seed"):
+    with pytest.raises(DataError, match=r"training.seed=1 differs from the 2 .* set --config.training.seed=2"):
         iterator.set_state({"seed": 2, "epoch": 0, "position": 0, "num_examples": len(corpus)})
+    saved = {"seed": 1, "epoch": 0, "position": 0, "num_examples": len(corpus) + 5, "layout": {"max_length": 256}}
+    with pytest.raises(DataError, match=rf"saved for {len(corpus) + 5} training pairs, but the corpus now gives "
+                                        rf"{len(corpus)}; set --config.data.max_length=256 \(it was 256, now 128\)"):
+        iterator.set_state(saved)
     with pytest.raises(DataError, match="longer than the packed row"):
         next(batching.BatchIterator(corpus, 2_048, 32))
     with pytest.raises(DataError, match="process_index"):

@@ -70,6 +70,18 @@ def test_a_leading_byte_order_mark_is_not_part_of_the_first_sentence(tmp_path):
     assert data.read_tsv(_write(tmp_path, "a.tsv", "\ufeffone\teins\n".encode())) == [("one", "eins")]
 
 
+def test_tsv_keeps_empty_fields_and_refuses_lines_whose_columns_shift(tmp_path):
+    assert data.read_tsv(_write(tmp_path, "a.tsv", "\tleer\r\none\teins\r\n")) == [("", "leer"), ("one", "eins")]
+    with pytest.raises(DataError, match=r"a\.tsv line 2 has 3 tab-separated fields but line 1 has 2; a tab inside"):
+        data.read_tsv(_write(tmp_path, "a.tsv", "one\teins\ntwo\tzwei\textra\n"))
+
+
+def test_a_dev_or_test_split_without_any_reference_is_refused(text_dir):
+    (text_dir / "test.de").write_text("\n" * len((text_dir / "test.en").read_text().splitlines()))
+    with pytest.raises(DataError, match=r"the test split of .* has \d+ lines but no reference sentence"):
+        data.load_splits("text", path=str(text_dir))
+
+
 def test_empty_corpus_is_rejected(tmp_path):
     with pytest.raises(DataError, match="empty"):
         data.read_parallel_text(_write(tmp_path, "a.en", ""), _write(tmp_path, "a.de", ""))

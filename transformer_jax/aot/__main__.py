@@ -38,6 +38,13 @@ def main(argv: list[str]) -> None:
         # set the platform before any backend starts, so an installed CUDA plugin is only compiled for.
         jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS") or "cpu")
         from transformer_jax.aot.plan import plan_run
+        from transformer_jax.errors import ConfigError
+
+        if not _TOPOLOGY.value.strip():
+            raise ConfigError("--topology is empty; name one, e.g. --topology=v5e:2x4, v5e-256, v5p-128 or h100-8")
+        if _HBM_GB.value is not None and not 0 < _HBM_GB.value < float("inf"):
+            raise ConfigError(f"--hbm_gb={_HBM_GB.value} must be a positive number of GB per device "
+                              "(leave it out to use the chip's own memory)")
 
         report, fits = plan_run(_CONFIG.value, _TOPOLOGY.value, _SLICES.value,
                                 None if _HBM_GB.value is None else int(_HBM_GB.value * 1e9), _WORKDIR.value)

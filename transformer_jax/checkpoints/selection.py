@@ -54,8 +54,9 @@ def open_run(workdir: str) -> Run:
         )
     config = read_run_config(config_path)
     # A damaged tokenizer.model is named with the fix: the copy its prepared corpus keeps, when intact.
-    tokenizer = Tokenizer.load(layout.run_path(workdir, layout.TOKENIZER),
-                               copies=[os.path.join(corpus_directory(config, workdir), layout.TOKENIZER)])
+    corpus = corpus_directory(config, workdir)
+    tokenizer = Tokenizer.load(layout.run_path(workdir, layout.TOKENIZER), copies=[os.path.join(corpus, layout.TOKENIZER)])
+    check_tokenizer_of_corpus(tokenizer, layout.run_path(workdir, layout.TOKENIZER), corpus)
     directory = layout.run_path(workdir, layout.CHECKPOINTS)
     if not is_dir(directory):
         raise CheckpointError(f"no checkpoint in {directory}; train first (train.py) or pass another --workdir")
@@ -63,6 +64,19 @@ def open_run(workdir: str) -> Run:
                                 best_mode=best_metric_for(config.training.bleu_every)[1],
                                 asynchronous=False, read_only=True)
     return Run(workdir, config, model_config(config, tokenizer.vocab_size), tokenizer, checkpointer)
+
+
+def check_tokenizer_of_corpus(tokenizer: Tokenizer, path: str, corpus: str) -> None:
+    """CheckpointError when the run's tokenizer is not the one its prepared corpus (which the model was trained
+    on) was encoded with, e.g. a tokenizer.model copied over from another run: every score would be wrong."""
+    from transformer_jax.data.prepared import MANIFEST, read_manifest
+
+    if not is_file(os.path.join(corpus, MANIFEST)):
+        return  # a run whose corpus lies elsewhere (data.prepared not reachable here): nothing to compare with
+    trained_with = read_manifest(corpus)["tokenizer"]
+    if tokenizer.fingerprint != trained_with:
+        raise CheckpointError(f"{path} is not the tokenizer this run was trained with (the one of {corpus}); copy "
+                              f"{os.path.join(corpus, layout.TOKENIZER)} to {path}")
 
 
 def select_steps(checkpointer: Checkpointer, spec: str, average_last: int = 5) -> list[int]:

@@ -51,7 +51,12 @@ def user_errors() -> Iterator[None]:
 
     An OSError of the machine's storage (a full disk, a read-only file system) that reached this far
     unnamed is one line as well: it is no bug, and its traceback would hide the one thing to do.
+    A closed standard output is refused before any work: what the command prints would be lost.
     """
+    if sys.stdout is None:
+        print("error: standard output is closed, so what this command prints (scores, translations) would be "
+              "lost; run it with standard output open (redirect it to a file: > out.txt)", file=sys.stderr)
+        sys.exit(USER_ERROR_EXIT)
     try:
         yield
     except UserError as error:
@@ -59,7 +64,7 @@ def user_errors() -> Iterator[None]:
         print(f"error: {message}", file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)
     except OSError as error:
-        named = storage_error(error, "writing")
+        named = storage_error(error, "a write (to a file, a log or standard output)")
         if named is None:
             raise
         print(f"error: {named}", file=sys.stderr)
@@ -104,9 +109,12 @@ def parse_flags(argv: list[str]) -> list[str]:
             getattr(flags.FLAGS.config, "keys")  # a config file loads lazily: fail here, not mid-run
         return remaining
     except Exception as error:  # noqa: BLE001 - sorted below: the command line, or the config file's own code
-        # ml_collections re-raises a TypeError/ValueError of the config file as a new one holding the traceback.
-        original = error.__context__ if "Error whilst parsing config file" in str(error) else error
-        if isinstance(original, UserError):
+        # ml_collections re-raises a TypeError/ValueError of the config file as a new one holding the traceback,
+        # which absl wraps again: the config file's own error is the innermost of the chain.
+        original = _config_file_error(error, path) if "Error whilst parsing config file" in str(error) else error
+        if isinstance(original, TypeError) and "get_config()" in str(original):
+            detail = _get_config_arguments(path, original, argv)
+        elif isinstance(original, UserError):
             detail = str(original).splitlines()[0]
         elif isinstance(original, SyntaxError) or _raised_in(original, path):
             detail = f"{_config_file_failure(path, original)}; a config is a Python file defining get_config()"
@@ -119,6 +127,26 @@ def parse_flags(argv: list[str]) -> list[str]:
             raise
         print(f"error: {detail}", file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)
+
+
+def _config_file_error(error: BaseException, path: str | None) -> BaseException:
+    """The error of the config file's own code in the chain that ended in `error` (following __cause__, then
+    __context__): the outermost one raised in `path`, else the innermost."""
+    chain, seen = [error], {id(error)}
+    while (inner := chain[-1].__cause__ or chain[-1].__context__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        chain.append(inner)
+    return next((e for e in chain if _raised_in(e, path)), chain[-1])
+
+
+def _get_config_arguments(path: str | None, error: TypeError, argv: list[str]) -> str:
+    """The line for a --config=FILE[:ARGUMENT] whose argument get_config() does not take (or lacks)."""
+    given = next((arg.split("=", 1)[1] for arg in reversed(argv) if arg.startswith("--config=")), path or "")
+    if "missing" in str(error):
+        return (f"--config={given}: get_config() of {path} needs an argument after a colon "
+                f"(--config={path}:ARGUMENT; for configs/rerun.py the run's config.json: "
+                f"--config=configs/rerun.py:RUN/config.json)")
+    return f"--config={given}: get_config() of {path} takes no argument; drop the ':{given.partition(':')[2]}'"
 
 
 def _raised_in(error: BaseException, path: str | None) -> bool:
@@ -217,6 +245,9 @@ def ensure_writable_workdir(workdir: str) -> list[str]:
         raise ConfigError("--workdir is empty; pass the directory for the run's checkpoints and logs")
     if is_local(workdir) and os.path.exists(workdir) and not os.path.isdir(workdir):
         raise ConfigError(f"workdir {workdir} is a file, not a directory; choose another --workdir")
+    if is_local(workdir) and os.path.islink(workdir) and not os.path.exists(workdir):
+        raise ConfigError(f"workdir {workdir} is a symbolic link to {os.path.realpath(workdir)}, which does not exist; "
+                          "create that directory or fix the link")
     created = []
     if is_local(workdir):
         missing = os.path.abspath(workdir)

@@ -34,6 +34,8 @@ def main(argv: list[str]) -> None:
 
         config = _CONFIG.value
         check_run_config(config)
+        if not _OUTPUT.value.strip():
+            raise ConfigError("--output is empty; pass the directory to prepare the corpus into (local or gs://)")
         if _WORKERS.value < 1:
             raise ConfigError(f"--workers={_WORKERS.value} must be at least 1")
         start = time.perf_counter()

@@ -99,6 +99,9 @@ def default_config() -> ml_collections.ConfigDict:
     return config
 
 
+# The most steps a run counts: its step counter is an int32 on the devices.
+MAX_STEP = 2**31 - 1
+
 # The largest training.seed: JAX's random keys and NumPy's generators take a 64-bit signed seed.
 MAX_SEED = 2**63 - 1
 
@@ -127,6 +130,7 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
     if missing:
         raise ConfigError(f"the config has no {', '.join(missing)} section; start get_config() from "
                           "transformer_jax.config.default_config() (see configs/)")
+    _check_known_keys(config)
     for section, key, value in _numbers(config):
         if isinstance(value, float) and not math.isfinite(value):  # inf passes every "> 0" check below
             raise ConfigError(f"{section}.{key}={value!r} must be a finite number; set --config.{section}.{key}")
@@ -148,6 +152,11 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
     if config.mesh.data != -1 and not (isinstance(config.mesh.data, int) and config.mesh.data > 0):
         raise ConfigError(f"mesh.data={config.mesh.data!r} must be positive, or -1 (all devices not used by "
                           "fsdp); set --config.mesh.data")
+    for section, key in (("training", "num_train_steps"), ("training", "warmup_steps"), ("training", "checkpoint_every"),
+                         ("training", "eval_every"), ("training", "bleu_every"), ("training", "log_every")):
+        if config[section][key] > MAX_STEP:  # the state's step counter is int32
+            raise ConfigError(f"{section}.{key}={config[section][key]} is more steps than a run counts (2**31 - 1); "
+                              f"set --config.{section}.{key} lower")
     seed = config.training.seed
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
         raise ConfigError(f"training.seed={seed!r} must be an integer in [0, 2**63 - 1]; set --config.training.seed")
@@ -162,8 +171,34 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
     if decoding_dtype(config) not in DTYPES:
         raise ConfigError(f"eval.dtype={decoding_dtype(config)!r} is not one of {list(DTYPES)} ('' = the model's "
                           "own dtype); set --config.eval.dtype")
-    # The model's own checks (d_model divisible by num_heads, ...), with the vocabulary still unknown.
-    model_config(config, config.model.vocab_size or config.data.vocab_size)
+    # The model's own checks (d_model divisible by num_heads, ...), with the vocabulary the tokenizer will have.
+    vocab_size = config.model.vocab_size or config.data.vocab_size
+    model_config(config, vocab_size)
+    if 2 * config.eval.beam_size > vocab_size:  # beam search keeps 2 x beam candidates among the vocabulary
+        raise ConfigError(f"eval.beam_size={config.eval.beam_size} needs a vocabulary of at least "
+                          f"{2 * config.eval.beam_size} pieces (it has {vocab_size}); set --config.eval.beam_size lower")
+
+
+def _check_known_keys(config: ml_collections.ConfigDict) -> None:
+    """A key the schema lacks (a typo in a config file: `num_train_step`) is an error, not a setting ignored."""
+    import difflib
+
+    schema = default_config()
+    for section, values in config.items():
+        if not isinstance(values, ml_collections.ConfigDict):
+            raise ConfigError(f"the config's {section!r} is not a section of settings; a run config has the "
+                              f"sections {', '.join(schema)} (start get_config() from default_config())")
+        if section not in schema:
+            close = difflib.get_close_matches(section, list(schema), n=1)
+            hint = f' (did you mean "{close[0]}"?)' if close else ""
+            raise ConfigError(f"config section {section!r} is not one of {', '.join(schema)}{hint}; remove it from the "
+                              "config file")
+        for key in values:
+            if key not in schema[section]:
+                close = difflib.get_close_matches(key, list(schema[section]), n=1)
+                hint = f' (did you mean "{section}.{close[0]}"?)' if close else ""
+                raise ConfigError(f"config key {section}.{key} is not a setting{hint}; correct it in the config file "
+                                  "(every key: docs/configuration.md)")
 
 
 def _numbers(config: ml_collections.ConfigDict) -> list[tuple[str, str, Any]]:

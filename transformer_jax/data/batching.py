@@ -379,9 +379,15 @@ class BatchIterator:
 
         A state without "layout" (saved before it was recorded) is taken as planned alike.
         """
-        if state["seed"] != self.seed or state["num_examples"] != len(self.corpus):
-            raise DataError(f"iterator state {state} was saved for another corpus or seed "
-                            f"(now seed={self.seed}, {len(self.corpus)} examples); resume with the same data")
+        if state["seed"] != self.seed:
+            raise DataError(f"training.seed={self.seed} differs from the {state['seed']} the run's data position was "
+                            f"saved with; set --config.training.seed={state['seed']}, or use a new workdir")
+        if state["num_examples"] != len(self.corpus):
+            saved_length = state.get("layout", {}).get("max_length")
+            fix = (f"set --config.data.max_length={saved_length} (it was {saved_length}, now {self.max_length})"
+                   if saved_length not in (None, self.max_length) else "resume with the data settings the run was started with")
+            raise DataError(f"the run's data position was saved for {state['num_examples']} training pairs, but the "
+                            f"corpus now gives {len(self.corpus)}; {fix}, or use a new workdir")
         if "layout" in state:
             self._check_same_plan(state["layout"], self.layout())
         self.epoch, self.position = int(state["epoch"]), int(state["position"])

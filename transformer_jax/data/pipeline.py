@@ -112,6 +112,8 @@ def training_rows(config: ml_collections.ConfigDict, train: EncodedPairs, vocab_
 def corpus_key(data: ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
     """What a prepared corpus depends on: the source, its splits and files, and the tokenizer's settings."""
     key: dict[str, Any] = {name: data[name] for name in CORPUS_SETTINGS}
+    if data.path and is_local(data.path):  # where it is, whatever directory the command was started from
+        key["path"] = os.path.abspath(data.path)
     if data.source == "builtin":  # the built-in corpus is generated and split from the seed
         key.update({name: data[name] for name in BUILTIN_SETTINGS}, seed=seed)
     if data.source in ("text", "tsv") and data.path and is_local(data.path) and os.path.isdir(data.path):
@@ -132,7 +134,9 @@ LOCATION_SETTINGS = ("path", "tfds_data_dir", "files")
 def check_corpus_key(corpus: PreparedCorpus, key: dict[str, Any], own: bool) -> None:
     """Fail when `corpus` was prepared from other data settings than `key` (`own`: the run's own corpus in
     its workdir, which also checks where the data lies and whether its files changed)."""
-    saved = corpus.manifest["key"]
+    saved = dict(corpus.manifest["key"])
+    if saved.get("path") and is_local(saved["path"]):  # corpora prepared before paths were kept absolute
+        saved["path"] = os.path.abspath(saved["path"])
     fix = "or use a new workdir" if own else "or prepare the corpus again into a new directory"
     if own and "files" in saved and saved.get("files") != key.get("files") and saved.get("path") == key.get("path"):
         raise DataError(f"the files in data.path={key['path']} changed since {corpus.directory} was prepared "

@@ -41,9 +41,9 @@ def check_text_file(path: str) -> None:
                     "once, so write it to a regular file first")
 
 
-def read_lines(path: str) -> list[str]:
-    """Lines of a UTF-8 text file (stripped; a final newline does not add an empty line; a leading
-    byte-order mark, which some editors write, is not part of the first sentence)."""
+def read_lines(path: str, strip: bool = True) -> list[str]:
+    """Lines of a UTF-8 text file (stripped, or with `strip=False` only their "\\r"; a final newline does not
+    add an empty line; a leading byte-order mark, which some editors write, is not part of the first sentence)."""
     check_text_file(path)
     with open(path, "rb") as f:
         data = f.read().removeprefix(codecs.BOM_UTF8)
@@ -58,7 +58,7 @@ def read_lines(path: str) -> list[str]:
     lines = text.split("\n")
     if lines[-1] == "":
         lines.pop()
-    return [line.strip() for line in lines]
+    return [line.strip() for line in lines] if strip else [line.removesuffix("\r") for line in lines]
 
 
 def read_parallel_text(source_path: str, target_path: str) -> list[Pair]:
@@ -74,12 +74,16 @@ def read_parallel_text(source_path: str, target_path: str) -> list[Pair]:
 
 def read_tsv(path: str, source_column: int = 0, target_column: int = 1) -> list[Pair]:
     """Pairs from a tab-separated file, one pair per line."""
-    pairs = []
-    for number, line in enumerate(read_lines(path), start=1):
-        fields = line.split("\t")
+    pairs, expected = [], None
+    for number, line in enumerate(read_lines(path, strip=False), start=1):
+        fields = line.split("\t")  # before stripping: an empty first or last field is still a field
         if len(fields) <= max(source_column, target_column):
             raise DataError(f"{path} line {number} has {len(fields)} tab-separated fields, expected "
                             f"{max(source_column, target_column) + 1}; every line must be source<TAB>target")
+        expected = expected or len(fields)
+        if len(fields) != expected:  # a tab inside a sentence would shift the columns of that line
+            raise DataError(f"{path} line {number} has {len(fields)} tab-separated fields but line 1 has {expected}; "
+                            "a tab inside a sentence shifts the columns: replace it with a space")
         pairs.append((fields[source_column].strip(), fields[target_column].strip()))
     if not pairs:
         raise DataError(f"{path} is empty; it must hold one source<TAB>target pair per line")
@@ -95,6 +99,15 @@ def drop_empty_pairs(pairs: Sequence[Pair], name: str = "train") -> tuple[list[P
     if not kept:
         raise DataError(f"the {name} split has no pair with both sides non-empty; check the training data")
     return kept, len(pairs) - len(kept)
+
+
+def check_references(splits: dict[str, list[Pair]], where: str) -> None:
+    """DataError when a dev or test split has no reference at all (every target line empty): its scores would
+    be computed on nothing and mean nothing."""
+    for split in ("dev", "test"):
+        if split in splits and splits[split] and not any(target for _, target in splits[split]):
+            raise DataError(f"the {split} split of {where} has {len(splits[split])} lines but no reference sentence "
+                            "(every target line is empty); fill it with the reference translations")
 
 
 def load_text_splits(directory: str, source_lang: str, target_lang: str,
@@ -201,7 +214,8 @@ def load_splits(source: str, *, path: str | None = None, source_lang: str = "en"
         if not path:
             raise DataError(f"data source {source!r} needs a data directory and data.path is empty; set "
                             f"--config.data.path=DIR (the directory of the {'<split>.<lang>' if source == 'text' else '<split>.tsv'} files)")
-        if source == "text":
-            return load_text_splits(path, source_lang, target_lang, splits)
-        return load_tsv_splits(path, splits, tsv_columns)
+        loaded = (load_text_splits(path, source_lang, target_lang, splits) if source == "text"
+                  else load_tsv_splits(path, splits, tsv_columns))
+        check_references(loaded, path)
+        return loaded
     raise DataError(f"unknown data source {source!r}; use one of 'builtin', 'tfds', 'text', 'tsv'")

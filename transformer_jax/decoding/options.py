@@ -59,8 +59,8 @@ class DecodeOptions:
                     f"{name}={value!r} must be a positive integer")
         require(isinstance(self.top_k, int) and self.top_k >= 0,
                 f"top_k={self.top_k!r} must be 0 (keep every token) or a positive integer")
-        require(is_python_number(self.alpha) and self.alpha >= 0,
-                f"alpha={self.alpha!r} must be >= 0 (0 turns the length penalty off)")
+        require(is_python_number(self.alpha) and 0 <= self.alpha < float("inf"),
+                f"alpha={self.alpha!r} must be >= 0 and finite (0 turns the length penalty off)")
         require(is_python_number(self.temperature) and 0 < self.temperature < float("inf"),
                 f"temperature={self.temperature!r} must be positive and finite (mode=greedy takes the most likely token)")
         require(is_python_number(self.top_p) and 0 < self.top_p <= 1,
