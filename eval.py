@@ -124,6 +124,8 @@ def main(argv: list[str]) -> None:
         if _CURVES.value or _POSITIONS.value or {_ATTENTION.value, _ATTENTION_TARGET.value} != {None}:
             if _CLUSTER.multihost.value and jax.process_count() > 1:
                 raise ConfigError("the --plot_* figures are drawn by one process; run them without --multihost")
+            if _ATTENTION.value is not None and not _ATTENTION.value.strip():
+                raise ConfigError("--plot_attention is empty; pass the source sentence whose attention to plot")
             with storage_named("writing the figures"):
                 for path in write_figures(_WORKDIR.value, _CHECKPOINT.value, decoding_options,
                                           attention=_ATTENTION.value, attention_target=_ATTENTION_TARGET.value,

@@ -358,6 +358,7 @@ EVAL_ROWS = [
     ("beam flag with greedy decoding", lambda s: ["--mode=greedy", "--beam_size=8"],
      ["--beam_size applies to --mode=beam, not --mode=greedy"]),
     ("infinite length penalty", lambda s: ["--alpha=inf"], ["alpha=inf must be >= 0 and finite"]),
+    ("empty sentence to plot", lambda s: ["--plot_attention="], ["--plot_attention is empty"]),
     ("more CPU devices than XLA can gather", lambda s: ["--cpu_devices=1000"],
      ["cpu_devices=1000 is more than 64 CPU devices", "--cpu_devices=0 for one per core"]),
     ("config.json of something else", lambda s: [f"--workdir={s['foreign']}"],

@@ -18,7 +18,7 @@ from transformer_jax import Transformer, sinusoidal_encoding
 from transformer_jax.model.special_tokens import BOS_ID
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.errors import DataError
-from transformer_jax.evaluation.attention_plots import attention_pair
+from transformer_jax.evaluation.attention_plots import attention_pair, plot_slug
 from transformer_jax.checkpoints.selection import checkpoint_params, open_run
 from transformer_jax.evaluation.introspection import (
     attention_maps,
@@ -226,7 +226,9 @@ def test_eval_plots_attention_positions_and_curves_of_a_trained_run(trained):
                if line.startswith("wrote ")]
     kinds = ("encoder_self_attention", "decoder_self_attention", "encoder_decoder_attention")
     expected = [trained / "plots" / "learning_curves.png"]
-    expected += [trained / "plots" / f"attention.the_dog_sleeps.step_6.{kind}.png" for kind in kinds]
+    slug = plot_slug("the dog sleeps .")
+    assert slug.startswith("the_dog_sleeps.") and slug != plot_slug("the dog sleeps on the mat .")
+    expected += [trained / "plots" / f"attention.{slug}.step_6.{kind}.png" for kind in kinds]
     expected += [trained / "plots" / "positional_encoding.png"]
     assert written == expected
     for path in written:

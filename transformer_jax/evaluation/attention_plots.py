@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from typing import Any, Callable
@@ -62,9 +63,11 @@ def attention_pair(run: Run, params: Any, source: str, target: str | None,
 
 
 def plot_slug(text: str, words: int = 6) -> str:
-    """A file-name-safe short name for a sentence: its first words, lower-cased, joined by '_'."""
+    """A file-name-safe short name for a sentence: its first words, lower-cased, joined by '_', and a short hash of
+    the whole sentence, so sentences that begin alike (or have no word characters) get files of their own."""
     kept = re.findall(r"\w+", text.lower())[:words]
-    return "_".join(kept)[:60] or "empty"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{'_'.join(kept)[:60] or 'sentence'}.{digest}"
 
 
 def plot_attention(run: Run, params: Any, steps: list[int], source: str, target: str | None,

@@ -84,15 +84,17 @@ def _fetch_ids(ids_BxL: jax.Array) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(ids_BxL, tiled=True))
 
 
-def fit_to_model(src_BxS: np.ndarray, max_len: int) -> np.ndarray:
-    """Cut source rows longer than the model's max_len (keeping their EOS), with a warning."""
+def fit_to_model(src_BxS: np.ndarray, max_len: int, real_B: np.ndarray | None = None) -> np.ndarray:
+    """Cut source rows longer than the model's max_len (keeping their EOS), with a warning counting the real
+    rows (`real_B`: which rows are sentences, not a batch's padding rows)."""
     if src_BxS.shape[1] <= max_len:
         return src_BxS
     lengths = (src_BxS != 0).sum(1)
-    if (lengths > max_len).any():
+    long_B = (lengths > max_len) & (True if real_B is None else real_B)
+    if long_B.any():
         logging.warning(
             "%d source sentence(s) longer than model.max_len=%d tokens are truncated for decoding",
-            int((lengths > max_len).sum()), max_len,
+            int(long_B.sum()), max_len,
         )
     cut = src_BxS[:, :max_len].copy()
     cut[lengths > max_len, max_len - 1] = EOS_ID
@@ -139,7 +141,7 @@ def translate_encoded(
             started = None
             if batch is not None:
                 rng, key = jax.random.split(rng)
-                src = fit_to_model(batch["inputs"], config.max_len)
+                src = fit_to_model(batch["inputs"], config.max_len, batch["index"] >= 0)
                 started = (_dispatch_batch(params, src, key, config, options, mesh if split_rows else None),
                            batch["index"])
             if pending is not None:
