@@ -14,18 +14,12 @@ auto-detection, --coordinator_address, --num_processes, --process_id): the split
 all their devices, and process 0 alone writes files and prints.
 """
 
-import contextlib
-import errno
-import os
-from typing import Iterator
-
 import jax
 from absl import app, flags
 
 from transformer_jax.base import make_mesh, quiet_console, set_cpu_devices
 from transformer_jax.checkpoints import checkpoint_params, open_run, select_steps, write_params
-from transformer_jax.cli import define_cluster_flags, interrupts_reported, parse_flags, user_errors
-from transformer_jax.cli.commands import storage_error
+from transformer_jax.cli import define_cluster_flags, interrupts_reported, parse_flags, storage_named, user_errors
 from transformer_jax.config import decode_options, decoding_dtype, translation_batching
 from transformer_jax.decoding import DecodeOptions
 from transformer_jax.errors import ConfigError
@@ -87,21 +81,6 @@ def translation(run_config) -> dict:
     return dict(batching=translation_batching(run_config).replace(batch_size=_BATCH.value,
                                                                  batch_tokens=_BATCH_TOKENS.value),
                 dtype=decoding_dtype(run_config) if _DTYPE.value is None else _DTYPE.value)
-
-
-@contextlib.contextmanager
-def storage_named(doing: str) -> Iterator[None]:
-    """A full disk or read-only file system while `doing` is one line saying so; any other OSError is a bug."""
-    try:
-        yield
-    except OSError as error:
-        fix = "free space"
-        if error.errno == errno.EROFS:
-            fix = f"make {os.path.dirname(error.filename) if error.filename else 'it'} writable"
-        named = storage_error(error, doing, f"{fix} and run the same command again")
-        if named is None:
-            raise
-        raise named from None
 
 
 def main(argv: list[str]) -> None:

@@ -10,8 +10,14 @@ from ml_collections import config_flags
 
 from transformer_jax.base import quiet_console
 from transformer_jax.base import workdir as layout
-from transformer_jax.cli import define_cluster_flags, interrupts_reported, parse_flags, training_workdir, user_errors
-from transformer_jax.cli.commands import storage_error
+from transformer_jax.cli import (
+    define_cluster_flags,
+    interrupts_reported,
+    parse_flags,
+    storage_named,
+    training_workdir,
+    user_errors,
+)
 from transformer_jax.config import check_run_config, decode_options, decoding_dtype, translation_batching
 from transformer_jax.evaluation import evaluate_split, plot_learning_curves, write_results
 from transformer_jax.training import Trainer
@@ -47,18 +53,12 @@ def train(config, workdir: str, stage: list[str]) -> None:
         print(f"test SacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})")
         print(f"test chrF {scores['chrf']:.2f}; tokenized compound-split BLEU (paper-style, "
               f"not comparable with SacreBLEU) {scores['tokenized_compound_split_bleu']:.2f}")
-        doing = "saving the test translation and scores printed above"
-        try:
+        finished = (f"run the same command again (training finished at step {int(state.step)} (checkpoint saved); "
+                    "it translates the test split again)")
+        with storage_named("saving the test translation and scores printed above", finished):
             write_results(layout.run_path(workdir, layout.FINAL_TEST), {"step": int(state.step), **scores}, hypotheses)
-            doing = "writing the learning curves"
+        with storage_named("writing the learning curves", finished):
             print(f"learning curves: {plot_learning_curves(workdir)}")
-        except OSError as error:
-            named = storage_error(error, doing, f"training finished at step {int(state.step)} (checkpoint saved): "
-                                  "free space (or make the workdir writable) and run the same command again, "
-                                  "which translates the test split again")
-            if named is None:
-                raise
-            raise named from None
 
 
 def main(argv: list[str]) -> None:

@@ -3,10 +3,14 @@
 Every read and write of a run's files goes through here (or through Orbax, which handles `gs://`
 itself), so a workdir may live on Google Cloud Storage. Local paths keep the POSIX behaviour they
 always had (atomic rename, appends); object stores go through etils `epath` (gcsfs for `gs://`).
+A write the machine's storage refuses (a full disk, a read-only file system) leaves nothing half
+written; `storage_error` names such a fault in one line.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import shutil
@@ -15,6 +19,8 @@ import uuid
 
 import jax
 from etils import epath
+
+from transformer_jax.errors import StorageError
 
 
 def process_tag() -> str:
@@ -123,13 +129,24 @@ def _copy_tree(source: epath.Path, destination: epath.Path) -> None:
 def append_text(path: str, text: str) -> None:
     """Add `text` at the end of `path` (created if missing).
 
-    Locally one `write()` in append mode, so a crash leaves at most a cut-short last line. Objects
-    cannot be appended to: the object is rewritten whole (each write replaces it atomically), which
-    costs O(file size) per call and suits small logs such as metrics.jsonl.
+    Locally one `write()` in append mode, so a crash leaves at most a cut-short last line; a write that
+    fails (a full disk) is taken back, so the file never ends in part of `text`. Objects cannot be
+    appended to: the object is rewritten whole (each write replaces it atomically), which costs
+    O(file size) per call and suits small logs such as metrics.jsonl.
     """
     if is_local(path):
-        with open(path, "a") as f:
-            f.write(text)
+        descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            size, data = os.fstat(descriptor).st_size, text.encode()
+            try:
+                while data:
+                    data = data[os.write(descriptor, data):]
+            except OSError as error:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(descriptor, size)  # frees what was written, so it works on a full disk too
+                raise OSError(error.errno, error.strerror, path) from error  # a failed write() names no file
+        finally:
+            os.close(descriptor)
         return
     target = epath.Path(path)
     target.write_text((target.read_text() if target.exists() else "") + text)
@@ -138,8 +155,9 @@ def append_text(path: str, text: str) -> None:
 def write_atomically(path: str, content: str | bytes) -> None:
     """Write `path` so that readers see the old content or the new one, never a part.
 
-    Locally: a temporary file next to `path`, renamed over it. An object store has no rename, but
-    replaces each object atomically on upload: the content is written to `path` directly.
+    Locally: a temporary file next to `path`, renamed over it; a failure removes the temporary and is an
+    OSError naming `path`. An object store has no rename, but replaces each object atomically on upload:
+    the content is written to `path` directly.
     """
     if not is_local(path):
         if isinstance(content, bytes):
@@ -155,7 +173,92 @@ def write_atomically(path: str, content: str | bytes) -> None:
         with open(temporary, mode) as f:
             f.write(content)
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         if os.path.exists(temporary):
             os.unlink(temporary)
+        if isinstance(error, OSError) and error.errno is not None:
+            raise OSError(error.errno, error.strerror, path) from error  # naming `path`, not the temporary
         raise
+
+
+# OSError numbers that are the machine's storage, not a bug: a full disk or quota, a file-size limit, a
+# read-only file system.
+STORAGE_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+                  errno.EFBIG: "file too large for the file system or its limit", errno.EROFS: "read-only file system"}
+# What the user does about each, before running the same command again.
+STORAGE_REMEDIES = {errno.ENOSPC: "free space", errno.EDQUOT: "free space or raise the quota",
+                    errno.EFBIG: "raise the file-size limit (ulimit -f)", errno.EROFS: "make the file system writable"}
+# How TensorStore (Orbax's array writer) reports the OSError under a failed write, in its message.
+_TENSORSTORE_ERRNO = re.compile(r"os_error_code='?(\d+)")
+
+
+def storage_errno(error: BaseException) -> int | None:
+    """The number of the storage fault (STORAGE_ERRNOS) behind `error`, else None.
+
+    Looks through the chain of causes: an OSError, or an error of Orbax's writers that carries the
+    OSError only in its message (TensorStore: "... No space left on device [os_error_code='28']").
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in STORAGE_ERRNOS:
+            return error.errno
+        found = _TENSORSTORE_ERRNO.search(str(error))
+        if found and int(found.group(1)) in STORAGE_ERRNOS:
+            return int(found.group(1))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def storage_remedy(error: BaseException) -> str:
+    """What to do about the storage fault behind `error` ("free space"; see STORAGE_REMEDIES)."""
+    return STORAGE_REMEDIES.get(storage_errno(error), "free space")
+
+
+def storage_error(error: BaseException, doing: str,
+                  after: str = "free space and run the same command again") -> StorageError | None:
+    """A StorageError line for `error` when it is a fault of the machine's storage (see storage_errno), else None.
+
+    `doing` says what was being written ("writing checkpoint 6"), `after` what is kept and how to go on.
+    """
+    code = storage_errno(error)
+    if code is None:
+        return None
+    filename = getattr(error, "filename", None)
+    where = f" ({filename})" if filename else ""
+    return StorageError(f"{doing}{where} failed: {STORAGE_ERRNOS[code]}; {after}")
+
+
+class DirectoryWatch:
+    """Tells whether directory `path` is still the one that was there when the watch began.
+
+    Locally the directory is held open, so that its inode cannot pass to a directory made anew at its
+    place (Orbax makes a checkpoint's parents): it vanished when it has no name left or `path` names
+    another. On an object store, which has no such thing, it vanished when nothing lies under `path`.
+    A directory absent when the watch begins never counts as vanished.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path, self._descriptor, self._existed = path, None, False
+        if is_local(path):
+            with contextlib.suppress(OSError):
+                self._descriptor = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        else:
+            self._existed = exists(path)
+
+    def vanished(self) -> bool:
+        """Whether the directory was removed, moved away or replaced since the watch began."""
+        if self._descriptor is None:
+            return self._existed and not exists(self.path)
+        held = os.fstat(self._descriptor)
+        try:
+            named = os.stat(self.path)
+        except OSError:
+            return True
+        return held.st_nlink == 0 or (held.st_dev, held.st_ino) != (named.st_dev, named.st_ino)
+
+    def close(self) -> None:
+        """Let the directory go."""
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            self._descriptor = None

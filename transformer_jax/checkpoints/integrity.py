@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import traceback
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, Callable
 
@@ -123,14 +124,14 @@ def reading(where: str, advice: str = "") -> Iterator[None]:
     except ShapeMismatchError:
         raise
     except Exception as error:  # noqa: BLE001 - truncated files, bad JSON, ... all mean "unreadable"
-        _silence_abandoned_reads()
+        silence_abandoned_io()
         detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
         detail = detail.split(" See full TensorStore details")[0][:200]
         raise CorruptCheckpointError(f"{where} cannot be read ({detail}){advice}") from None
 
 
-def _is_abandoned_read(unraisable: Any) -> bool:
-    """Whether an unraisable exception comes from a checkpoint read Orbax gave up (see _silence_abandoned_reads)."""
+def _is_abandoned_io(unraisable: Any) -> bool:
+    """Whether an unraisable exception comes from a checkpoint read or write Orbax gave up (silence_abandoned_io)."""
     code = getattr(unraisable.object, "cr_code", None) or getattr(unraisable.object, "__code__", None)
     files = [getattr(code, "co_filename", "")]
     files += [frame.filename for frame in traceback.extract_tb(unraisable.exc_traceback)]
@@ -138,24 +139,27 @@ def _is_abandoned_read(unraisable: Any) -> bool:
             or any(f"{os.sep}{package}{os.sep}" in name for name in files for package in ("orbax", "tensorstore")))
 
 
-def _silence_abandoned_reads() -> None:
-    """Keep the reads Orbax abandons after a failed one from printing tracebacks (installed once, on a failure).
+def silence_abandoned_io() -> None:
+    """Keep the reads and writes Orbax abandons after a failed one from printing tracebacks (installed once, on
+    a failure).
 
-    When one file of a checkpoint cannot be read, Orbax closes that restore's event loop while the
-    other reads are still in flight; when collected they print "Exception ignored in ..." or
-    "Event loop is closed" tracebacks that add nothing to the one warning already logged.
+    When one file of a checkpoint cannot be read (or written: a full disk), Orbax closes that restore's
+    (or save's) event loop while the other reads or writes are still in flight; when collected, at the
+    latest at interpreter exit, they print "Exception ignored in ..." or "Event loop is closed"
+    tracebacks that add nothing to the one line already given.
     """
     previous = sys.unraisablehook
-    if getattr(previous, "abandoned_reads_silenced", False):
+    if getattr(previous, "abandoned_io_silenced", False):
         return
 
     def hook(unraisable: Any) -> None:
-        if not _is_abandoned_read(unraisable):
+        if not _is_abandoned_io(unraisable):
             previous(unraisable)
 
-    hook.abandoned_reads_silenced = True  # type: ignore[attr-defined]
+    hook.abandoned_io_silenced = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # "Task exception was never retrieved"
+    warnings.filterwarnings("ignore", r"coroutine '.*' was never awaited", RuntimeWarning)  # never started
 
 
 def _all_processes_agree(ok: bool) -> bool:

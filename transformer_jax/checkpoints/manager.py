@@ -7,23 +7,31 @@ the best one by a dev metric when one is given.
 A complete directory can still be damaged later: every save records per-array checksums, every
 restore verifies them, and `restore_latest` falls back past damaged checkpoints, setting them aside
 (see `checkpoint_integrity`).
+
+A save the storage refuses (a full disk, a quota, a read-only file system) is one StorageError naming
+the step, the newest complete checkpoint (which stays: Orbax removes old steps only after a new one is
+complete) and how to go on; the tracebacks that Orbax's background threads would log about it are left
+out. The failed save's temporary directory is never taken for a checkpoint, and the next writer's start
+removes it (Orbax's cleanup of unfinished saves; threads of Orbax may write to it until then).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
-from transformer_jax.base.files import absolute
+from transformer_jax.base.files import DirectoryWatch, absolute, storage_errno, storage_error, storage_remedy
 from transformer_jax.checkpoints.integrity import (
     check_shapes,
     checkpoint_label,
     newest_intact,
     reading,
     set_aside,
+    silence_abandoned_io,
     state_checksums,
     tree_is_finite,
     unbox_saved,
@@ -67,20 +75,30 @@ class Checkpointer:
                     keep_checkpoints_without_metrics=False,
                 )
             )
-        options = ocp.CheckpointManagerOptions(
-            preservation_policy=_policies.AnyPreservationPolicy(policies),
-            enable_async_checkpointing=asynchronous,
-            # Only the writer may remove unfinished saves: a reader (eval.py during training) must not.
-            cleanup_tmp_directories=not read_only,
-            read_only=read_only,
-            create=not read_only,
-        )
+        if read_only:
+            # What Orbax's read_only=True amounts to, set one by one (read_only itself warns twice on every
+            # reader): nothing is created, unfinished saves are left to the writer (which may be mid-save),
+            # and nothing is saved or deleted (save() refuses; deleting happens only in a save).
+            options = ocp.CheckpointManagerOptions(save_interval_steps=0, create=False, cleanup_tmp_directories=False,
+                                                   enable_async_checkpointing=asynchronous)
+        else:
+            options = ocp.CheckpointManagerOptions(
+                preservation_policy=_policies.AnyPreservationPolicy(policies),
+                enable_async_checkpointing=asynchronous,
+                cleanup_tmp_directories=True,  # what a crash or a full disk left mid-save
+            )
         handlers = {
             "state": ocp.StandardCheckpointHandler(),
             "data": ocp.JsonCheckpointHandler(),
             "meta": ocp.JsonCheckpointHandler(),
         }
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+        self._faults: _StorageFaults | None = None
+        if not read_only:  # made by the manager: watched from now on
+            self._faults = _StorageFaults(DirectoryWatch(self.directory))
+            logging.getLogger("absl").addFilter(self._faults)  # the logger Orbax logs to
+        self.pending: int | None = None  # the step of the save started last, until it is waited for
+        self.failed = False  # whether the storage refused a save (raised once, as StorageError)
 
     def save(
         self,
@@ -92,23 +110,58 @@ class Checkpointer:
     ) -> bool:
         """Start saving `state` at `step` (asynchronously); refuse non-finite parameters.
 
-        Returns False (and saves nothing) when the parameters hold NaN or Inf.
+        Returns False (and saves nothing) when the parameters hold NaN or Inf. Raises StorageError when the
+        storage refuses this save or the one before it (which is waited for first).
         """
+        if self.read_only:
+            raise RuntimeError(f"{self.directory} was opened read-only: it takes no checkpoints")
         if not bool(jax.device_get(tree_is_finite(state.params))):
             return False
+        self.wait()
         ranked = metrics if metrics and self.best_metric in metrics else None
         meta = {**meta, "step": step, "metrics": metrics or {}, "checksums": state_checksums(state)}
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state),
-                data=ocp.args.JsonSave(data_state),
-                meta=ocp.args.JsonSave(meta),
-            ),
-            metrics=ranked,
-            force=True,
-        )
+        self.pending = step
+        try:
+            self.manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state),
+                    data=ocp.args.JsonSave(data_state),
+                    meta=ocp.args.JsonSave(meta),
+                ),
+                metrics=ranked,
+                force=True,
+            )
+        except Exception as error:
+            raise self._save_failed(error) from None
         return True
+
+    def wait(self) -> None:
+        """Block until pending asynchronous saves are on disk; StorageError when the storage refused one."""
+        try:
+            self.manager.wait_until_finished()
+        except Exception as error:
+            raise self._save_failed(error) from None
+        self.pending = None
+
+    def resume_advice(self, remedy: str = "free space") -> str:
+        """What a failed run keeps and how to go on: "checkpoint step 6 is kept; <remedy> and run the same command
+        again: it resumes from step 6" (pending saves are not waited for)."""
+        kept = self.latest_step()
+        if kept is None:
+            return f"no checkpoint was written yet; {remedy} and run the same command again: it starts from step 0"
+        return f"checkpoint step {kept} is kept; {remedy} and run the same command again: it resumes from step {kept}"
+
+    def _save_failed(self, error: Exception) -> Exception:
+        """What to raise for a save that failed with `error`: a StorageError when the storage refused it, else
+        `error` itself (a bug, which keeps its traceback)."""
+        step, self.pending = self.pending, None
+        silence_abandoned_io()  # the failed save's other writes are abandoned in flight
+        if storage_errno(error) is None:
+            return error
+        self.failed = True
+        return storage_error(error, f"writing checkpoint step {step} to {self.directory}",
+                             self.resume_advice(storage_remedy(error)))
 
     def steps(self) -> list[int]:
         """Complete checkpoints on disk, oldest first."""
@@ -201,11 +254,46 @@ class Checkpointer:
         saved = self.manager.item_metadata(step)["state"]
         check_shapes(getattr(saved, "tree", saved), abstract_state, self._where(step))
 
-    def wait(self) -> None:
-        """Block until pending asynchronous saves are on disk."""
-        self.manager.wait_until_finished()
-
     def close(self) -> None:
-        """Finish pending saves and release the manager."""
-        self.manager.wait_until_finished()
-        self.manager.close()
+        """Finish pending saves and release the manager.
+
+        Raises StorageError, as `wait`, when the storage refused a save, unless one was raised already.
+        """
+        try:
+            try:
+                self.manager.wait_until_finished()
+            finally:
+                self.manager.close()  # Orbax may raise a failed save (again) here
+        except Exception as error:
+            if not self.failed:
+                raise self._save_failed(error) from None
+        finally:
+            if self._faults is not None:
+                logging.getLogger("absl").removeFilter(self._faults)
+                self._faults.watch.close()
+
+
+class _StorageFaults(logging.Filter):
+    """Keeps what Orbax's threads log about a failed save to one line at most: the caller gets that failure
+    from `Checkpointer.wait`/`save`/`close`, the same exception with its traceback.
+
+    One failed save logs its traceback from every thread that waited on it (five or more). Those of a
+    save the storage refused, or whose directory vanished (`watch`), are dropped: the caller gives the
+    one line. Of any other failure only the line that names it stays.
+    """
+
+    def __init__(self, watch: DirectoryWatch) -> None:
+        super().__init__()
+        self.watch = watch
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname:
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        if storage_errno(error) is not None or storage_errno(Exception(record.getMessage())) is not None:
+            return False
+        if error is not None:
+            if self.watch.vanished():
+                return False
+            record.exc_info, record.exc_text = None, None
+        return True

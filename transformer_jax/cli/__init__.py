@@ -10,8 +10,9 @@ from transformer_jax.cli.commands import (
     initialize_distributed,
     interrupts_reported,
     parse_flags,
+    storage_named,
     training_workdir,
     user_errors,
 )
 
-__all__ = ["ClusterFlags", "define_cluster_flags", "initialize_distributed", "interrupts_reported", "parse_flags", "training_workdir", "user_errors"]
+__all__ = ["ClusterFlags", "define_cluster_flags", "initialize_distributed", "interrupts_reported", "parse_flags", "storage_named", "training_workdir", "user_errors"]

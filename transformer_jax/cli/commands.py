@@ -16,8 +16,17 @@ from absl import flags
 
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.compile_cache import default_cache_dir, use_compilation_cache
-from transformer_jax.errors import ConfigError, StorageError, UserError
-from transformer_jax.base.files import is_local, make_dirs, remove, unique_name, write_atomically
+from transformer_jax.errors import ConfigError, UserError
+from transformer_jax.base.files import (
+    is_local,
+    make_dirs,
+    remove,
+    storage_errno,
+    storage_error,
+    storage_remedy,
+    unique_name,
+    write_atomically,
+)
 from transformer_jax.cli.lock import owning
 
 # Exit status of a run stopped by a user error (bad flag, config value, data, checkpoint).
@@ -26,23 +35,6 @@ USER_ERROR_EXIT = 2
 INTERRUPTED_EXIT = 130
 # Exit status of a command stopped by SIGTERM, unless a rerun resumes it (train.py: 0).
 TERMINATED_EXIT = 143
-
-
-# OSError numbers that are the machine's storage, not a bug: a full disk or quota, a file-size limit, a
-# read-only file system, a directory removed under the run.
-STORAGE_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
-                  errno.EFBIG: "file too large for the file system or its limit", errno.EROFS: "read-only file system"}
-
-
-def storage_error(error: OSError, doing: str, after: str = "free space and run the same command again") -> StorageError | None:
-    """A StorageError line for `error` when it is a fault of the machine's storage (STORAGE_ERRNOS), else None.
-
-    `doing` says what was being written ("writing checkpoint 6"), `after` what keeps and how to go on.
-    """
-    if error.errno not in STORAGE_ERRNOS:
-        return None
-    where = f" ({error.filename})" if error.filename else ""
-    return StorageError(f"{doing}{where} failed: {STORAGE_ERRNOS[error.errno]}; {after}")
 
 
 @contextlib.contextmanager
@@ -69,6 +61,22 @@ def user_errors() -> Iterator[None]:
             raise
         print(f"error: {named}", file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)
+
+
+@contextlib.contextmanager
+def storage_named(doing: str, then: str = "run the same command again") -> Iterator[None]:
+    """A storage fault (a full disk, a quota, a read-only file system) while `doing` becomes one StorageError
+    line saying what to do and `then`; any other OSError is a bug and keeps its traceback."""
+    try:
+        yield
+    except OSError as error:
+        remedy = storage_remedy(error)
+        if storage_errno(error) == errno.EROFS and getattr(error, "filename", None):
+            remedy = f"make {os.path.dirname(error.filename)} writable"
+        named = storage_error(error, doing, f"{remedy} and {then}")
+        if named is None:
+            raise
+        raise named from None
 
 
 def _config_path(argv: list[str]) -> str | None:
@@ -254,20 +262,25 @@ def ensure_writable_workdir(workdir: str) -> list[str]:
         while not os.path.exists(missing):
             created.append(missing)
             missing = os.path.dirname(missing)
+    # Unique per process and host: hosts sharing the workdir may run processes with equal pids.
+    probe = unique_name(os.path.join(workdir, ".write_test"))
     try:
         make_dirs(workdir)
-        # Unique per process and host: hosts sharing the workdir may run processes with equal pids.
-        probe = unique_name(os.path.join(workdir, ".write_test"))
         if is_local(probe):
             with open(probe, "w") as f:
                 f.write("ok")
         else:
             write_atomically(probe, "ok")  # one object upload: no temporary object to leave behind
-        remove(probe)
     except OSError as error:
-        raise ConfigError(
+        named = storage_error(error, f"writing to the workdir {workdir}")  # a full disk: free space, same workdir
+        raise named or ConfigError(
             f"workdir {workdir} is not writable ({error.strerror or error}); choose another --workdir"
         ) from None
+    finally:
+        if is_local(probe) and os.path.lexists(probe):
+            os.remove(probe)
+    if not is_local(probe):
+        remove(probe)
     return created
 
 

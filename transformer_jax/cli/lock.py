@@ -27,7 +27,9 @@ What is guaranteed where:
 With several processes (a multi-host job) process 0 takes the lock before any process has written
 anything but its write probe, and every process learns the outcome, so all of them stop when it is refused.
 A job killed in the instant between writing the lock's temporary file and linking it leaves that
-`run.lock.new.*` file behind (harmless; delete it).
+`run.lock.new.*` file behind (harmless; delete it); a write the storage refuses (a full disk) leaves
+none, and is one StorageError line. A directory (or anything but a file) at `run.lock` is refused
+before anything is moved or written.
 """
 
 from __future__ import annotations
@@ -43,8 +45,18 @@ import time
 import uuid
 from typing import Iterator
 
-from transformer_jax.errors import CheckpointError
-from transformer_jax.base.files import is_local, read_text, remove, unique_name, write_atomically
+from transformer_jax.errors import CheckpointError, UserError
+from transformer_jax.base.files import (
+    exists,
+    is_file,
+    is_local,
+    read_text,
+    remove,
+    storage_error,
+    storage_remedy,
+    unique_name,
+    write_atomically,
+)
 from transformer_jax.base import workdir as layout
 
 HEARTBEAT_SECONDS = 30.0
@@ -133,17 +145,19 @@ def _create_exclusively(path: str, content: str) -> bool:
     """Create `path` holding `content` unless it exists; True when this call created it."""
     if is_local(path):
         temporary = unique_name(f"{path}.new")
-        with open(temporary, "w") as f:
-            f.write(content)
         try:
-            os.link(temporary, path)  # atomic, fails if `path` exists (also on NFS, unlike O_EXCL on old clients)
-            return True
-        except FileExistsError:
-            return False
-        except OSError:  # no hard links here (gcsfuse, some network filesystems): an exclusive create
-            return _create_with_o_excl(path, content)
-        finally:
-            os.unlink(temporary)
+            with open(temporary, "w") as f:
+                f.write(content)
+            try:
+                os.link(temporary, path)  # atomic, fails if `path` exists (also on NFS, unlike O_EXCL on old clients)
+                return True
+            except FileExistsError:
+                return False
+            except OSError:  # no hard links here (gcsfuse, some network filesystems): an exclusive create
+                return _create_with_o_excl(path, content)
+        finally:  # also when the temporary could not be written (a full disk)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(temporary)
     import fsspec
 
     filesystem, _ = fsspec.core.url_to_fs(path)
@@ -166,8 +180,12 @@ def _create_with_o_excl(path: str, content: str) -> bool:
         descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except FileExistsError:
         return False
-    with os.fdopen(descriptor, "w") as f:
-        f.write(content)
+    try:
+        with os.fdopen(descriptor, "w") as f:
+            f.write(content)
+    except OSError:
+        os.unlink(path)  # a lock without its content would be taken for one cut short
+        raise
     return True
 
 
@@ -204,7 +222,26 @@ class RunLock:
         self._heartbeat: threading.Thread | None = None
 
     def acquire(self) -> None:
-        """Take the lock (taking over a stale one); start the heartbeat."""
+        """Take the lock (taking over a stale one); start the heartbeat.
+
+        Raises WorkdirLockedError when another job holds it, CheckpointError when something other than a file
+        stands at its place, StorageError when the storage refuses to write it (a full disk).
+        """
+        if exists(self.path) and not is_file(self.path):  # a lock cannot be read, taken over or moved aside there
+            raise CheckpointError(
+                f"{self.path} is not a file, but a run keeps its lock in a file of that name; move it away and "
+                "run the same command again"
+            )
+        try:
+            self._take()
+        except OSError as error:
+            named = storage_error(error, f"taking the lock {self.path}",
+                                  f"{storage_remedy(error)} and run the same command again")
+            if named is None:
+                raise
+            raise named from None
+
+    def _take(self) -> None:
         for _ in range(3):  # a stale lock is moved away, then created anew; a race may need another try
             # Looking first refuses a second job even on a store that ignores the create precondition
             # (the GCS emulator of the tests); the exclusive create settles two jobs starting together.
@@ -262,26 +299,28 @@ class RunLock:
 def owning(workdir: str) -> Iterator[None]:
     """Hold `workdir`'s lock for the duration (process 0 takes it; every process learns the outcome).
 
-    Raises WorkdirLockedError on every process when another job owns the workdir.
+    Raises WorkdirLockedError on every process when another job owns the workdir (process 0 raises what
+    `RunLock.acquire` raised, the others say that process 0 names it).
     """
     import jax
 
     lock = RunLock(workdir)
-    refusal = ""
+    refusal: UserError | None = None
     if jax.process_index() == 0:
         try:
             lock.acquire()
-        except WorkdirLockedError as error:
-            refusal = str(error)
+        except UserError as error:  # another job's lock, a directory at its place, a full disk
+            refusal = error
     if jax.process_count() > 1:
         import numpy as np
         from jax.experimental import multihost_utils
 
-        refused = bool(multihost_utils.broadcast_one_to_all(np.array(bool(refusal))))
-        if refused and not refusal:
-            refusal = f"workdir {workdir} is in use by another training job (process 0 names it)"
-    if refusal:
-        raise WorkdirLockedError(refusal)
+        refused = bool(multihost_utils.broadcast_one_to_all(np.array(refusal is not None)))
+        if refused and refusal is None:
+            refusal = WorkdirLockedError(f"workdir {workdir} is in use by another training job, or its lock could "
+                                         "not be taken (process 0 names it)")
+    if refusal is not None:
+        raise refusal
     try:
         yield
     finally:

@@ -37,7 +37,19 @@ from typing import Any
 
 import numpy as np
 
-from transformer_jax.base.files import exists, is_file, is_local, list_names, make_dirs, read_bytes, read_text, write_atomically
+from transformer_jax.base.files import (
+    exists,
+    is_dir,
+    is_file,
+    is_local,
+    list_names,
+    make_dirs,
+    read_bytes,
+    read_text,
+    storage_error,
+    storage_remedy,
+    write_atomically,
+)
 from transformer_jax.data.encoded import EncodedPairs, Ragged, encode_pairs
 from transformer_jax.data.sources import Pair
 from transformer_jax.data.tokenizer import Tokenizer
@@ -231,6 +243,7 @@ def read_manifest(directory: str) -> dict[str, Any]:
     """The manifest of the prepared corpus in `directory` (DataError when there is none or it is damaged)."""
     path = os.path.join(directory, MANIFEST)
     if not is_file(path):
+        _check_owned_names(directory)
         raise DataError(f"{directory} is not a prepared corpus (no {MANIFEST}); prepare one with "
                         f"python -m transformer_jax.cli.prepare --config=... --output={directory}")
     try:
@@ -283,7 +296,21 @@ def write_prepared(directory: str, key: dict[str, Any], tokenizer_path: str, tra
 
     `tokenizer_path` is copied to the corpus unless it is already there. `train` is emptied shard by
     shard as it is handed out, so the text and the shards are never both whole in this process.
+    A write the storage refuses (a full disk) is a StorageError: what was written is no corpus until the
+    manifest is, and preparing again overwrites it.
     """
+    try:
+        return _write_prepared(directory, key, tokenizer_path, train, splits, workers, shard_pairs)
+    except OSError as error:
+        named = storage_error(error, f"preparing the corpus in {directory}",
+                              f"{storage_remedy(error)} and run the same command again: it prepares the corpus anew")
+        if named is None:
+            raise
+        raise named from None
+
+
+def _write_prepared(directory: str, key: dict[str, Any], tokenizer_path: str, train: list[Pair],
+                    splits: dict[str, list[Pair]], workers: int, shard_pairs: int) -> PreparedCorpus:
     make_dirs(directory)
     tokenizer = Tokenizer.load(tokenizer_path)
     dtype = shard_dtype(tokenizer.vocab_size)
@@ -337,7 +364,23 @@ def check_can_write(directory: str) -> None:
     """Refuse to prepare into a directory holding files that are not a prepared corpus's (nothing is overwritten)."""
     if not exists(directory):
         return
+    if not is_dir(directory):
+        raise DataError(f"{directory} is a file, not the directory a prepared corpus is; move it away and run the "
+                        f"same command again")
     others = sorted(name for name in list_names(directory) if not owned_name(name.rstrip("/")))
     if others:
         raise DataError(f"{directory} holds other files ({', '.join(others[:3])}); prepare the corpus into an "
                         f"empty or new directory")
+    _check_owned_names(directory)
+
+
+def _check_owned_names(directory: str) -> None:
+    """Refuse a corpus directory where a directory stands at the name of one of a corpus's files."""
+    if not is_dir(directory):
+        return
+    for name in sorted(name.rstrip("/") for name in list_names(directory)):
+        path = os.path.join(directory, name)
+        if owned_name(name) and is_dir(path):
+            raise DataError(f"{path} is a directory, but a prepared corpus keeps a file of that name there; move it "
+                            f"away and run the same command again (the corpus is prepared again if its "
+                            f"{MANIFEST} is missing)")

@@ -3,11 +3,17 @@
 The loop's helpers live beside it: `programs` (the run builder: state layout and jitted steps),
 `log_window` (train metrics and progress), `periodic_eval` (dev loss and BLEU), `dev_loss`, and the
 checkpoints of `transformer_jax.checkpoints` (save and resume).
+
+A run refuses a damaged workdir before writing anything (a file where a folder belongs, a damaged
+log). A write the storage refuses (a full disk, a quota, a read-only file system) or a workdir removed
+under the run stops it with one StorageError saying what is kept and how to go on; after a full disk,
+the same command resumes from the newest complete checkpoint as after any other stop.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import logging
 import time
 from typing import Any, Callable
@@ -19,13 +25,15 @@ import numpy as np
 
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.console import say
+from transformer_jax.base.files import storage_errno, storage_error, storage_remedy
 from transformer_jax.base.sharding import global_batch, make_mesh, mesh_platform
 from transformer_jax.checkpoints.manager import Checkpointer, best_metric_for
 from transformer_jax.config.schema import check_run_config, write_run_config
 from transformer_jax.data.pipeline import RunData, prepare_data
-from transformer_jax.errors import ConfigError, TrainingError
+from transformer_jax.errors import ConfigError, StorageError, TrainingError
 from transformer_jax.training.dev_loss import evaluate_loss
 from transformer_jax.training.log_window import LogWindow
+from transformer_jax.training.metrics_log import check_logs
 from transformer_jax.training.periodic_eval import PeriodicEval
 from transformer_jax.training.prefetch import Prefetcher
 from transformer_jax.training.preemption import StopAgreement, StopFlag
@@ -80,6 +88,8 @@ class Trainer:
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str, data: RunData | None = None) -> None:
         check_run_config(config)
+        layout.check_layout(workdir)  # before anything is written: a refused start leaves the workdir as it was
+        check_logs(workdir)
         self.config, self.workdir = config, workdir
         self.mesh = make_mesh(config.mesh.data, config.mesh.fsdp)
         self.data = data or prepare_data(
@@ -95,6 +105,8 @@ class Trainer:
             layout.run_path(workdir, layout.CHECKPOINTS), config.training.keep_checkpoints,
             *best_metric_for(config.training.bleu_every),
         )
+        self.workdir_watch = layout.RunWatch(workdir)  # to tell when it vanishes under the run
+        self.failed = False  # whether `run` raised
 
     def restore_latest(self) -> tuple[int, list[dict[str, Any]]]:
         """Resume from the newest checkpoint that restores intact (damaged newer ones are reported and set aside).
@@ -190,6 +202,7 @@ class Trainer:
         """
         if step == self.last_saved_step:
             return
+        self._check_workdir()  # Orbax would make a vanished workdir anew for the checkpoint
         if int(jax.device_get(self.state.consecutive_skipped)):
             logging.error("step %d: the last update was skipped (non-finite loss or gradient); "
                           "checkpoint not written", step)
@@ -206,7 +219,20 @@ class Trainer:
         return self.checkpointer.latest_step()
 
     def run(self, dev_bleu: Callable[[Any], dict[str, float]] | None = None) -> TrainState:
-        """Train to `num_train_steps`, resuming where the workdir's checkpoints left off."""
+        """Train to `num_train_steps`, resuming where the workdir's checkpoints left off.
+
+        Raises StorageError when the storage refuses a write or the workdir vanishes (see the module docstring).
+        """
+        try:
+            return self._run(dev_bleu)
+        except BaseException as error:
+            self.failed = True
+            failure = self._storage_failure(error) if isinstance(error, Exception) else None
+            if failure is None:
+                raise
+            raise failure from None
+
+    def _run(self, dev_bleu: Callable[[Any], dict[str, float]] | None) -> TrainState:
         training = self.config.training
         say(f"run directory {self.workdir}: metrics.jsonl, checkpoints/, tensorboard/ (training to step "
             f"{training.num_train_steps})")
@@ -223,43 +249,101 @@ class Trainer:
         is_writer = jax.process_index() == 0
         if is_writer:
             write_run_config(self.config, self.workdir)
+        self.workdir_watch.note_names()
         window = LogWindow(self.workdir, self.schedule, start, training.num_train_steps, open_window, is_writer)
         evaluate = PeriodicEval(training.eval_every, training.bleu_every, self.dev_loss, dev_bleu)
         stop = StopFlag()
-        must_stop = StopAgreement(stop, self.mesh)
         stop.install()
-        step = start
         try:
-            while step < training.num_train_steps:
-                window.add(self.update())
-                step += 1
-                closes_window = step % training.log_every == 0 or step == training.num_train_steps
-                if closes_window:
-                    window.close(step, self.state.skipped_updates)
-                    check_skip_streak(self.state, training.max_skipped_updates, self.newest_checkpoint)
-                metrics = evaluate(step, self.state.params, window.log)
-                saves = step % training.checkpoint_every == 0 or bool(metrics)
-                if saves:
-                    self.save(step, window.step_metrics, metrics)
-                if closes_window:
-                    window.restart_clock()  # evaluating and saving are not training time
-                if closes_window or saves:
-                    window.resume_progress()
-                if must_stop():  # every step, the same answer on every process (see StopAgreement)
-                    self.save(step, window.step_metrics)
-                    cause = f"signal {stop.signal_number}" if stop.raised else "a signal to another process"
-                    logging.warning("stopped by %s at step %d; checkpoint saved", cause, step)
-                    break
-            self.save(step, window.step_metrics)
-        finally:
-            stop.uninstall()
-            self.stop_input()
-            window.finish()
-            self.checkpointer.wait()
+            step = self._train(start, window, evaluate, stop)
+        except BaseException:
+            self._wind_down(stop, window, quietly=True)
+            raise
+        self._wind_down(stop, window, quietly=False)
         check_trained(self.state, step, self.mesh)
         return self.state
 
-    def close(self) -> None:
-        """Stop reading ahead, finish pending checkpoint writes and release the checkpoint manager."""
+    def _train(self, start: int, window: LogWindow, evaluate: PeriodicEval, stop: StopFlag) -> int:
+        """The steps from `start` on, logged, evaluated and saved; returns the step reached (early on a signal)."""
+        training = self.config.training
+        must_stop = StopAgreement(stop, self.mesh)
+        step = start
+        while step < training.num_train_steps:
+            window.add(self.update())
+            step += 1
+            closes_window = step % training.log_every == 0 or step == training.num_train_steps
+            if closes_window:
+                self._check_workdir()
+                window.close(step, self.state.skipped_updates)
+                check_skip_streak(self.state, training.max_skipped_updates, self.newest_checkpoint)
+            metrics = evaluate(step, self.state.params, window.log)
+            saves = step % training.checkpoint_every == 0 or bool(metrics)
+            if saves:
+                self.save(step, window.step_metrics, metrics)
+            if closes_window:
+                window.restart_clock()  # evaluating and saving are not training time
+            if closes_window or saves:
+                window.resume_progress()
+            if must_stop():  # every step, the same answer on every process (see StopAgreement)
+                self.save(step, window.step_metrics)
+                cause = f"signal {stop.signal_number}" if stop.raised else "a signal to another process"
+                logging.warning("stopped by %s at step %d; checkpoint saved", cause, step)
+                break
+        self.save(step, window.step_metrics)
+        return step
+
+    def _wind_down(self, stop: StopFlag, window: LogWindow, quietly: bool) -> None:
+        """Give the signals back, stop reading ahead, close the log and finish pending saves.
+
+        `quietly` when training failed: a failure here (the same full disk) would only hide that first one.
+        """
+        stop.uninstall()
         self.stop_input()
-        self.checkpointer.close()
+        for finish in (window.finish, self.checkpointer.wait):
+            try:
+                finish()
+            except Exception:
+                if not quietly:
+                    raise
+
+    def _check_workdir(self) -> None:
+        """Raise FileNotFoundError when the workdir the run started in, or what it held then, is gone."""
+        if self.workdir_watch.vanished():
+            raise FileNotFoundError(errno.ENOENT, "the workdir vanished", self.workdir)
+
+    def _storage_failure(self, error: Exception) -> StorageError | None:
+        """The one line for `error` when the storage refused a write or the workdir vanished; None: a bug (or a
+        user error of its own), raised as it is."""
+        vanished = self.workdir_watch.vanished(patience=3.0)  # `error` may be a write that found its file gone
+        if vanished:
+            self._settle_saves()
+            return StorageError(
+                f"{vanished} vanished while the run was writing it (deleted or unmounted); restore it and run the "
+                "same command again to resume, or remove the workdir and run the same command to start over"
+            )
+        if isinstance(error, StorageError):
+            return error  # the checkpointer's: it names the step and what is kept
+        if storage_errno(error) is None:
+            return None
+        self._settle_saves()  # so what the message says is kept is on disk
+        return storage_error(error, "writing", self.checkpointer.resume_advice(storage_remedy(error)))
+
+    def _settle_saves(self) -> None:
+        """Let pending checkpoint saves finish; one that fails is not reported: the failure at hand is."""
+        try:
+            self.checkpointer.wait()
+        except Exception:  # noqa: BLE001 - see the docstring
+            pass
+
+    def close(self) -> None:
+        """Stop reading ahead, finish pending checkpoint writes and release the checkpoint manager and the workdir.
+
+        After a failed `run`, what the checkpointer raises here is left out: it would hide that failure.
+        """
+        self.stop_input()
+        self.workdir_watch.close()
+        try:
+            self.checkpointer.close()
+        except Exception:
+            if not self.failed:
+                raise

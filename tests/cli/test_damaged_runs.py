@@ -1,0 +1,128 @@
+"""A catalogue of damaged or mistyped run directories given to train.py, and what a reader of a run leaves alone.
+
+Every row, run as the real command line, expects exit status 2, exactly one `error: ...` line naming the file
+and its repair, no traceback, and the damaged workdir left as it was, byte for byte and folder for folder (the
+refusal comes before anything is written: base.workdir.check_layout, the logs' check, the lock's own). The
+rows run in one process (runs.run_rows).
+"""
+
+import logging
+import pathlib
+import shutil
+
+import pytest
+
+from runs import assert_one_line_error, copy_run, run_rows, snapshot
+from transformer_jax.checkpoints.manager import Checkpointer
+
+# Bytes no UTF-8 text holds, across several lines: as a bad disk or a stray `cat` leaves them.
+GARBAGE = b"\xff\xfe\x00garbage\n\x80\x81\n\xc3"
+
+
+def append(path: pathlib.Path, content: bytes) -> None:
+    with open(path, "ab") as file:
+        file.write(content)
+
+
+def replace_line(path: pathlib.Path, number: int, content: bytes) -> None:
+    lines = path.read_bytes().split(b"\n")
+    lines[number - 1] = content
+    path.write_bytes(b"\n".join(lines))
+
+
+def file_for_folder(workdir: pathlib.Path, name: str) -> None:
+    shutil.rmtree(workdir / name, ignore_errors=True)
+    (workdir / name).write_text("not a folder")
+
+
+def folder_for_file(workdir: pathlib.Path, name: str) -> None:
+    (workdir / name).unlink()
+    (workdir / name).mkdir()
+
+
+# (row, how the copy of the trained run is damaged, fragments of the error line: the file, then the repair)
+ROWS = [
+    ("garbage appended to metrics.jsonl", lambda w: append(w / "metrics.jsonl", GARBAGE),
+     ["metrics.jsonl is damaged: line 9 is not a JSON record (byte 0xff at column 1 is not UTF-8 text)",
+      "delete that line and any damaged ones after it, or restore the file"]),
+    ("a line of timing.jsonl overwritten", lambda w: replace_line(w / "timing.jsonl", 3, b"x" * 40),
+     ["timing.jsonl is damaged: line 3 is not a JSON record (Expecting value at column 1)", "delete that line"]),
+    ("a metrics record without its step", lambda w: replace_line(w / "metrics.jsonl", 2, b'{"loss": 1.0}'),
+     ["metrics.jsonl is damaged: line 2 is not a JSON record (no integer step)"]),
+    ("checkpoints is a file", lambda w: file_for_folder(w, "checkpoints"),
+     ["/checkpoints is a file, but a run keeps its checkpoints in a directory of that name", "move it away"]),
+    ("tensorboard is a file", lambda w: file_for_folder(w, "tensorboard"),
+     ["/tensorboard is a file, but a run keeps its TensorBoard events in a directory", "move it away"]),
+    ("plots is a file", lambda w: file_for_folder(w, "plots"),
+     ["/plots is a file, but a run keeps its figures in a directory", "move it away"]),
+    ("eval is a file", lambda w: file_for_folder(w, "eval"),
+     ["/eval is a file, but a run keeps its evaluations in a directory", "move it away"]),
+    ("corpus is a file", lambda w: file_for_folder(w, "corpus"),
+     ["/corpus is a file, but a run keeps its prepared corpus in a directory", "move it away"]),
+    ("metrics.jsonl is a directory", lambda w: folder_for_file(w, "metrics.jsonl"),
+     ["/metrics.jsonl is a directory, but a run keeps its metrics in a file", "move it away"]),
+    ("config.json is a directory", lambda w: folder_for_file(w, "config.json"),
+     ["/config.json is a directory, but a run keeps its settings in a file", "move it away"]),
+    ("corpus/manifest.json is a directory", lambda w: folder_for_file(w, "corpus/manifest.json"),
+     ["corpus/manifest.json is a directory, but a prepared corpus keeps a file of that name", "move it away",
+      "the corpus is prepared again if its manifest.json is missing"]),
+    ("run.lock is a directory", lambda w: (w / "run.lock").mkdir(),
+     ["/run.lock is not a file, but a run keeps its lock in a file of that name", "move it away"]),
+]
+
+
+def tree(directory: pathlib.Path) -> tuple[dict[str, str], list[str]]:
+    """Every file's bytes (as snapshot) and every folder's name under `directory`."""
+    return snapshot(directory), sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_dir())
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory, trained_run):
+    """Each ROWS command on its damaged copy, the copies before and after; then one crash-cut log that resumes."""
+    directory = tmp_path_factory.mktemp("damaged_runs")
+    workdirs = []
+    for index, (_, damage, _) in enumerate(ROWS):
+        workdirs.append(copy_run(trained_run, directory / f"run{index}"))
+        damage(workdirs[-1])
+    cut = copy_run(trained_run, directory / "cut")  # as a crash writing step 5's record leaves it
+    shutil.rmtree(cut / "checkpoints" / "6")
+    lines = (cut / "metrics.jsonl").read_bytes().splitlines(keepends=True)
+    kept = [line for line in lines if b'"step": 5,' not in line and b'"step": 6,' not in line]
+    (cut / "metrics.jsonl").write_bytes(b"".join(kept) + lines[len(kept)][:30])
+    before = [tree(workdir) for workdir in workdirs]
+    command_lines = [[f"--config={trained_run['config']}", f"--workdir={workdir}",
+                      "--config.training.num_train_steps=8"] for workdir in workdirs]
+    command_lines.append([f"--config={trained_run['config']}", f"--workdir={cut}"])
+    done = run_rows("train.py", command_lines, directory)
+    return {"rows": dict(zip([row[0] for row in ROWS], done)), "resumed": done[-1], "cut": cut,
+            "before": dict(zip([row[0] for row in ROWS], before)),
+            "after": dict(zip([row[0] for row in ROWS], [tree(workdir) for workdir in workdirs]))}
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row[0] for row in ROWS])
+def test_train_py_refuses_a_damaged_run_with_one_line_and_changes_nothing(results, row):
+    name, _, fragments = row
+    assert_one_line_error(results["rows"][name], *fragments)
+    assert "Exception" not in results["rows"][name].stderr
+    assert results["after"][name] == results["before"][name]
+
+
+def test_a_log_line_cut_short_by_a_crash_is_dropped_and_the_resume_writes_it_again(results, trained_run):
+    resumed = results["resumed"]
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (results["cut"] / "metrics.jsonl").read_bytes() == (trained_run["workdir"] / "metrics.jsonl").read_bytes()
+
+
+def test_reading_a_run_changes_nothing_and_warns_about_nothing(trained_run, tmp_path, caplog):
+    workdir = copy_run(trained_run, tmp_path / "run")
+    (workdir / "checkpoints" / "8.orbax-checkpoint-tmp-1234").mkdir()  # a save the writer has under way
+    before = tree(workdir)
+    with caplog.at_level(logging.INFO):
+        reader = Checkpointer(str(workdir / "checkpoints"), read_only=True)
+        assert reader.steps() == [4, 6]
+        reader.restore_params(6)
+        with pytest.raises(RuntimeError, match="read-only"):
+            reader.save(8, None, {}, {})
+        reader.close()
+    assert not [record for record in caplog.records if record.levelno >= logging.WARNING], caplog.text
+    assert tree(workdir) == before
