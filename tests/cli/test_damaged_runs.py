@@ -6,6 +6,7 @@ refusal comes before anything is written: base.workdir.check_layout, the logs' c
 rows run in one process (runs.run_rows).
 """
 
+import json
 import logging
 import pathlib
 import shutil
@@ -28,6 +29,11 @@ def replace_line(path: pathlib.Path, number: int, content: bytes) -> None:
     lines = path.read_bytes().split(b"\n")
     lines[number - 1] = content
     path.write_bytes(b"\n".join(lines))
+
+
+def edit_json(path: pathlib.Path, change) -> None:
+    """Rewrite the JSON file at `path` as `change(its content)` returns it."""
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
 
 
 def file_for_folder(workdir: pathlib.Path, name: str) -> None:
@@ -68,6 +74,34 @@ ROWS = [
       "the corpus is prepared again if its manifest.json is missing"]),
     ("run.lock is a directory", lambda w: (w / "run.lock").mkdir(),
      ["/run.lock is not a file, but a run keeps its lock in a file of that name", "move it away"]),
+    ("garbage appended to timing.jsonl", lambda w: append(w / "timing.jsonl", GARBAGE),
+     ["timing.jsonl is damaged: line", "is not a JSON record (byte 0xff", "delete that line"]),
+    # The dev and test splits are checked when the run starts, not when they are first translated or scored.
+    ("a dev pair with one side", lambda w: (w / "corpus" / "dev.json").write_text('[["a"]]'),
+     ['corpus/dev.json is damaged (pair 1 is ["a"], not [source, target] texts)', "prepare it again"]),
+    ("a dev pair of numbers", lambda w: (w / "corpus" / "dev.json").write_text("[[1, 2]]"),
+     ["corpus/dev.json is damaged (pair 1 is [1, 2], not [source, target] texts)", "prepare it again"]),
+    ("an empty test split", lambda w: (w / "corpus" / "test.json").write_text("[]"),
+     ["corpus/test.json is damaged (it holds no pairs)", "prepare it again"]),
+    # A well-formed data position of another seed is a changed config, not a damaged checkpoint.
+    ("the data position of another seed", lambda w: edit_json(w / "checkpoints/6/data/metadata",
+                                                              lambda d: {**d, "seed": 1}),
+     ["training.seed=0 differs from the 1 the run's data position was saved with", "--config.training.seed=1"]),
+]
+
+# (row, how the newest checkpoint's data-iterator or meta record is damaged, what the warning names): the
+# checkpoint is set aside with one warning line and the run resumes from the one before.
+DAMAGED_RECORDS = [
+    ("data record without its fields", lambda w: (w / "checkpoints/6/data/metadata").write_text('{"seed": 0}'),
+     "its data-iterator record is malformed (epoch is null, not a count)"),
+    ("data record a list", lambda w: (w / "checkpoints/6/data/metadata").write_text("[]"),
+     "its data record is a JSON list, not an object"),
+    ("data position not a number", lambda w: edit_json(w / "checkpoints/6/data/metadata",
+                                                      lambda d: {**d, "position": "x"}),
+     'its data-iterator record is malformed (position is "x", not a count)'),
+    ("open window garbage", lambda w: edit_json(w / "checkpoints/6/meta/metadata",
+                                               lambda m: {**m, "open_window": "garbage"}),
+     "its meta record is malformed (open_window is a JSON str, not a list of step metrics)"),
 ]
 
 
@@ -90,11 +124,19 @@ def results(tmp_path_factory, trained_run):
     kept = [line for line in lines if b'"step": 5,' not in line and b'"step": 6,' not in line]
     (cut / "metrics.jsonl").write_bytes(b"".join(kept) + lines[len(kept)][:30])
     before = [tree(workdir) for workdir in workdirs]
+    damaged = []
+    for index, (_, damage, _) in enumerate(DAMAGED_RECORDS):
+        damaged.append(copy_run(trained_run, directory / f"record{index}"))
+        damage(damaged[-1])
     command_lines = [[f"--config={trained_run['config']}", f"--workdir={workdir}",
-                      "--config.training.num_train_steps=8"] for workdir in workdirs]
+                      "--config.training.num_train_steps=8"] for workdir in workdirs + damaged]
+    # Step 1's update leaves huge (finite) parameters, every later one is skipped: no final state to score.
+    command_lines.append([f"--config={trained_run['config']}", f"--workdir={directory / 'diverged'}",
+                          "--config.training.learning_rate_scale=1e10"])
     command_lines.append([f"--config={trained_run['config']}", f"--workdir={cut}"])
     done = run_rows("train.py", command_lines, directory)
     return {"rows": dict(zip([row[0] for row in ROWS], done)), "resumed": done[-1], "cut": cut,
+            "records": dict(zip([row[0] for row in DAMAGED_RECORDS], done[len(ROWS):])), "diverged": done[-2],
             "before": dict(zip([row[0] for row in ROWS], before)),
             "after": dict(zip([row[0] for row in ROWS], [tree(workdir) for workdir in workdirs]))}
 
@@ -105,6 +147,25 @@ def test_train_py_refuses_a_damaged_run_with_one_line_and_changes_nothing(result
     assert_one_line_error(results["rows"][name], *fragments)
     assert "Exception" not in results["rows"][name].stderr
     assert results["after"][name] == results["before"][name]
+
+
+@pytest.mark.parametrize("row", DAMAGED_RECORDS, ids=[row[0] for row in DAMAGED_RECORDS])
+def test_a_damaged_data_or_meta_record_sets_the_checkpoint_aside_and_resumes_from_the_one_before(results, row):
+    name, _, problem = row
+    resumed = results["records"][name]
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "Traceback" not in resumed.stderr and "error:" not in resumed.stderr, resumed.stderr[-3000:]
+    about_it = [line for line in resumed.stderr.splitlines() if "checkpoints/6" in line]
+    assert len(about_it) == 1, resumed.stderr[-3000:]
+    assert problem in about_it[0] and "checkpoints.corrupt/6" in about_it[0], about_it[0]
+    assert "resuming from step 4" in about_it[0], about_it[0]
+
+
+def test_a_run_whose_last_updates_were_skipped_stops_with_one_line_and_no_score(results):
+    diverged = results["diverged"]
+    assert_one_line_error(diverged, "the last 5 of 6 updates had a non-finite loss or gradient and were skipped",
+                          "(no checkpoint was written)", "lower training.learning_rate_scale")
+    assert "SacreBLEU" not in diverged.stdout + diverged.stderr
 
 
 def test_a_log_line_cut_short_by_a_crash_is_dropped_and_the_resume_writes_it_again(results, trained_run):

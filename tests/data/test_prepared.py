@@ -195,3 +195,22 @@ def test_text_tsv_and_tfds_prepare_the_same_way_and_read_back_their_training_pai
     for side in ("source", "target"):
         assert [getattr(got, side)[i].tolist() for i in range(len(train))] == [
             getattr(encoded, side)[i].tolist() for i in range(len(train))]
+
+
+def test_prepare_cli_given_a_file_or_a_path_under_one_refuses_with_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from runs import ROOT, assert_one_line_error, script_env, snapshot
+
+    (tmp_path / "a_file").write_text("not a directory")
+    before = snapshot(tmp_path)
+    for output, fragments in [("a_file", ["a_file is a file, not the directory a prepared corpus is",
+                                          "choose another directory"]),
+                              ("a_file/corpus", ["a_file is a file, so the prepared corpus cannot be made at",
+                                                 "choose a directory that is not under a file"])]:
+        result = subprocess.run([sys.executable, "-m", "transformer_jax.cli.prepare", "--config=configs/smoke.py",
+                                 f"--output={tmp_path / output}"], cwd=ROOT, env=script_env(), capture_output=True,
+                                text=True, timeout=300)
+        assert_one_line_error(result, *fragments)
+    assert snapshot(tmp_path) == before

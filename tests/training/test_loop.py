@@ -182,11 +182,18 @@ def test_a_run_with_every_update_skipped_or_parameters_not_finite_is_not_scored(
     """What train.py checks before the test translation (check_trained, after the loop)."""
     from transformer_jax.training.loop import check_trained
 
-    state = type("State", (), {"skipped_updates": np.int32(4), "params": {"w": np.ones(2)}})()
+    state = type("State", (), {"skipped_updates": np.int32(4), "consecutive_skipped": np.int32(4),
+                               "params": {"w": np.ones(2)}})()
     with pytest.raises(TrainingError, match="all 4 updates had a non-finite loss or gradient"):
         check_trained(state, 4)
-    state.skipped_updates = np.int32(3)
-    check_trained(state, 4)  # one update went through: trained
+    state.skipped_updates = state.consecutive_skipped = np.int32(3)
+    # The first update went through, the last three were skipped: the final state is not saved, nothing to score.
+    with pytest.raises(TrainingError, match=r"the last 3 of 4 updates .* \(the last good checkpoint, step 2, is kept"):
+        check_trained(state, 4, newest_checkpoint=lambda: 2)
+    with pytest.raises(TrainingError, match=r"\(no checkpoint was written\)"):
+        check_trained(state, 4)
+    state.consecutive_skipped = np.int32(0)
+    check_trained(state, 4)  # the last update went through: trained
     state.params = {"w": np.array([1.0, np.nan])}
     with pytest.raises(TrainingError, match="parameters at step 4 are not finite"):
         check_trained(state, 4)

@@ -91,6 +91,13 @@ def verify_checksums(restored: Any, saved: dict[str, int], where: str, prefix: s
             raise CorruptCheckpointError(f"{where}: array {key} does not match its checksum")
 
 
+def check_record(record: Any, name: str, where: str) -> None:
+    """Raise CorruptCheckpointError when the `name` record (data, meta) of a checkpoint is not a JSON object."""
+    if not isinstance(record, dict):
+        raise CorruptCheckpointError(f"{where} is damaged: its {name} record is a JSON {type(record).__name__}, "
+                                     "not an object")
+
+
 @jax.jit
 def tree_is_finite(tree: Any) -> jax.Array:
     """True when every element of every leaf is finite."""

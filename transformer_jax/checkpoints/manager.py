@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import orbax.checkpoint as ocp
@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 from transformer_jax.base.files import DirectoryWatch, absolute, storage_errno, storage_error, storage_remedy
 from transformer_jax.checkpoints.integrity import (
     check_shapes,
+    check_record,
     checkpoint_label,
     newest_intact,
     reading,
@@ -37,8 +38,12 @@ from transformer_jax.checkpoints.integrity import (
     unbox_saved,
     verify_checksums,
 )
+from transformer_jax.errors import CorruptCheckpointError
 
 _policies = ocp.checkpoint_managers.preservation_policy
+
+# What a caller checks a checkpoint's records with: (data_state, meta) -> what is wrong with them, or None.
+RecordCheck = Callable[[dict[str, Any], dict[str, Any]], "str | None"]
 
 
 def best_metric_for(bleu_every: int) -> tuple[str, str]:
@@ -187,11 +192,14 @@ class Checkpointer:
                 ranked.append((value if self.best_mode == "max" else -value, step))
         return max(ranked)[1] if ranked else None
 
-    def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    def restore(self, step: int, abstract_state: Any,
+                check_records: RecordCheck | None = None) -> tuple[Any, dict[str, Any], dict[str, Any]]:
         """(state, data_state, meta) of `step`, placed as `abstract_state`'s shardings say.
 
         Raises ShapeMismatchError when the saved shapes differ from `abstract_state`'s, and
-        CorruptCheckpointError when the directory cannot be read back intact.
+        CorruptCheckpointError when the directory cannot be read back intact: an array that fails its
+        checksum, or a data or meta record that is not a JSON object or that `check_records(data_state,
+        meta)` finds malformed (it returns what is wrong, or None).
         """
         with reading(self._where(step)):
             self._check_shapes(step, abstract_state)
@@ -203,18 +211,25 @@ class Checkpointer:
                     meta=ocp.args.JsonRestore(),
                 ),
             )
+            check_record(restored["meta"], "meta", self._where(step))
+            check_record(restored["data"], "data", self._where(step))
             verify_checksums(restored["state"], restored["meta"].get("checksums", {}), self._where(step))
+            problem = check_records(restored["data"], restored["meta"]) if check_records else None
+            if problem:
+                raise CorruptCheckpointError(f"{self._where(step)} is damaged: {problem}")
         return restored["state"], restored["data"], restored["meta"]
 
-    def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any], dict[str, Any]] | None:
-        """(step, state, data_state, meta) of the newest checkpoint that restores intact; None if there is none.
+    def restore_latest(self, abstract_state: Any, check_records: RecordCheck | None = None
+                       ) -> tuple[int, Any, dict[str, Any], dict[str, Any]] | None:
+        """(step, state, data_state, meta) of the newest checkpoint that restores intact (see `restore` for
+        `check_records`); None if there is none.
 
         Newer checkpoints that cannot be read back are reported (one warning line each), and the writer
         moves them aside to `<directory>.corrupt/` (kept for inspection, and out of the way of the steps
         saved again).
         When none can be restored, nothing is moved and CheckpointError says so.
         """
-        found = newest_intact(self.directory, reversed(self.steps()), lambda step: self.restore(step, abstract_state))
+        found = newest_intact(self.directory, reversed(self.steps()), lambda step: self.restore(step, abstract_state, check_records))
         if found is None:
             return None
         step, (state, data_state, meta), unreadable = found

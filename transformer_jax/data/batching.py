@@ -20,6 +20,7 @@ global batch (the blocks in process order) is the batch a single process would r
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import threading
 from collections.abc import Sequence
@@ -374,10 +375,30 @@ class BatchIterator:
         return {"seed": self.seed, "epoch": self.epoch, "position": self.position,
                 "num_examples": len(self.corpus), "layout": self.layout()}
 
+    @staticmethod
+    def state_problem(state: object) -> str | None:
+        """What makes `state` no record `get_state` could have written (a damaged checkpoint); None: well-formed.
+
+        Only the shape and types are checked: a record of another seed or corpus is `set_state`'s refusal.
+        """
+        count = lambda value: isinstance(value, int) and not isinstance(value, bool) and value >= 0
+        if not isinstance(state, dict):
+            return f"it is a JSON {type(state).__name__}, not an object"
+        for key in ("seed", "epoch", "position", "num_examples"):
+            if not count(state.get(key)):
+                return f"{key} is {json.dumps(state.get(key))[:40]}, not a count"
+        layout = state.get("layout", {"pack": False, "batch_shapes": []})
+        shapes = layout.get("batch_shapes") if isinstance(layout, dict) else None
+        if not (isinstance(layout, dict) and isinstance(layout.get("pack"), bool) and isinstance(shapes, list)
+                and all(isinstance(shape, list) and len(shape) == 2 and all(map(count, shape)) for shape in shapes)):
+            return "its layout is not {pack, batch_shapes: [[rows, length], ...], ...}"
+        return None
+
     def set_state(self, state: dict[str, object]) -> None:
         """Continue from a state saved by `get_state` (same corpus and seed, epochs planned alike).
 
-        A state without "layout" (saved before it was recorded) is taken as planned alike.
+        A state without "layout" (saved before it was recorded) is taken as planned alike. Its shape is
+        `state_problem`'s to check (a restore does, before calling this).
         """
         if state["seed"] != self.seed:
             raise DataError(f"training.seed={self.seed} differs from the {state['seed']} the run's data position was "

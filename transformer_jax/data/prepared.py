@@ -219,10 +219,26 @@ def read_split(directory: str, name: str) -> list[Pair]:
     """The dev or test pairs of the prepared corpus in `directory` (its index and shards are not read)."""
     path = os.path.join(directory, f"{name}.json")
     try:
-        return [tuple(pair) for pair in json.loads(read_text(path))]  # type: ignore[misc]
+        pairs = json.loads(read_text(path))
     except (OSError, ValueError) as error:
         raise DataError(f"{path} cannot be read ({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
                         f"{_fix(directory)}") from None
+    problem = _split_problem(pairs)
+    if problem:  # a damaged file would fail only when encoded or scored, the test split after training
+        raise DataError(f"{path} is damaged ({problem}); {_fix(directory)}")
+    return [tuple(pair) for pair in pairs]
+
+
+def _split_problem(pairs: Any) -> str | None:
+    """What is wrong with a dev/test split read from JSON (None: a non-empty list of [source, target] texts)."""
+    if not isinstance(pairs, list):
+        return f"it holds a JSON {type(pairs).__name__}, not a list of [source, target] pairs"
+    if not pairs:
+        return "it holds no pairs"
+    for number, pair in enumerate(pairs, start=1):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(side, str) for side in pair)):
+            return f"pair {number} is {json.dumps(pair)[:60]}, not [source, target] texts"
+    return None
 
 
 def _shard_bounds(manifest: dict[str, Any]) -> list[tuple[int, int]]:
@@ -361,12 +377,19 @@ def finish_prepared(directory: str, key: dict[str, Any], tokenizer: Tokenizer, n
 
 
 def check_can_write(directory: str) -> None:
-    """Refuse to prepare into a directory holding files that are not a prepared corpus's (nothing is overwritten)."""
+    """Refuse to prepare into a directory holding files that are not a prepared corpus's (nothing is overwritten),
+    or one that cannot be made (a file stands where it or a folder above it belongs)."""
     if not exists(directory):
+        parent = os.path.dirname(directory.rstrip("/"))
+        while is_local(directory) and parent and not exists(parent) and parent != os.path.dirname(parent):
+            parent = os.path.dirname(parent)
+        if is_local(directory) and parent and exists(parent) and not is_dir(parent):
+            raise DataError(f"{parent} is a file, so the prepared corpus cannot be made at {directory}; choose "
+                            f"a directory that is not under a file")
         return
     if not is_dir(directory):
-        raise DataError(f"{directory} is a file, not the directory a prepared corpus is; move it away and run the "
-                        f"same command again")
+        raise DataError(f"{directory} is a file, not the directory a prepared corpus is; move it away or choose "
+                        f"another directory")
     others = sorted(name for name in list_names(directory) if not owned_name(name.rstrip("/")))
     if others:
         raise DataError(f"{directory} holds other files ({', '.join(others[:3])}); prepare the corpus into an "

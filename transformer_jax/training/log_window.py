@@ -30,6 +30,22 @@ def summarize_window(fetched: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+# What every step's metrics hold (what summarize_window and window_timing read).
+STEP_KEYS = ("loss", "nll", "accuracy", "grad_norm", "update_skipped", "tokens")
+
+
+def open_window_problem(open_window: object) -> str | None:
+    """What makes a checkpoint's saved open window unusable (a damaged record); None: a list of step metrics."""
+    if not isinstance(open_window, list):
+        return f"open_window is a JSON {type(open_window).__name__}, not a list of step metrics"
+    for number, metrics in enumerate(open_window, start=1):
+        if not (isinstance(metrics, dict) and all(
+                isinstance(metrics.get(key), (int, float)) and not isinstance(metrics.get(key), bool)
+                for key in STEP_KEYS)):
+            return f"open_window entry {number} is not a step's metrics ({', '.join(STEP_KEYS)})"
+    return None
+
+
 def window_timing(fetched: list[dict[str, Any]], seconds: float) -> dict[str, float]:
     """Throughput of the log window: target tokens per second and seconds per step (wall clock)."""
     tokens = float(np.sum([float(m["tokens"]) for m in fetched]))

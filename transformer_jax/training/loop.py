@@ -32,7 +32,7 @@ from transformer_jax.config.schema import check_run_config, write_run_config
 from transformer_jax.data.pipeline import RunData, prepare_data
 from transformer_jax.errors import ConfigError, StorageError, TrainingError
 from transformer_jax.training.dev_loss import evaluate_loss
-from transformer_jax.training.log_window import LogWindow
+from transformer_jax.training.log_window import LogWindow, open_window_problem
 from transformer_jax.training.metrics_log import check_logs
 from transformer_jax.training.periodic_eval import PeriodicEval
 from transformer_jax.training.prefetch import Prefetcher
@@ -49,18 +49,23 @@ def check_skip_streak(state: TrainState, max_skipped_updates: int,
     """
     streak = int(jax.device_get(state.longest_skip_streak))
     if streak >= max_skipped_updates:
-        kept_step = newest_checkpoint()
-        kept = (f"the last good checkpoint, step {kept_step}, is kept" if kept_step is not None
-                else "no checkpoint was written")
         raise TrainingError(
             f"{streak} updates in a row had a non-finite loss or gradient and were skipped; "
-            f"lower training.learning_rate_scale or set training.grad_clip_norm ({kept})"
+            f"lower training.learning_rate_scale or set training.grad_clip_norm ({_kept(newest_checkpoint())})"
         )
 
 
-def check_trained(state: TrainState, step: int, mesh: jax.sharding.Mesh | None = None) -> None:
-    """Raise TrainingError when the run has nothing trained to score: every update skipped, or parameters
-    that are not finite (a test BLEU of such a model would be reported as if it meant something).
+def _kept(kept_step: int | None) -> str:
+    """What a stopped run keeps: its newest checkpoint on disk (None: there is none)."""
+    return (f"the last good checkpoint, step {kept_step}, is kept" if kept_step is not None
+            else "no checkpoint was written")
+
+
+def check_trained(state: TrainState, step: int, mesh: jax.sharding.Mesh | None = None,
+                  newest_checkpoint: Callable[[], int | None] = lambda: None) -> None:
+    """Raise TrainingError when the run has nothing trained to score: every update skipped, parameters
+    that are not finite, or final updates skipped (the state they end in is not saved); a test BLEU of such a
+    model would be reported as if it meant something. The message names `newest_checkpoint()`.
 
     With several processes every one of them calls this: the finiteness is one jitted reduction whose
     replicated result each process reads from its own devices (no process waits alone in a collective).
@@ -76,6 +81,13 @@ def check_trained(state: TrainState, step: int, mesh: jax.sharding.Mesh | None =
     if not bool(np.asarray(_local(all_finite))):
         raise TrainingError(f"the parameters at step {step} are not finite; the run cannot be scored: restart from an "
                             "earlier checkpoint with a lower training.learning_rate_scale")
+    trailing = int(np.asarray(_local(state.consecutive_skipped)))
+    if trailing:  # the state is not saved while updates are skipped (Trainer.save): nothing to resume or score
+        raise TrainingError(
+            f"the last {trailing} of {step} updates had a non-finite loss or gradient and were skipped, so step {step} "
+            f"was not saved and the run cannot be scored ({_kept(newest_checkpoint())}); lower "
+            "training.learning_rate_scale or set training.grad_clip_norm"
+        )
 
 
 def _local(value: Any) -> Any:
@@ -114,7 +126,7 @@ class Trainer:
         Returns the step to continue from and the per-step metrics of the log window that was open
         when the checkpoint was saved, so the next log line covers the same steps as without a stop.
         """
-        restored = self.checkpointer.restore_latest(self.programs.abstract_state)
+        restored = self.checkpointer.restore_latest(self.programs.abstract_state, self._record_problem)
         if restored is None:
             return 0, []
         step, self.state, data_state, meta = restored
@@ -122,6 +134,14 @@ class Trainer:
         self.data.train.set_state(data_state)
         say(f"resumed from {self.checkpointer.directory}/{step}")
         return step, meta.get("open_window", [])
+
+    def _record_problem(self, data_state: dict[str, Any], meta: dict[str, Any]) -> str | None:
+        """What is malformed in a checkpoint's data position or open log window (a damaged checkpoint); None: fine."""
+        problem = self.data.train.state_problem(data_state)
+        if problem:
+            return f"its data-iterator record is malformed ({problem})"
+        problem = open_window_problem(meta.get("open_window", []))
+        return f"its meta record is malformed ({problem})" if problem else None
 
     def update(self) -> dict[str, jax.Array]:
         """One optimizer update from `accumulation_steps` micro-batches; returns its metrics (on device).
@@ -260,7 +280,7 @@ class Trainer:
             self._wind_down(stop, window, quietly=True)
             raise
         self._wind_down(stop, window, quietly=False)
-        check_trained(self.state, step, self.mesh)
+        check_trained(self.state, step, self.mesh, self.newest_checkpoint)
         return self.state
 
     def _train(self, start: int, window: LogWindow, evaluate: PeriodicEval, stop: StopFlag) -> int:
