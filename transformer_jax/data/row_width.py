@@ -46,7 +46,7 @@ import dataclasses
 
 import numpy as np
 
-from transformer_jax.data.batching import first_fit
+from transformer_jax.data.epoch_plan import first_fit
 from transformer_jax.data.encoded import EncodedPairs
 from transformer_jax.data.shapes import WIDTH_MULTIPLE, length_buckets, round_width
 from transformer_jax.model.config import TransformerConfig

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from transformer_jax.data.batching import Batch, place_sequences
+from transformer_jax.data.epoch_plan import Batch, place_sequences
 from transformer_jax.data.encoded import EncodedPairs
 from transformer_jax.data.shapes import TRANSLATION_BUCKETS, round_rows, translation_rows, translation_widths
 

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer_jax.data.batching import Batch, materialize, plan_packed
+from transformer_jax.data.epoch_plan import Batch, materialize, plan_packed
 from transformer_jax.data.encoded import EncodedPairs
 from transformer_jax.data.shapes import loss_widths, round_rows
 from transformer_jax.base.sharding import batch_sharding
