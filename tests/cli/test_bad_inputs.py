@@ -441,6 +441,17 @@ def test_sigterm_during_eval_py_says_what_was_finished_and_exits_143(setup):
     assert read_owner(str(setup["owned"] / layout.LOCK)).pid == 4242
 
 
+def test_bfloat16_parameters_train_save_and_score_through_the_command_line(setup, tmp_path):
+    # model.param_dtype=bfloat16 is documented; its compiled step failed (gradients promoted to float32).
+    result = run_script("train.py", f"--config={setup['config']}", f"--workdir={tmp_path / 'run'}",
+                        "--config.model.param_dtype=bfloat16", "--config.training.num_train_steps=2",
+                        "--config.training.eval_every=0", "--config.training.checkpoint_every=2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "test SacreBLEU" in result.stdout
+    params = Checkpointer(str(tmp_path / "run" / "checkpoints"), read_only=True).restore_params(2)
+    assert {np.asarray(leaf).dtype.name for leaf in jax.tree.leaves(params)} == {"bfloat16"}
+
+
 def test_a_run_trained_with_cudnn_attention_evaluates_on_a_cpu(setup, tmp_path):
     # A GPU run (model.attention_backend=cudnn) copied to a machine without cuDNN: eval.py decodes and
     # scores it with the same attention computed by XLA ("fused"), the parameters being the same.
