@@ -112,7 +112,13 @@ def main(argv: list[str]) -> None:
                                           dtype=_DTYPE.value):
                     print(f"wrote {path}")
             return
-        # The outputs' places are checked before any work.
+        # The outputs' places are checked before any work: one output a command, each flag naming something.
+        given = [flag for flag in (_TRANSLATE, _AVERAGED, _EXPORT) if flag.value is not None]
+        for flag in given:
+            if not flag.value.strip():
+                raise ConfigError(f"--{flag.name} is empty; pass what it names (see --help)")
+        if len(given) > 1:
+            raise ConfigError(f"--{given[0].name} and --{given[1].name} are two commands; run them one at a time")
         target = export_target(_EXPORT.value) if _EXPORT.value else None
         if target:
             check_outside_checkpoints(_WORKDIR.value, target.directory, "--export directory")

@@ -26,6 +26,7 @@ from runs import (
     run_rows,
     run_script,
     script_env,
+    small_disk,
     snapshot,
     write_config,
 )
@@ -359,6 +360,9 @@ EVAL_ROWS = [
      ["--beam_size applies to --mode=beam, not --mode=greedy"]),
     ("infinite length penalty", lambda s: ["--alpha=inf"], ["alpha=inf must be >= 0 and finite"]),
     ("empty sentence to plot", lambda s: ["--plot_attention="], ["--plot_attention is empty"]),
+    ("empty --write_averaged", lambda s: ["--write_averaged="], ["--write_averaged is empty"]),
+    ("two outputs at once", lambda s: [f"--write_averaged={s['dir'] / 'avg_new'}", f"--translate={s['dir'] / 'latin1.txt'}"],
+     ["--translate and --write_averaged are two commands; run them one at a time"]),
     ("more CPU devices than XLA can gather", lambda s: ["--cpu_devices=1000"],
      ["cpu_devices=1000 is more than 64 CPU devices", "--cpu_devices=0 for one per core"]),
     ("config.json of something else", lambda s: [f"--workdir={s['foreign']}"],
@@ -465,6 +469,19 @@ def test_a_run_trained_with_cudnn_attention_evaluates_on_a_cpu(setup, tmp_path):
     assert "perplexity" in result.stdout, result.stdout  # the dev loss, by the same attention
 
 
+def test_a_reader_that_stops_reading_ends_eval_py_quietly(setup, tmp_path):
+    # `eval.py --translate=FILE | head -1`: once the reader is gone, stop as Unix tools do (128 + SIGPIPE).
+    (tmp_path / "many.txt").write_text("The dog sleeps .\n" * 40)
+    process = subprocess.Popen(command("eval.py", f"--workdir={setup['workdir']}", f"--translate={tmp_path / 'many.txt'}",
+                                       "--mode=greedy", "--batch_size=1"),
+                               cwd=ROOT, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process.stdout.readline()
+    process.stdout.close()  # as `head -1` does after its line
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 141, stderr[-3000:]
+    assert "Traceback" not in stderr and "error:" not in stderr, stderr[-3000:]
+
+
 def test_closed_standard_output_is_refused_before_any_work(setup):
     # Scores or translations printed into a closed stdout would be lost without a word (exit 0).
     line = " ".join(command("eval.py", f"--workdir={setup['workdir']}")) + " >&-"
@@ -489,6 +506,14 @@ def test_preflight_flags(setup, flags, fragments):
 def test_prepare_into_an_empty_output(setup):
     assert_one_line_error(run_module("transformer_jax.cli.prepare", f"--config={setup['config']}", "--output="),
                           "--output is empty")
+
+
+def test_a_workdir_on_a_read_only_file_system_says_so(setup, tmp_path):
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        result = run_script("train.py", f"--config={setup['config']}", f"--workdir={disk / 'run'}")
+    assert_one_line_error(result, f"writing to the workdir {disk / 'run'}", "read-only file system",
+                          "make", "writable or choose another --workdir")
 
 
 def test_unwritable_workdir(setup):

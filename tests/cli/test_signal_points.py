@@ -54,6 +54,8 @@ def test_sigterm_during_a_periodic_evaluation_saves_a_checkpoint_and_the_same_co
     assert stopped.returncode == 0 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
     assert "stopped by signal" in stopped.stderr and not (workdir / layout.LOCK).exists()
     assert sorted(int(p.name) for p in (workdir / layout.CHECKPOINTS).iterdir() if p.name.isdigit())[-1] == 3
+    # Stopped again while the resumed run compiles: the line says what is on disk, not "nothing".
+    assert_stopped_cleanly(signalled_run(config, workdir, "compiling"), workdir, "the newest checkpoint is step 3")
     rerun = run_script("train.py", f"--config={config}", f"--workdir={workdir}")
     assert rerun.returncode == 0 and "test SacreBLEU" in rerun.stdout, rerun.stderr[-3000:]
     assert "resumed from" in rerun.stdout

@@ -33,6 +33,8 @@ from transformer_jax.cli.lock import owning
 USER_ERROR_EXIT = 2
 # Exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it).
 INTERRUPTED_EXIT = 130
+# Exit status of a command whose standard output was closed by its reader (128 + SIGPIPE, as shells report it).
+BROKEN_PIPE_EXIT = 141
 # Exit status of a command stopped by SIGTERM, unless a rerun resumes it (train.py: 0).
 TERMINATED_EXIT = 143
 
@@ -55,6 +57,9 @@ def user_errors() -> Iterator[None]:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         print(f"error: {message}", file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)
+    except BrokenPipeError:  # the reader of standard output is gone (`| head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes it
+        sys.exit(BROKEN_PIPE_EXIT)
     except OSError as error:
         named = storage_error(error, "a write (to a file, a log or standard output)")
         if named is None:
@@ -272,7 +277,9 @@ def ensure_writable_workdir(workdir: str) -> list[str]:
         else:
             write_atomically(probe, "ok")  # one object upload: no temporary object to leave behind
     except OSError as error:
-        named = storage_error(error, f"writing to the workdir {workdir}")  # a full disk: free space, same workdir
+        remedy = (f"make {workdir} writable or choose another --workdir" if storage_errno(error) == errno.EROFS
+                  else storage_remedy(error))
+        named = storage_error(error, f"writing to the workdir {workdir}", f"{remedy} and run the same command again")
         raise named or ConfigError(
             f"workdir {workdir} is not writable ({error.strerror or error}); choose another --workdir"
         ) from None
