@@ -16,6 +16,7 @@ import re
 import shutil
 import socket
 import uuid
+from typing import Iterator
 
 import jax
 from etils import epath
@@ -211,8 +212,12 @@ def storage_errno(error: BaseException) -> int | None:
 
 
 def storage_remedy(error: BaseException) -> str:
-    """What to do about the storage fault behind `error` ("free space"; see STORAGE_REMEDIES)."""
-    return STORAGE_REMEDIES.get(storage_errno(error), "free space")
+    """What to do about the storage fault behind `error` ("free space"; see STORAGE_REMEDIES); a read-only
+    file system with the file named: "make <its folder> writable"."""
+    code, filename = storage_errno(error), getattr(error, "filename", None)
+    if code == errno.EROFS and filename:
+        return f"make {os.path.dirname(filename)} writable"
+    return STORAGE_REMEDIES.get(code, "free space")
 
 
 def storage_error(error: BaseException, doing: str,
@@ -227,6 +232,19 @@ def storage_error(error: BaseException, doing: str,
     filename = getattr(error, "filename", None)
     where = f" ({filename})" if filename else ""
     return StorageError(f"{doing}{where} failed: {STORAGE_ERRNOS[code]}; {after}")
+
+
+@contextlib.contextmanager
+def storage_named(doing: str, then: str = "run the same command again") -> Iterator[None]:
+    """A storage fault (a full disk, a quota, a read-only file system) while `doing` becomes one StorageError
+    line saying what to do (storage_remedy) and `then`; any other OSError is a bug and keeps its traceback."""
+    try:
+        yield
+    except OSError as error:
+        named = storage_error(error, doing, f"{storage_remedy(error)} and {then}")
+        if named is None:
+            raise
+        raise named from None
 
 
 class DirectoryWatch:

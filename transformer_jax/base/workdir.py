@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Iterable
 
 from transformer_jax.base.files import DirectoryWatch, exists, is_dir, is_file, list_names
 from transformer_jax.errors import CheckpointError
@@ -60,13 +61,15 @@ ENTRIES = {
 }
 
 
-def check_layout(workdir: str) -> None:
-    """Raise CheckpointError naming the first name of ENTRIES in `workdir` that is of the wrong kind (a file where
-    the run keeps a directory, or the reverse): before a run writes anything, so a refused start changes nothing."""
-    if not exists(workdir):
-        return
+def check_layout(workdir: str, names: Iterable[str] = ENTRIES) -> None:
+    """Raise CheckpointError naming the first of `names` (of ENTRIES; default all) in `workdir` that is of the
+    wrong kind (a file where the run keeps a directory, or the reverse): before a run (train.py) or an output of
+    eval.py writes anything, so a refused start changes nothing."""
+    if not is_dir(workdir):
+        return  # nothing there yet, or not a directory: the checks that open or create the workdir name it
     present = set(list_names(workdir))
-    for name, (kind, what) in ENTRIES.items():
+    for name in names:
+        kind, what = ENTRIES[name]
         if name not in present:
             continue
         path = run_path(workdir, name)

@@ -4,13 +4,13 @@
 workdir checks and ownership, multi-process start-up).
 """
 
+from transformer_jax.base.files import storage_named  # a storage fault as one line (train.py, eval.py)
 from transformer_jax.cli.commands import (
     ClusterFlags,
     define_cluster_flags,
     initialize_distributed,
     interrupts_reported,
     parse_flags,
-    storage_named,
     training_workdir,
     user_errors,
 )

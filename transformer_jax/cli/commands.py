@@ -68,22 +68,6 @@ def user_errors() -> Iterator[None]:
         sys.exit(USER_ERROR_EXIT)
 
 
-@contextlib.contextmanager
-def storage_named(doing: str, then: str = "run the same command again") -> Iterator[None]:
-    """A storage fault (a full disk, a quota, a read-only file system) while `doing` becomes one StorageError
-    line saying what to do and `then`; any other OSError is a bug and keeps its traceback."""
-    try:
-        yield
-    except OSError as error:
-        remedy = storage_remedy(error)
-        if storage_errno(error) == errno.EROFS and getattr(error, "filename", None):
-            remedy = f"make {os.path.dirname(error.filename)} writable"
-        named = storage_error(error, doing, f"{remedy} and {then}")
-        if named is None:
-            raise
-        raise named from None
-
-
 def _config_path(argv: list[str]) -> str | None:
     """The file named by the last --config on the command line (before any `:argument`), or None."""
     path = None

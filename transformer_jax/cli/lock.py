@@ -52,8 +52,7 @@ from transformer_jax.base.files import (
     is_local,
     read_text,
     remove,
-    storage_error,
-    storage_remedy,
+    storage_named,
     unique_name,
     write_atomically,
 )
@@ -232,14 +231,8 @@ class RunLock:
                 f"{self.path} is not a file, but a run keeps its lock in a file of that name; move it away and "
                 "run the same command again"
             )
-        try:
+        with storage_named(f"taking the lock {self.path}"):
             self._take()
-        except OSError as error:
-            named = storage_error(error, f"taking the lock {self.path}",
-                                  f"{storage_remedy(error)} and run the same command again")
-            if named is None:
-                raise
-            raise named from None
 
     def _take(self) -> None:
         for _ in range(3):  # a stale lock is moved away, then created anew; a race may need another try

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from typing import Any
 
 import ml_collections
@@ -126,10 +125,6 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"get_config() returned a {type(config).__name__}, not an ml_collections.ConfigDict; "
                           "start from transformer_jax.config.default_config() and change its values (see configs/)")
-    missing = [section for section in default_config() if section not in config]
-    if missing:
-        raise ConfigError(f"the config has no {', '.join(missing)} section; start get_config() from "
-                          "transformer_jax.config.default_config() (see configs/)")
     _check_known_keys(config)
     for section, key, value in _numbers(config):
         if isinstance(value, float) and not math.isfinite(value):  # inf passes every "> 0" check below
@@ -180,10 +175,15 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
 
 
 def _check_known_keys(config: ml_collections.ConfigDict) -> None:
-    """A key the schema lacks (a typo in a config file: `num_train_step`) is an error, not a setting ignored."""
+    """A section missing, or a key the schema lacks (a typo in a config file: `num_train_step`), is an error, not
+    a setting ignored."""
     import difflib
 
     schema = default_config()
+    missing = [section for section in schema if section not in config]
+    if missing:
+        raise ConfigError(f"the config has no {', '.join(missing)} section; start get_config() from "
+                          "transformer_jax.config.default_config() (see configs/)")
     for section, values in config.items():
         if not isinstance(values, ml_collections.ConfigDict):
             raise ConfigError(f"the config's {section!r} is not a section of settings; a run config has the "

@@ -46,8 +46,7 @@ from transformer_jax.base.files import (
     make_dirs,
     read_bytes,
     read_text,
-    storage_error,
-    storage_remedy,
+    storage_named,
     write_atomically,
 )
 from transformer_jax.data.encoded import EncodedPairs, Ragged, encode_pairs
@@ -315,14 +314,8 @@ def write_prepared(directory: str, key: dict[str, Any], tokenizer_path: str, tra
     A write the storage refuses (a full disk) is a StorageError: what was written is no corpus until the
     manifest is, and preparing again overwrites it.
     """
-    try:
+    with storage_named(f"preparing the corpus in {directory}", "run the same command again: it prepares the corpus anew"):
         return _write_prepared(directory, key, tokenizer_path, train, splits, workers, shard_pairs)
-    except OSError as error:
-        named = storage_error(error, f"preparing the corpus in {directory}",
-                              f"{storage_remedy(error)} and run the same command again: it prepares the corpus anew")
-        if named is None:
-            raise
-        raise named from None
 
 
 def _write_prepared(directory: str, key: dict[str, Any], tokenizer_path: str, train: list[Pair],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from typing import Any, Callable
 
@@ -21,7 +20,6 @@ from transformer_jax.evaluation.introspection import (
     attention_maps,
     positional_encoding_matrix,
 )
-from transformer_jax.evaluation.outputs import check_run_folder
 from transformer_jax.evaluation.plots import (
     add_to_tensorboard,
     attention_figure,
@@ -117,9 +115,9 @@ def write_figures(workdir: str, spec: str, options_for: Callable[[Any], DecodeOp
     """
     if attention_target is not None and attention is None:
         raise ConfigError("--plot_attention_target needs --plot_attention=SOURCE_SENTENCE")
-    check_run_folder(workdir, layout.PLOTS, "figures")  # before any work
+    layout.check_layout(workdir, [layout.PLOTS])  # before any work
     if attention is not None or positional_encoding:
-        check_run_folder(workdir, layout.TENSORBOARD, "TensorBoard events")
+        layout.check_layout(workdir, [layout.TENSORBOARD])
     paths = [plot_learning_curves(workdir)] if curves else []
     if attention is None and not positional_encoding:
         return paths

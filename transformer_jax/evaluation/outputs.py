@@ -1,7 +1,7 @@
 """Where eval.py and train.py write their outputs: checked before any work, and written whole or not at all.
 
-`file_in_the_way` finds the regular file that stops a folder from being made; `check_run_folder`,
-`check_outside_checkpoints` and `check_new_output` turn the mistakes of an output's place into one line
+`file_in_the_way` finds the regular file that stops a folder from being made (the run's own folders are
+checked by `base.workdir.check_layout`); `check_outside_checkpoints` and `check_new_output` turn the mistakes of an output's place into one line
 each, before any work; `write_together` writes a set of files (a translation and its scores) so that a
 failure (a full disk, a read-only file system) leaves neither a part of the set nor a temporary behind,
 and names the file it failed on.
@@ -25,17 +25,6 @@ def file_in_the_way(folder: str) -> str | None:
     while not os.path.exists(current) and os.path.dirname(current) != current:
         current = os.path.dirname(current)
     return None if os.path.isdir(current) else current
-
-
-def check_run_folder(workdir: str, name: str, holds: str) -> None:
-    """Fail with a CheckpointError when a file stands where the run's folder `name` (holding its `holds`) goes.
-
-    A `workdir` that is no directory is left to the check that opens the run (it names the --workdir).
-    """
-    blocking = file_in_the_way(layout.run_path(workdir, name))
-    if blocking is not None and os.path.isdir(workdir):
-        raise CheckpointError(f"{blocking} is a file, but a run keeps its {holds} in a directory of that name; "
-                              "move it away and run the same command again")
 
 
 def check_outside_checkpoints(workdir: str, path: str, what: str) -> None:

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from transformer_jax.errors import DataError
 from transformer_jax.evaluation.introspection import ATTENTION_TITLES
-from transformer_jax.evaluation.outputs import check_run_folder, write_together
+from transformer_jax.evaluation.outputs import write_together
 from transformer_jax.base.files import is_file, read_text
 from transformer_jax.training.metrics_log import read_records, tensorboard_writer
 from transformer_jax.base import workdir as layout
@@ -171,7 +170,7 @@ def plot_learning_curves(workdir: str) -> str:
     records = read_records(metrics_path) if is_file(metrics_path) else []
     if not records:
         raise DataError(f"no metrics in {metrics_path}; train first (train.py) or pass the run's --workdir")
-    check_run_folder(workdir, layout.PLOTS, "figures")
+    layout.check_layout(workdir, [layout.PLOTS])
     final_path = layout.run_path(workdir, layout.FINAL_TEST + ".json")
     test_bleu = None
     if is_file(final_path):

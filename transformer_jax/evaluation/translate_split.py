@@ -43,7 +43,7 @@ from transformer_jax.data.translation_batches import translation_batches
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.translate import decoding_precision, translate_batch, translate_rows
 from transformer_jax.errors import ConfigError, DataError
-from transformer_jax.evaluation.outputs import check_run_folder, write_together
+from transformer_jax.evaluation.outputs import write_together
 from transformer_jax.evaluation.scores import translation_scores
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.special_tokens import EOS_ID
@@ -206,7 +206,7 @@ def evaluate_checkpoint(run: Run, spec: str, split: str, options: DecodeOptions,
     over its devices; the loss is the run builder's dev-loss step, as in training. In a multi-process run
     every process calls this alike (restoring and translating are collective) and gets the same results.
     """
-    check_run_folder(run.workdir, layout.EVAL, "evaluations")
+    layout.check_layout(run.workdir, [layout.EVAL])
     steps = select_steps(run.checkpointer, spec, run.config.eval.average_last)
     platform = mesh_platform(mesh) if mesh is not None else jax.default_backend()
     loss_step = dev_loss_step(run.model_config.runnable_on(platform), run.config.training.label_smoothing)
