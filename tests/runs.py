@@ -146,3 +146,38 @@ def fill(directory: pathlib.Path, leave: int = 0) -> None:
     free = os.statvfs(directory).f_bavail * os.statvfs(directory).f_frsize
     with open(directory / ".filler", "wb") as file:
         file.write(b"\0" * max(0, free - leave))
+
+
+def _stored_arrays(state_dir: pathlib.Path) -> dict[bytes, bytes] | None:
+    """{array key: bytes} of every array of an Orbax OCDBT `state_dir` read with no cache, or None when
+    one cannot be read."""
+    import tensorstore as ts
+
+    kvstore = {"driver": "ocdbt", "base": f"file://{state_dir}"}
+    try:
+        keys = ts.KvStore.open(kvstore).result().list().result()
+        arrays = {}
+        for key in (key for key in keys if key.endswith(b"/.zarray")):
+            path = key.removesuffix(b"/.zarray").decode()
+            spec = {"driver": "zarr", "kvstore": kvstore, "path": path, "recheck_cached_data": False}
+            arrays[key] = ts.open(spec).result().read().result().tobytes()
+        return arrays
+    except ValueError:
+        return None
+
+
+def flip_a_readable_bit(state_dir: pathlib.Path) -> pathlib.Path:
+    """Flip one bit of the biggest data file of an Orbax checkpoint's `state_dir` at a place where every
+    array still reads but one stored value changed (the arrays are zstd-compressed: most flips break the
+    stream, which is another damage), so that only a checksum can tell. Returns the file changed."""
+    path = max((p for p in state_dir.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    original, intact = path.read_bytes(), _stored_arrays(state_dir)
+    for offset in range(len(original) // 2, len(original), 61):
+        data = bytearray(original)
+        data[offset] ^= 0x10
+        path.write_bytes(bytes(data))
+        changed = _stored_arrays(state_dir)
+        if changed is not None and changed != intact:
+            return path
+    path.write_bytes(original)
+    raise AssertionError(f"no bit of {path} could be flipped with the arrays still readable")

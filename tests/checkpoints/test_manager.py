@@ -7,7 +7,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
-from runs import tiny_run_config
+from runs import flip_a_readable_bit, tiny_run_config
 
 from transformer_jax.errors import CheckpointError
 from transformer_jax.checkpoints.manager import Checkpointer
@@ -29,10 +29,7 @@ def truncate(step_dir):
 
 
 def flip_a_bit(step_dir):
-    path = biggest_array_file(step_dir)
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 0x10  # inside the stored array values: only the checksum can tell
-    path.write_bytes(bytes(data))
+    flip_a_readable_bit(step_dir / "state")  # a stored value changes: only the checksum can tell
 
 
 def garble_json(step_dir):

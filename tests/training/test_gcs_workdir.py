@@ -1,6 +1,7 @@
 """A whole run on `--workdir=gs://...` (a local GCS emulator): train.py, a resume past a damaged checkpoint, eval.py."""
 
 import json
+import pathlib
 import uuid
 
 import fsspec
@@ -9,7 +10,7 @@ import orbax.checkpoint as ocp
 import pytest
 from gcs_emulator import BUCKET, emulator_in_this_process
 
-from runs import ROOT, run_script, script_env, write_config
+from runs import ROOT, flip_a_readable_bit, run_script, script_env, write_config
 from transformer_jax.errors import CheckpointError
 from transformer_jax.checkpoints.selection import write_params
 
@@ -32,12 +33,13 @@ class Bucket:
         root = directory.removeprefix("gs://")
         return {path[len(root) + 1:]: self.filesystem.cat_file(path) for path in self.filesystem.find(root)}
 
-    def flip_a_bit_of_the_biggest_array_file(self, step_dir: str) -> None:
-        arrays = self.objects_under(f"{step_dir}/state")
-        name = max(arrays, key=lambda key: len(arrays[key]))
-        data = bytearray(arrays[name])
-        data[len(data) // 2] ^= 0x10  # inside the stored values: only the checksum can tell
-        self.filesystem.pipe_file(f"{step_dir}/state/{name}", bytes(data))
+    def flip_a_readable_bit(self, step_dir: str, scratch: pathlib.Path) -> None:
+        """Change one stored value of the checkpoint (only the checksum can tell), found on a local copy."""
+        for name, content in self.objects_under(f"{step_dir}/state").items():
+            (scratch / name).parent.mkdir(parents=True, exist_ok=True)
+            (scratch / name).write_bytes(content)
+        changed = flip_a_readable_bit(scratch)
+        self.filesystem.pipe_file(f"{step_dir}/state/{changed.relative_to(scratch)}", changed.read_bytes())
 
 
 def test_train_resume_and_eval_keep_the_whole_run_in_the_bucket(gcs_emulator, tmp_path):
@@ -50,7 +52,7 @@ def test_train_resume_and_eval_keep_the_whole_run_in_the_bucket(gcs_emulator, tm
         bucket = Bucket()
         assert bucket.names(f"{workdir}/checkpoints") == ["4", "6"]
         first_timing = bucket.text(f"{workdir}/timing.jsonl").splitlines()
-        bucket.flip_a_bit_of_the_biggest_array_file(f"{workdir}/checkpoints/6")
+        bucket.flip_a_readable_bit(f"{workdir}/checkpoints/6", tmp_path / "state")
         damaged = bucket.objects_under(f"{workdir}/checkpoints/6")
 
     resumed = run_script("train.py", f"--config={config}", "--config.training.num_train_steps=8",
