@@ -39,6 +39,8 @@ SECTIONS = {
     "tile_widths": "packed row widths around the TPU's 128 lanes: the base train step's HBM bytes per slot (libtpu)",
     "aot": "the paper's models compiled for TPU topologies and H100s on this host: memory, FLOPs, rooflines",
     "preemption": "what the per-step stop agreement costs a 2-process run, ms per update with and without it",
+    "accelerators": "our train step against the Flax WMT example's compiled for TPU v5e-8 / v5p-8 and H100 (HBM bytes, "
+                    "peak memory, largest batch), timed where this host has the chip (--flax_checkout)",
 }
 DEFAULT_SECTIONS = ("train", "e2e", "widths", "decode", "ctranslate2", "options", "pipeline", "split")
 
@@ -81,6 +83,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="aot: TPU topologies or GPUs (h100, h100-8: needs jax[cuda12])")
     parser.add_argument("--aot_reports", default=None,
                         help="aot: also write each compile's full report here, {model} and {topology} filled in")
+    parser.add_argument("--flax_checkout", default=None,
+                        help="accelerators: a local google/flax checkout (its examples/wmt is the peer)")
+    parser.add_argument("--accel_runs", default="base@v5e-8,big@v5p-8,base@h100",
+                        help="accelerators: model@topology compiled ('' for none: the device timings alone)")
+    parser.add_argument("--accel_timed_rows", default="12,96",
+                        help="accelerators: rows of 256 tokens per update timed on this host's GPU/TPU")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker_spec", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

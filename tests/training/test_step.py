@@ -1,5 +1,7 @@
 """Loss, schedule, optimizer and the train step."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -125,8 +127,9 @@ def test_bfloat16_parameters_train_and_keep_their_dtype_in_parameters_and_adam_m
     assert not np.array_equal(np.asarray(jax.tree.leaves(state.params)[0], np.float32), before)
 
 
-def test_non_finite_gradients_skip_the_update(small_state):
-    step = jax.jit(train_step, static_argnums=2)
+@pytest.mark.parametrize("skip_by", ["cond", "select"])  # CPUs branch, TPUs and GPUs select (step.SkipBy)
+def test_non_finite_gradients_skip_the_update(small_state, skip_by):
+    step = jax.jit(functools.partial(train_step, skip_by=skip_by), static_argnums=2)
     batch = copy_task_batch(np.random.default_rng(0))
     poisoned = small_state.replace(
         params=jax.tree.map(lambda p: p.at[(0,) * p.ndim].set(jnp.nan) if p.ndim == 2 else p, small_state.params)
@@ -134,11 +137,15 @@ def test_non_finite_gradients_skip_the_update(small_state):
     new_state, metrics = step(poisoned, batch, 0.1)
     assert int(metrics["update_skipped"]) == 1 and int(new_state.skipped_updates) == 1
     assert int(new_state.step) == 1
-    same = jax.tree.map(lambda a, b: bool(np.array_equal(a, b, equal_nan=True)), new_state.params, poisoned.params)
+    same = jax.tree.map(lambda a, b: bool(np.array_equal(a, b, equal_nan=True)), (new_state.params, new_state.opt_state),
+                        (poisoned.params, poisoned.opt_state))
     assert all(jax.tree.leaves(same))
     healthy, metrics = step(small_state, batch, 0.1)
     assert int(metrics["update_skipped"]) == 0
     assert not np.array_equal(jax.tree.leaves(healthy.params)[0], jax.tree.leaves(small_state.params)[0])
+    reference, _ = jax.jit(train_step, static_argnums=2)(small_state, batch, 0.1)
+    for a, b in zip(jax.tree.leaves((healthy.params, healthy.opt_state)), jax.tree.leaves((reference.params, reference.opt_state))):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_accumulated_micro_batches_equal_one_big_batch():

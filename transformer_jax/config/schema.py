@@ -74,6 +74,7 @@ def default_config() -> ml_collections.ConfigDict:
     training.label_smoothing = 0.1  # epsilon_ls of the label-smoothed cross-entropy (paper section 5.4)
     training.grad_clip_norm = 0.0  # global-norm clipping; 0 disables it
     training.accumulation_steps = 1  # micro-batches per update (to reach the paper's batch on fewer devices)
+    training.loss_chunk_tokens = -1  # tokens per device projected to the vocabulary at once by the loss (0: the whole batch's logits; -1: 0 on CPUs, 1024 on TPUs/GPUs)
     training.seed = 0  # parameters, dropout and data order
     training.log_every = 100  # steps between training-metric logs
     training.eval_every = 1_000  # steps between dev-loss evaluations
@@ -129,6 +130,9 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
     for section, key, value in _numbers(config):
         if isinstance(value, float) and not math.isfinite(value):  # inf passes every "> 0" check below
             raise ConfigError(f"{section}.{key}={value!r} must be a finite number; set --config.{section}.{key}")
+    if config.training.loss_chunk_tokens < -1:
+        raise ConfigError(f"training.loss_chunk_tokens={config.training.loss_chunk_tokens} must be -1 (automatic), "
+                          "0 (the whole batch's logits) or a positive number of tokens")
     for limits, allowed, wording in ((POSITIVE_SETTINGS, lambda v: v > 0, "positive"),
                                      (NON_NEGATIVE_SETTINGS, lambda v: v >= 0, "zero or positive")):
         for section, keys in limits.items():

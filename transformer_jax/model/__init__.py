@@ -36,12 +36,12 @@ from transformer_jax.model.stacks import (
     scanned_layout,
     unscanned_layout,
 )
-from transformer_jax.model.transformer import Transformer
+from transformer_jax.model.transformer import Transformer, output_weights
 
 __all__ = [
     "BOS_ID", "DECODING_COLLECTIONS", "EOS_ID", "PAD_ID", "UNK_ID", "PRESETS", "Decoder", "DecoderLayer", "Encoder", "EncoderLayer",
     "FeedForward", "MultiHeadAttention", "OutputProjection", "PositionalEncoding", "TokenEmbedding",
     "Transformer", "TransformerConfig", "attention_weights", "causal_mask", "combine_masks", "padding_mask",
-    "model_flops_utilization", "scaled_dot_product_attention", "scanned_layout", "segment_mask", "sinusoidal_encoding",
+    "model_flops_utilization", "output_weights", "scaled_dot_product_attention", "scanned_layout", "segment_mask", "sinusoidal_encoding",
     "train_step_flops", "unscanned_layout",
 ]

@@ -29,6 +29,12 @@ from transformer_jax.model.attention_cache import (  # noqa: F401 (the collectio
     history_mask,
     write_if,
 )
+from transformer_jax.model.attention_kernels import (
+    SegmentedMask,
+    resolve_backend,
+    splash_applies,
+    splash_attention,
+)
 from transformer_jax.model.config import AttentionBackend
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.masks import MASK_VALUE, combine_masks
@@ -59,17 +65,24 @@ def scaled_dot_product_attention(
     q_BxTxHxK: jax.Array,
     k_BxSxHxK: jax.Array,
     v_BxSxHxK: jax.Array,
-    mask: jax.Array | None = None,
+    mask: jax.Array | SegmentedMask | None = None,
     *,
     backend: AttentionBackend = "einsum",
 ) -> jax.Array:
     """Attention(Q, K, V) = softmax(QK^T / sqrt(d_k)) V per head, [B, T, H, K].
 
-    `mask` is boolean, broadcastable to [B, H, T, S], True where attending is allowed. A query whose
-    keys are all masked gets a zero output. The backends agree to float tolerance; see
-    `AttentionBackend`. For attention dropout or the weights themselves, use `attention_weights`.
+    `mask` is boolean, broadcastable to [B, H, T, S], True where attending is allowed, or a `SegmentedMask`
+    (segment ids and a causal flag: what the splash kernel takes). A query whose keys are all masked gets a
+    zero output (the splash kernel: see model/attention_kernels.py). The backends agree to float tolerance;
+    see `AttentionBackend` ("auto": model/attention_kernels.resolve_backend). For attention dropout or the
+    weights themselves, use `attention_weights`.
     """
-    if backend == "einsum":
+    backend = resolve_backend(backend, 0.0, q_BxTxHxK.dtype)
+    if isinstance(mask, SegmentedMask):
+        if backend == "splash" and splash_applies(q_BxTxHxK.shape[1], k_BxSxHxK.shape[1]):
+            return splash_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask)
+        mask = mask.dense()
+    if backend in ("einsum", "splash"):
         weights_BxHxTxS = attention_weights(q_BxTxHxK, k_BxSxHxK, mask)
         return jnp.einsum("bhts,bshk->bthk", weights_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
     implementation = "cudnn" if backend == "cudnn" else None
@@ -208,7 +221,10 @@ class MultiHeadAttention(nn.Module):
             if self.decode:
                 self._create_slot_cache(k_BxSxHxK, beam_slots)
         dropout_active = self.attention_dropout_rate > 0.0 and not deterministic
-        if dropout_active or self.backend == "einsum":
+        backend = resolve_backend(self.backend, self.attention_dropout_rate, self.dtype)
+        if isinstance(mask, SegmentedMask) and (dropout_active or backend != "splash"):
+            mask = mask.dense()
+        if dropout_active or backend == "einsum":
             weights_BxHxTxS = attention_weights(
                 q_BxTxHxK, k_BxSxHxK, mask, float32_dot_outputs=self.float32_dot_outputs)
             self.sow("intermediates", "attention_weights", weights_BxHxTxS)
@@ -220,7 +236,7 @@ class MultiHeadAttention(nn.Module):
                                  self.float32_dot_outputs)
         else:
             out_BxTxHxK = scaled_dot_product_attention(
-                q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, backend=self.backend
+                q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask, backend=backend
             )
         # Undo any beam folding ([B, N*T, H, K] -> [B*N, T, H, K]; otherwise a no-op).
         return out_BxTxHxK.reshape(inputs_q.shape[:2] + out_BxTxHxK.shape[2:])

@@ -13,9 +13,11 @@ from transformer_jax.errors import ConfigError
 NormPosition = Literal["post", "pre"]
 PositionalEncodingKind = Literal["sinusoidal", "learned"]
 # "einsum": softmax(QK^T/sqrt(d_k) + mask)V written out, compiled by XLA (runs everywhere, supports
-# attention dropout). "fused": jax.nn.dot_product_attention, which picks cuDNN flash attention on GPUs
-# where it applies. "cudnn": jax.nn.dot_product_attention forced onto cuDNN (GPU only).
-AttentionBackend = Literal["einsum", "fused", "cudnn"]
+# attention dropout). "fused": jax.nn.dot_product_attention's XLA implementation. "cudnn": cuDNN's flash
+# attention through jax.nn.dot_product_attention (NVIDIA GPUs, 16-bit compute). "splash": JAX's Pallas
+# splash attention kernel (TPUs; Pallas' interpreter elsewhere). "auto": splash on TPUs, cuDNN on GPUs,
+# einsum on CPUs and wherever attention dropout is on (model/attention_kernels.py).
+AttentionBackend = Literal["auto", "einsum", "fused", "cudnn", "splash"]
 # What each layer keeps for the backward pass. "none": everything XLA wants; "full": only the layer's
 # input (the layer is recomputed in the backward pass); "dots": the outputs of matmuls without batch
 # dimensions (the projections), recomputing the rest (attention weights, activations, norms).
@@ -43,9 +45,10 @@ class TransformerConfig:
       positional_encoding: "sinusoidal" (the paper) or "learned".
       share_embeddings: one embedding table for source and target tokens (paper section 3.4).
       tie_output_embedding: the pre-softmax projection is the target embedding table, transposed.
-      attention_backend: "einsum" (softmax(QK^T/sqrt(d_k))V written out; runs everywhere, allows
-        attention dropout, exposes the weights), "fused" (jax.nn.dot_product_attention: cuDNN flash
-        attention on GPUs where it applies, XLA elsewhere) or "cudnn" (forced cuDNN; GPU only).
+      attention_backend: "auto" (the platform's kernel: splash attention on TPUs, cuDNN flash attention on
+        GPUs, einsum on CPUs and with attention dropout), "einsum" (softmax(QK^T/sqrt(d_k))V written out;
+        runs everywhere, allows attention dropout, exposes the weights), "fused"
+        (jax.nn.dot_product_attention, XLA), "cudnn" (cuDNN; GPU only) or "splash" (TPU Pallas kernel).
       dtype: compute dtype ("float32" or "bfloat16"); softmax and logits stay float32.
       param_dtype: dtype parameters are stored in.
       float32_dot_outputs: matmuls return float32, rounded to the compute dtype after (the same values;
@@ -72,7 +75,7 @@ class TransformerConfig:
     positional_encoding: PositionalEncodingKind = "sinusoidal"
     share_embeddings: bool = True
     tie_output_embedding: bool = True
-    attention_backend: AttentionBackend = "einsum"
+    attention_backend: AttentionBackend = "auto"
     dtype: str = "float32"
     param_dtype: str = "float32"
     float32_dot_outputs: bool = False
@@ -96,14 +99,14 @@ class TransformerConfig:
                 raise ConfigError(f"{name}={value!r} must be in [0, 1)")
         _check_choice("norm_position", self.norm_position, ("post", "pre"))
         _check_choice("positional_encoding", self.positional_encoding, ("sinusoidal", "learned"))
-        _check_choice("attention_backend", self.attention_backend, ("einsum", "fused", "cudnn"))
+        _check_choice("attention_backend", self.attention_backend, ("auto", "einsum", "fused", "cudnn", "splash"))
         _check_choice("remat", self.remat, ("none", "full", "dots"))
         _check_choice("dtype", self.dtype, tuple(_DTYPES))
         _check_choice("param_dtype", self.param_dtype, tuple(_DTYPES))
-        if self.attention_backend != "einsum" and self.attention_dropout_rate > 0:
+        if self.attention_backend not in ("auto", "einsum") and self.attention_dropout_rate > 0:
             raise ConfigError(
                 f"attention_backend={self.attention_backend!r} cannot apply attention dropout; "
-                "set attention_dropout_rate=0 or attention_backend='einsum'"
+                "set attention_dropout_rate=0 or attention_backend='auto' (einsum with attention dropout)"
             )
         if self.layer_norm_epsilon <= 0:
             raise ConfigError(f"layer_norm_epsilon={self.layer_norm_epsilon!r} must be positive")
@@ -125,9 +128,12 @@ class TransformerConfig:
 
     def runnable_on(self, platform: str) -> "TransformerConfig":
         """This config as it runs on `platform` ("cpu", "gpu", "tpu"): a model trained with cuDNN's attention
-        evaluates and decodes with "fused" (the same attention, by XLA) where there is no cuDNN."""
+        evaluates and decodes with "fused" (the same attention, by XLA) where there is no cuDNN, and one trained
+        with the splash kernel with "einsum" where there is no TPU (off TPUs the kernel only runs interpreted)."""
         if self.attention_backend == "cudnn" and platform != "gpu":
             return self.replace(attention_backend="fused")
+        if self.attention_backend == "splash" and platform != "tpu":
+            return self.replace(attention_backend="einsum")
         return self
 
     def replace(self, **changes: Any) -> "TransformerConfig":

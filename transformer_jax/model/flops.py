@@ -53,6 +53,14 @@ def train_step_flops(config: TransformerConfig, rows: int, source_length: int, t
     return 3 * forward_flops(config, rows, source_length, target_length)
 
 
+def attention_score_flops(config: TransformerConfig, rows: int, source_length: int, target_length: int) -> int:
+    """The part of `train_step_flops` in QK^T and weights x V (encoder self, decoder self and cross attention):
+    what an attention kernel computes (XLA's cost analysis does not see inside one)."""
+    per_layer = (rows * source_length * 2 * 2 * source_length * config.d_model
+                 + rows * target_length * 2 * 2 * (target_length + source_length) * config.d_model)
+    return 3 * config.num_layers * per_layer
+
+
 def model_flops_utilization(flops_per_step: float, seconds_per_step: float, peak_flops_per_second: float) -> float:
     """Achieved FLOP rate over the device's (measured) peak matmul rate."""
     return flops_per_step / seconds_per_step / peak_flops_per_second

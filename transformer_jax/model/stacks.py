@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.model.attention import DECODE_STEP, ENCODER_CACHE, HYPOTHESIS_CACHE, SLOT_CACHE
+from transformer_jax.model.attention_kernels import SegmentedMask, resolve_backend
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.embeddings import OutputProjection, TokenEmbedding
@@ -37,6 +38,12 @@ def token_embedding(config: TransformerConfig, name: str) -> TokenEmbedding:
 def default_positions(tokens: jax.Array) -> jax.Array:
     """[B, T] positions 0..T-1 for unpacked rows."""
     return jnp.broadcast_to(jnp.arange(tokens.shape[-1], dtype=jnp.int32), tokens.shape)
+
+
+def segmented_masks(config: TransformerConfig) -> bool:
+    """Whether the stacks hand their attention `SegmentedMask`s (segment ids, what the splash kernel takes)
+    rather than boolean arrays: where the backend resolves to splash (model/attention_kernels.py)."""
+    return resolve_backend(config.attention_backend, config.attention_dropout_rate, config.compute_dtype) == "splash"
 
 
 def _segment_mask_or_none(q_segments: jax.Array | None, kv_segments: jax.Array | None) -> jax.Array | None:
@@ -190,9 +197,12 @@ class Encoder(nn.Module):
             cfg.params_dtype, name="positional_encoding",
         )(positions)
         x_BxSxD = Dropout(cfg.dropout_rate)(x_BxSxD, deterministic=deterministic)
-        mask = combine_masks(
-            padding_mask(src_tokens, src_tokens), _segment_mask_or_none(src_segments, src_segments)
-        )
+        if segmented_masks(cfg):
+            mask = SegmentedMask.of(src_tokens, src_tokens, src_segments, src_segments)
+        else:
+            mask = combine_masks(
+                padding_mask(src_tokens, src_tokens), _segment_mask_or_none(src_segments, src_segments)
+            )
         layers = layer_stack(cfg, StackedEncoderLayer, deterministic=deterministic)
         x_BxSxD = run_stack(layers, x_BxSxD, EncoderStackInputs(mask))
         if cfg.norm_position == "pre":
@@ -224,8 +234,13 @@ class Decoder(nn.Module):
         tgt_segments: jax.Array | None = None,
         *,
         deterministic: bool = True,
+        hidden_only: bool = False,
     ) -> jax.Array:
-        """[B, T] shifted-right target ids -> [B, T, vocab] float32 logits."""
+        """[B, T] shifted-right target ids -> [B, T, vocab] float32 logits.
+
+        With `hidden_only`, the [B, T, d_model] input of the pre-softmax projection instead (its weights:
+        `model.transformer.output_weights`), for a loss that projects a chunk at a time.
+        """
         cfg = self.config
         embed = self.shared_embedding if self.shared_embedding is not None else token_embedding(cfg, "embedding")
         stepping = self.decode and self.has_variable(DECODE_STEP, "position")
@@ -245,6 +260,27 @@ class Decoder(nn.Module):
         y_BxTxD = Dropout(cfg.dropout_rate)(y_BxTxD, deterministic=deterministic)
 
         # While stepping, the self-attention cache itself hides positions not yet written.
+        if segmented_masks(cfg) and not self.decode:
+            self_mask = SegmentedMask.of(tgt_in, tgt_in, tgt_segments, tgt_segments, causal=True)
+            cross_mask = SegmentedMask.of(tgt_in, src_tokens, tgt_segments, src_segments)
+        else:
+            self_mask, cross_mask = self._dense_masks(src_tokens, tgt_in, src_segments, tgt_segments, stepping)
+        layers = layer_stack(cfg, StackedDecoderLayer, decode=self.decode, deterministic=deterministic)
+        y_BxTxD = run_stack(layers, y_BxTxD, DecoderStackInputs(encoded_BxSxD, self_mask, cross_mask, beam_slots))
+        if cfg.norm_position == "pre":
+            y_BxTxD = layer_norm(cfg, "final_norm")(y_BxTxD)
+        if hidden_only:
+            return y_BxTxD
+        if cfg.tie_output_embedding:
+            return embed.attend(y_BxTxD)
+        return OutputProjection(
+            cfg.vocab_size, cfg.compute_dtype, cfg.params_dtype, name="output_projection"
+        )(y_BxTxD)
+
+    @staticmethod
+    def _dense_masks(src_tokens: jax.Array, tgt_in: jax.Array, src_segments: jax.Array | None,
+                     tgt_segments: jax.Array | None, stepping: bool) -> tuple[jax.Array | None, jax.Array | None]:
+        """The boolean self-attention ([B, 1, T, T]; None while stepping) and cross-attention ([B, 1, T, S]) masks."""
         self_mask = None if stepping else combine_masks(
             padding_mask(tgt_in, tgt_in),
             causal_mask(tgt_in.shape[1]),
@@ -253,15 +289,7 @@ class Decoder(nn.Module):
         cross_mask = combine_masks(
             padding_mask(tgt_in, src_tokens), _segment_mask_or_none(tgt_segments, src_segments)
         )
-        layers = layer_stack(cfg, StackedDecoderLayer, decode=self.decode, deterministic=deterministic)
-        y_BxTxD = run_stack(layers, y_BxTxD, DecoderStackInputs(encoded_BxSxD, self_mask, cross_mask, beam_slots))
-        if cfg.norm_position == "pre":
-            y_BxTxD = layer_norm(cfg, "final_norm")(y_BxTxD)
-        if cfg.tie_output_embedding:
-            return embed.attend(y_BxTxD)
-        return OutputProjection(
-            cfg.vocab_size, cfg.compute_dtype, cfg.params_dtype, name="output_projection"
-        )(y_BxTxD)
+        return self_mask, cross_mask
 
     def _beam_slots(self, tgt_in: jax.Array, batch: int, position: jax.Array, stepping: bool) -> jax.Array:
         """[B, N, L] beam slot holding each position's self-attention keys/values, per hypothesis.

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import flax.linen as nn
 import jax
 
@@ -50,11 +53,13 @@ class Transformer(nn.Module):
         tgt_segments: jax.Array | None = None,
         *,
         deterministic: bool = True,
+        hidden_only: bool = False,
     ) -> jax.Array:
-        """Encoder output + shifted-right targets -> [B, T, vocab] float32 logits."""
+        """Encoder output + shifted-right targets -> [B, T, vocab] float32 logits (`hidden_only`: the
+        [B, T, d_model] input of the pre-softmax projection; its weights are `output_weights(params)`)."""
         return self.decoder(
             encoded_BxSxD, src_tokens, tgt_in, tgt_positions, src_segments, tgt_segments,
-            deterministic=deterministic,
+            deterministic=deterministic, hidden_only=hidden_only,
         )
 
     def __call__(
@@ -67,10 +72,24 @@ class Transformer(nn.Module):
         tgt_segments: jax.Array | None = None,
         *,
         deterministic: bool = True,
+        hidden_only: bool = False,
     ) -> jax.Array:
-        """[B, S] source ids and [B, T] shifted-right target ids -> [B, T, vocab] float32 logits."""
+        """[B, S] source ids and [B, T] shifted-right target ids -> [B, T, vocab] float32 logits (or, with
+        `hidden_only`, the [B, T, d_model] input of the pre-softmax projection, as `decode`)."""
         encoded_BxSxD = self.encode(src_tokens, src_positions, src_segments, deterministic=deterministic)
         return self.decode(
             encoded_BxSxD, src_tokens, tgt_in, tgt_positions, src_segments, tgt_segments,
-            deterministic=deterministic,
+            deterministic=deterministic, hidden_only=hidden_only,
         )
+
+
+def output_weights(params: Mapping[str, Any], config: TransformerConfig) -> tuple[jax.Array, jax.Array | None]:
+    """The pre-softmax projection of a Transformer's `params` as a [vocab, d_model] table and a bias (or None):
+    the shared (or the decoder's) embedding table when tied (paper section 3.4), else the output projection's
+    kernel, transposed, and its bias. Logits = hidden @ table^T + bias, as the model computes them."""
+    params = nn.unbox(params)
+    if config.tie_output_embedding:
+        owner = params["shared_embedding"] if config.share_embeddings else params["decoder"]["embedding"]
+        return owner["embedding"], None
+    projection = params["decoder"]["output_projection"]
+    return projection["kernel"].T, projection["bias"]

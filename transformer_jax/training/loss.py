@@ -1,11 +1,23 @@
-"""The label-smoothed cross-entropy of the paper (section 5.4), with a hand-written backward pass."""
+"""The label-smoothed cross-entropy of the paper (section 5.4), with a hand-written backward pass.
+
+`label_smoothed_cross_entropy` takes the logits; `projected_cross_entropy_sums` takes the decoder's last
+hidden states and the output table and never forms the whole batch's logits (accelerators).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec
+
+from transformer_jax.base.sharding import BATCH_AXES, mesh_platform
+from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.masks import PAD_ID
+from transformer_jax.model.transformer import output_weights
 
 
 def label_smoothed_cross_entropy(
@@ -74,3 +86,165 @@ def _smoothed_cross_entropy_backward(
 
 
 _smoothed_cross_entropy.defvjp(_smoothed_cross_entropy_forward, _smoothed_cross_entropy_backward)
+
+
+def projected_cross_entropy_sums(
+    hidden_BxTxD: jax.Array, table_VxD: jax.Array, targets_BxT: jax.Array, smoothing: float, *,
+    bias_V: jax.Array | None = None, dtype: Any = jnp.float32, chunk_tokens: int = 2048, mesh: Mesh | None = None,
+) -> dict[str, jax.Array]:
+    """The pre-softmax projection and the label-smoothed loss together, a chunk of tokens at a time.
+
+    The same sums as `label_smoothed_cross_entropy` over `hidden @ table^T (+ bias)` weighted by the
+    non-padding targets ("loss", "nll", "correct": the reference has the highest logit, "tokens"), but no
+    float32 [B, T, V] array exists: each chunk of at most `chunk_tokens` tokens (per device) forms its
+    logits, its sums and, at once, its share of the gradient, dloss/dhidden = (softmax - q) table and
+    dloss/dtable = (softmax - q)^T hidden (accumulated in float32 over the chunks, so the gradient of a
+    shared embedding is the whole batch's), then drops them. The matmuls run in `dtype` with float32
+    accumulation, as `TokenEmbedding.attend` does; the gradients are kept from the forward pass and scaled
+    by the cotangent in the backward pass, so the backward pass has no matmul of its own: the FLOPs of the
+    unchunked projection, forward and backward.
+
+    `table_VxD` is the tied embedding table (or an untied projection's kernel, transposed) in its
+    parameter dtype; its gradient comes back in that dtype. On a `mesh`, each device works on its own
+    rows (the batch is split over `base.sharding.BATCH_AXES`) and the sums and the table's gradient are
+    summed over the devices once, after the last chunk. Only "loss" is differentiable.
+    """
+    loss, nll, correct = _projected_loss(hidden_BxTxD, table_VxD, bias_V, targets_BxT, float(smoothing),
+                                         jnp.dtype(dtype), int(chunk_tokens), mesh)
+    weights = (targets_BxT != PAD_ID).astype(jnp.float32)
+    return {"loss": loss, "nll": jax.lax.stop_gradient(nll), "correct": jax.lax.stop_gradient(correct),
+            "tokens": weights.sum()}
+
+
+@dataclasses.dataclass(frozen=True)
+class ProjectedLoss:
+    """How a train step forms its loss from the decoder's last hidden states (`projected_cross_entropy_sums`):
+    the model whose output weights it reads, at most `chunk_tokens` tokens per device at a time, on `mesh`."""
+
+    model: TransformerConfig
+    chunk_tokens: int
+    mesh: Mesh | None = None
+
+    def sums(self, params: Any, hidden_BxTxD: jax.Array, targets_BxT: jax.Array, smoothing: float
+             ) -> dict[str, jax.Array]:
+        """The loss sums of `hidden_BxTxD` (from `Transformer(..., hidden_only=True)`) under `params`."""
+        table_VxD, bias_V = output_weights(params, self.model)
+        return projected_cross_entropy_sums(hidden_BxTxD, table_VxD, targets_BxT, smoothing, bias_V=bias_V,
+                                            dtype=self.model.compute_dtype, chunk_tokens=self.chunk_tokens,
+                                            mesh=self.mesh)
+
+
+# Tokens per device whose logits a TPU or GPU forms at once (training.loss_chunk_tokens=-1): with a 37k
+# vocabulary, 151 MB of float32 logits per chunk (BENCHMARKS.md, "Accelerators").
+ACCELERATOR_CHUNK_TOKENS = 1024
+
+
+def projected_loss_for(chunk_tokens: int, model: TransformerConfig, mesh: Mesh) -> ProjectedLoss | None:
+    """The loss a run's train step uses (training.loss_chunk_tokens): None for the whole batch's logits (0, and
+    -1 on CPUs, where that path is as fast and keeps earlier runs' numbers), else chunks of that many tokens
+    per device (-1: ACCELERATOR_CHUNK_TOKENS on TPUs and GPUs)."""
+    if chunk_tokens < 0:
+        chunk_tokens = 0 if mesh_platform(mesh) == "cpu" else ACCELERATOR_CHUNK_TOKENS
+    return ProjectedLoss(model, chunk_tokens, mesh) if chunk_tokens else None
+
+
+def _chunks(tokens: int, chunk_tokens: int) -> int:
+    """The fewest chunks of at most `chunk_tokens` that split `tokens` evenly."""
+    chunks = max(1, -(-tokens // max(1, chunk_tokens)))
+    while tokens % chunks:
+        chunks += 1
+    return chunks
+
+
+def _local_projected_loss(hidden_BxTxD, table_VxD, bias_V, targets_BxT, smoothing, dtype, chunk_tokens, grads):
+    """One device's sums and, with `grads`, gradients: ((loss, nll, correct), (dhidden, dtable, dbias)), unscaled."""
+    vocab, width = table_VxD.shape
+    extra, low = _smoothing_weights(vocab, smoothing)
+    chunks = _chunks(targets_BxT.size, chunk_tokens)
+    hidden_CxNxD = hidden_BxTxD.reshape(chunks, -1, width).astype(dtype)
+    targets_CxN = targets_BxT.reshape(chunks, -1)
+    table = table_VxD.astype(dtype)
+    vocab_ids = jnp.arange(vocab, dtype=targets_BxT.dtype)
+
+    def chunk(carry, inputs):
+        sums, dtable_VxD, dbias_V = carry
+        hidden_NxD, targets_N = inputs
+        logits_NxV = jnp.einsum("nd,vd->nv", hidden_NxD, table, preferred_element_type=jnp.float32)
+        if bias_V is not None:
+            logits_NxV = logits_NxV + bias_V.astype(jnp.float32)
+        max_N = logits_NxV.max(-1)
+        exp_NxV = jnp.exp(logits_NxV - max_N[:, None])
+        sum_N = exp_NxV.sum(-1)
+        lse_N = max_N + jnp.log(sum_N)
+        is_ref_NxV = vocab_ids == targets_N[:, None]
+        reference_N = jnp.where(is_ref_NxV, logits_NxV, 0.0).sum(-1)
+        weights_N = (targets_N != PAD_ID).astype(jnp.float32)
+        loss_N = lse_N - extra * reference_N - (low * logits_NxV.sum(-1) if low else 0.0)
+        sums = sums + jnp.stack([(loss_N * weights_N).sum(), ((lse_N - reference_N) * weights_N).sum(),
+                                 ((reference_N >= max_N) * weights_N).sum()])
+        if not grads:
+            return (sums, dtable_VxD, dbias_V), None
+        # d loss / d logits = softmax - q, q = low everywhere plus `extra` on the reference; pads weigh 0.
+        grad_NxV = (exp_NxV / sum_N[:, None] - low - jnp.where(is_ref_NxV, extra, 0.0)) * weights_N[:, None]
+        if bias_V is not None:
+            dbias_V = dbias_V + grad_NxV.sum(0)
+        grad_NxV = grad_NxV.astype(dtype)
+        dhidden_NxD = jnp.einsum("nv,vd->nd", grad_NxV, table, preferred_element_type=jnp.float32)
+        dtable_VxD = dtable_VxD + jnp.einsum("nv,nd->vd", grad_NxV, hidden_NxD, preferred_element_type=jnp.float32)
+        return (sums, dtable_VxD, dbias_V), dhidden_NxD.astype(hidden_BxTxD.dtype)
+
+    start = (jnp.zeros(3, jnp.float32), jnp.zeros((vocab, width), jnp.float32) if grads else None,
+             None if bias_V is None or not grads else jnp.zeros((vocab,), jnp.float32))
+    # A Python loop, each chunk's inputs tied to the previous chunk's results by an optimization barrier: XLA
+    # then holds one chunk's logits at a time (as a loop would) yet sees every chunk, so its cost analysis
+    # counts all their FLOPs and bytes (it counts a loop's body once).
+    carry, outputs = start, []
+    for index in range(chunks):
+        if index:
+            carry, hidden_NxD = jax.lax.optimization_barrier((carry, hidden_CxNxD[index]))
+        else:
+            hidden_NxD = hidden_CxNxD[index]
+        carry, dhidden_NxD = chunk(carry, (hidden_NxD, targets_CxN[index]))
+        outputs.append(dhidden_NxD)
+    sums, dtable_VxD, dbias_V = carry
+    dhidden_CxNxD = None if not grads else jnp.stack(outputs)
+    if not grads:
+        return tuple(sums), (None, None, None)
+    return tuple(sums), (dhidden_CxNxD.reshape(hidden_BxTxD.shape), dtable_VxD, dbias_V)
+
+
+def _projected_loss_forward(hidden_BxTxD, table_VxD, bias_V, targets_BxT, smoothing, dtype, chunk_tokens, mesh,
+                            grads=True):
+    local = functools.partial(_local_projected_loss, smoothing=smoothing, dtype=dtype, chunk_tokens=chunk_tokens,
+                              grads=grads)
+    if mesh is None or mesh.size == 1:
+        sums, (dhidden, dtable, dbias) = local(hidden_BxTxD, table_VxD, bias_V, targets_BxT)
+    else:
+        def per_device(hidden, table, bias, targets):
+            sums, (dhidden, dtable, dbias) = local(hidden, table, bias, targets)
+            return jax.lax.psum((sums, dtable, dbias), BATCH_AXES), dhidden
+
+        rows, whole = PartitionSpec(BATCH_AXES), PartitionSpec()
+        (sums, dtable, dbias), dhidden = jax.shard_map(
+            per_device, mesh=mesh, in_specs=(rows, whole, whole, rows), out_specs=((whole, whole, whole), rows),
+            check_vma=False,
+        )(hidden_BxTxD, table_VxD, bias_V, targets_BxT)
+    if not grads:
+        return sums, None
+    return sums, (dhidden, dtable.astype(table_VxD.dtype), None if dbias is None else dbias.astype(bias_V.dtype))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+def _projected_loss(hidden_BxTxD, table_VxD, bias_V, targets_BxT, smoothing, dtype, chunk_tokens, mesh):
+    return _projected_loss_forward(hidden_BxTxD, table_VxD, bias_V, targets_BxT, smoothing, dtype, chunk_tokens,
+                                   mesh, grads=False)[0]
+
+
+def _projected_loss_backward(smoothing, dtype, chunk_tokens, mesh, grads, cotangents):
+    dhidden, dtable, dbias = grads
+    g_loss = cotangents[0]  # nll and correct are not differentiable (stop_gradient above)
+    scale = lambda x: None if x is None else (x * g_loss).astype(x.dtype)  # noqa: E731
+    return scale(dhidden), scale(dtable), scale(dbias), None
+
+
+_projected_loss.defvjp(_projected_loss_forward, _projected_loss_backward)

@@ -26,14 +26,44 @@ from transformer_jax.errors import ConfigError
 from transformer_jax.decoding.translate import decoding_precision, translate_rows
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
+from transformer_jax.training.loss import projected_loss_for
 from transformer_jax.training.memory import check_fits, compiled_bytes_per_device, state_bytes_per_device
 from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer
 from transformer_jax.training.state import TrainState, create_train_state
-from transformer_jax.training.step import add_trees, apply_gradients, compute_gradients, eval_step, train_step
+from transformer_jax.training.step import (
+    add_trees,
+    apply_gradients,
+    compute_gradients,
+    eval_step,
+    skip_by_for,
+    train_step,
+)
 
 if TYPE_CHECKING:
     from transformer_jax.data.pipeline import RunData
     from transformer_jax.data.shapes import BatchShapes
+
+
+class OnMesh:
+    """A jitted program traced with its mesh as JAX's context mesh (`jax.set_mesh`): the model's attention
+    reads the platform and the devices to place its kernel on from it (model/attention_kernels.py)."""
+
+    def __init__(self, jitted: Any, mesh: Mesh) -> None:
+        self.jitted, self.mesh = jitted, mesh
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with jax.set_mesh(self.mesh):
+            return self.jitted(*args, **kwargs)
+
+    def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
+        """The program lowered for these (possibly abstract) arguments."""
+        with jax.set_mesh(self.mesh):
+            return self.jitted.lower(*args, **kwargs)
+
+    def eval_shape(self, *args: Any, **kwargs: Any) -> Any:
+        """The shapes and dtypes of the program's outputs."""
+        with jax.set_mesh(self.mesh):
+            return jax.eval_shape(self.jitted, *args, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +146,8 @@ class RunPrograms:
                                 self.micro_gradients.lower(state, batch, micro)))
         if self.accumulation_steps > 1:
             rows, width = self.shapes.train[0]
-            sums = jax.eval_shape(self.micro_gradients, state, self.abstract_batch(rows, width, self.shapes.train_keys),
-                                  micro)
+            sums = self.micro_gradients.eval_shape(state, self.abstract_batch(rows, width, self.shapes.train_keys),
+                                                   micro)
             lowered.append(("apply accumulated gradients", self.apply_gradients.lower(state, *sums)))
         return lowered
 
@@ -187,20 +217,23 @@ def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
     shardings = state_shardings(mesh, jax.eval_shape(create_state))
     batch = batch_sharding(mesh)
     smoothing = training.label_smoothing
+    projected = projected_loss_for(training.loss_chunk_tokens, model_config, mesh)
+    skip_by = skip_by_for(mesh_platform(mesh))
 
     def micro_gradients(state: TrainState, b: dict[str, jax.Array], micro_step: jax.Array) -> tuple[Any, Any]:
-        return compute_gradients(state, b, smoothing, micro_step)
+        return compute_gradients(state, b, smoothing, micro_step, projected)
 
     return RunPrograms(
         config=config, model_config=model_config, model=model, mesh=mesh, shapes=shapes, schedule=schedule,
         create_state=create_state, shardings=shardings,
         abstract_state=abstract_with_shardings(jax.eval_shape(create_state), shardings),
-        train_step=jax.jit(  # a partial, not a lambda: compile logs and events name it train_step
-            functools.partial(train_step, smoothing=smoothing),
-            in_shardings=(shardings, batch), out_shardings=(shardings, None), donate_argnums=0),
-        micro_gradients=jax.jit(micro_gradients, in_shardings=(shardings, batch, None),
-                                out_shardings=(shardings.params, None)),
-        apply_gradients=jax.jit(apply_gradients, in_shardings=(shardings, shardings.params, None),
+        train_step=OnMesh(jax.jit(  # a partial, not a lambda: compile logs and events name it train_step
+            functools.partial(train_step, smoothing=smoothing, projected=projected, skip_by=skip_by),
+            in_shardings=(shardings, batch), out_shardings=(shardings, None), donate_argnums=0), mesh),
+        micro_gradients=OnMesh(jax.jit(micro_gradients, in_shardings=(shardings, batch, None),
+                                       out_shardings=(shardings.params, None)), mesh),
+        apply_gradients=jax.jit(functools.partial(apply_gradients, skip_by=skip_by),
+                                in_shardings=(shardings, shardings.params, None),
                                 out_shardings=(shardings, None), donate_argnums=0),
         add_trees=jax.jit(add_trees, donate_argnums=0),
         dev_loss_step=dev_loss_step(model_config, smoothing),

@@ -1,0 +1,200 @@
+"""Our train step against the Flax WMT example's on the chips users rent, by the compilers' own figures, and timed
+where this host has the chip (`--flax_checkout DIR`: a google/flax checkout; `--accel_runs`).
+
+Each run is `model@topology` (default base@v5e-8, big@v5p-8, base@h100; h100 needs JAX's CUDA plugin, see
+docs/scaling.md). For each, three train steps are compiled at the paper's batch (~25,000 target tokens per
+update: rows of 256 tokens per device) by libtpu, or the CUDA plugin for GPUs:
+  * ours: the preflight's step (configs/wmt14_ende_<model>.py through the run builder): on TPUs splash
+    attention and on GPUs cuDNN's ("auto"), the loss projected a chunk of tokens at a time;
+  * ours before: the same with the einsum attention and the whole batch's float32 logits (the step as it was
+    before these kernels, and as it still is on CPUs);
+  * Flax: examples/wmt/models.py with the same sizes (benchmarks/peer_flax.py).
+Figures per device: peak memory (arguments + outputs - donated + temporaries + code), XLA's bytes accessed
+and FLOPs, the roofline, [B, H, T, T] buffers left in device memory (read from the compiled HLO: every
+instruction outside fusions is a buffer in HBM), and the largest rows per device that fit (a second
+compile at twice the rows; linear in rows). XLA gives no FLOPs for a Pallas kernel, so "kernel FLOPs"
+adds the attention's analytic count where splash runs.
+
+On a host whose JAX backend is a GPU or TPU, the section also times the three steps there (ms per update,
+after warm-up, real arrays; the device's peak memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from typing import Any
+
+from benchmarks.workers import REPO, worker_command
+
+RUNS = "base@v5e-8,big@v5p-8,base@h100"
+CONTENDERS = ("ours", "ours before", "flax")
+WIDTH = 256
+
+
+def _rows_per_device(devices: int) -> int:
+    from transformer_jax.aot import PAPER_TOKENS_PER_STEP
+
+    return max(1, PAPER_TOKENS_PER_STEP // WIDTH // devices)
+
+
+def _model(model: str) -> Any:
+    from benchmarks.sections.aot import load_config
+
+    return load_config(model)
+
+
+def lowered_step(contender: str, model: str, mesh: Any, rows: int, checkout: str) -> tuple[Any, Any]:
+    """(lowered train step, model config) of `contender` at `rows` (global) x WIDTH on `mesh`."""
+    from transformer_jax.aot.compile import run_programs
+
+    config = _model(model)
+    config.data.tokens_per_batch = rows * WIDTH
+    config.mesh.update(data=-1, fsdp=1)
+    if contender == "ours before":
+        config.model.attention_backend = "einsum"
+        config.training.loss_chunk_tokens = 0
+    programs = run_programs(config, mesh)
+    if contender == "flax":
+        from benchmarks.peer_flax import load_example, lower_train_step
+
+        return lower_train_step(load_example(checkout), programs.model_config, mesh, rows, WIDTH), programs.model_config
+    return programs.lower_train()[0][1], programs.model_config
+
+
+def scores_in_memory(hlo: str, rows: int, heads: int) -> tuple[int, int]:
+    """(count, bytes) of [rows, heads, T, T]-sized buffers (any layout) outside fusions in optimized HLO."""
+    from transformer_jax.aot.compile import _DTYPE_BYTES
+
+    count = size = 0
+    computation = ""
+    for line in hlo.splitlines():
+        header = re.match(r"^(?:ENTRY )?%(\S+) ", line)
+        if header and line.rstrip().endswith("{"):
+            computation = header.group(1)
+            continue
+        if "fused" in computation or "region" in computation:
+            continue
+        match = re.match(r"\s*(?:ROOT )?%\S+ = (pred|[suf]\d+|bf16)\[([\d,]+)\]", line)
+        if not match:
+            continue
+        dims = [int(d) for d in match.group(2).split(",")]
+        if dims.count(WIDTH) >= 2 and heads in dims and len(dims) >= 4:
+            count += 1
+            size += _DTYPE_BYTES.get(match.group(1), 4) * int(__import__("math").prod(dims))
+    return count, size
+
+
+def compile_figures(contender: str, model: str, topology_name: str, rows_per_device: int, checkout: str
+                    ) -> dict[str, Any]:
+    """One contender's compiled train step on a topology: per-device memory, bytes, FLOPs, roofline."""
+    from transformer_jax.aot import describe, mesh_for
+    from transformer_jax.aot.compile import program_of
+    from transformer_jax.model.flops import attention_score_flops, train_step_flops
+
+    topology = describe(topology_name)
+    mesh = mesh_for(topology, -1, 1)
+    rows = rows_per_device * mesh.size
+    started = time.perf_counter()
+    lowered, model_config = lowered_step(contender, model, mesh, rows, checkout)
+    compiled = lowered.compile()
+    program = program_of(contender, compiled)
+    hlo = compiled.as_text()
+    kernels = hlo.count("tpu_custom_call") + hlo.count("__cudnn$fmha")
+    kernel_flops = attention_score_flops(model_config, rows, WIDTH, WIDTH) / mesh.size if "tpu_custom_call" in hlo else 0
+    scores = scores_in_memory(hlo, rows_per_device, model_config.num_heads)
+    chip = topology.chip
+    return {
+        "contender": contender, "model": model, "topology": topology_name, "chip": chip.name,
+        "rows_per_device": rows_per_device, "peak_gb": program.total_bytes / 1e9, "temp_gb": program.temp_bytes / 1e9,
+        "bytes_gb": program.bytes_accessed / 1e9, "xla_tflop": program.flops / 1e12,
+        "kernel_tflop": kernel_flops / 1e12,
+        "analytic_tflop": train_step_flops(model_config, rows, WIDTH, WIDTH) / mesh.size / 1e12,
+        "compute_ms": (program.flops + kernel_flops) / topology.peak_flops_per_device * 1e3,
+        "memory_ms": program.bytes_accessed / topology.hbm_bandwidth_per_device * 1e3,
+        "hbm_gb": topology.hbm_bytes_per_device / 1e9, "kernel_calls": kernels,
+        "score_buffers": scores[0], "score_buffer_gb": scores[1] / 1e9,
+        "compile_s": round(time.perf_counter() - started, 1),
+    }
+
+
+def largest_rows(at: dict[str, Any], doubled: dict[str, Any]) -> int | None:
+    """Rows per device that fit the chip's memory, extrapolated linearly from two compiles."""
+    per_row = (doubled["peak_gb"] - at["peak_gb"]) / at["rows_per_device"]
+    fixed = at["peak_gb"] - per_row * at["rows_per_device"]
+    return int((at["hbm_gb"] - fixed) // per_row) if per_row > 0 else None
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """Each run's contenders, and ours against Flax as ratios."""
+    lines = ["| model @ topology | step | peak GB/device | temporaries GB | XLA bytes accessed GB | XLA (+ kernel) "
+             "TFLOP / analytic | roofline ms (compute, memory) | [B,H,T,T] buffers in HBM | largest rows/device |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        flops = f"{r['xla_tflop']:.3f}" + (f" (+{r['kernel_tflop']:.3f})" if r["kernel_tflop"] else "")
+        lines.append(
+            f"| {r['model']} @ {r['topology']} | {r['contender']} | {r['peak_gb']:.2f} | {r['temp_gb']:.2f} "
+            f"| {r['bytes_gb']:.2f} | {flops} / {r['analytic_tflop']:.3f} "
+            f"| {max(r['compute_ms'], r['memory_ms']):.1f} ({r['compute_ms']:.1f}, {r['memory_ms']:.1f}) "
+            f"| {r['score_buffers']} ({r['score_buffer_gb']:.2f} GB) | {r.get('largest_rows', '-')} |")
+    lines += ["", "| model @ topology | ours / Flax: bytes accessed | peak memory | largest rows | "
+              "(XLA + kernel) FLOPs / analytic |", "|---|---|---|---|---|"]
+    for r in rows:
+        if r["contender"] != "ours":
+            continue
+        peer = next(p for p in rows if p["contender"] == "flax" and p["topology"] == r["topology"]
+                    and p["model"] == r["model"])
+        ratio = (f"{r['largest_rows'] / peer['largest_rows']:.2f}" if r.get("largest_rows") and peer.get("largest_rows")
+                 else "-")
+        lines.append(f"| {r['model']} @ {r['topology']} | {r['bytes_gb'] / peer['bytes_gb']:.2f} "
+                     f"| {r['peak_gb'] / peer['peak_gb']:.2f} | {ratio} "
+                     f"| {(r['xla_tflop'] + r['kernel_tflop']) / r['analytic_tflop']:.3f} |")
+    return "\n".join(lines)
+
+
+def worker(spec: dict[str, Any]) -> None:
+    """Every run of spec compiled (CPU platform, compile-only devices); the figures to spec["json"]."""
+    from transformer_jax.aot import describe
+
+    rows = []
+    for run in spec["runs"]:
+        model, topology = run.split("@")
+        per_device = _rows_per_device(len(describe(topology).devices))
+        for contender in CONTENDERS:
+            figures = compile_figures(contender, model, topology, per_device, spec["checkout"])
+            if contender != "ours before":
+                doubled = compile_figures(contender, model, topology, 2 * per_device, spec["checkout"])
+                figures["largest_rows"] = largest_rows(figures, doubled)
+                figures["doubled"] = doubled
+            print(json.dumps(figures), flush=True)
+            rows.append(figures)
+    print(markdown(rows), flush=True)
+    with open(spec["json"], "w") as f:
+        json.dump(rows, f)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """The compiled figures (a CPU worker), and the device timings when this host has a GPU or TPU."""
+    import jax
+
+    if not args.flax_checkout:
+        raise SystemExit("the accelerators section needs --flax_checkout=DIR, a local google/flax checkout")
+    result: dict[str, Any] = {}
+    if args.accel_runs:
+        env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_SKIP_CUDA_CONSTRAINTS_CHECK="1")
+        with tempfile.TemporaryDirectory() as scratch:
+            path = os.path.join(scratch, "accelerators.json")
+            spec = {"runs": args.accel_runs.split(","), "checkout": args.flax_checkout, "json": path}
+            subprocess.run(worker_command("accelerators", spec), cwd=REPO, env=env, check=True)
+            with open(path) as f:
+                result["compiled"] = json.load(f)
+    if jax.default_backend() in ("gpu", "tpu"):
+        from benchmarks.device_steps import time_contenders
+
+        result["timed"] = time_contenders(args.flax_checkout, args.accel_timed_rows, 20)
+    return result
