@@ -114,3 +114,41 @@ def lower_train_step(models: ModuleType, model: TransformerConfig, mesh: Mesh, r
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
     jitted = jax.jit(step, donate_argnums=(0, 1))
     return jitted.lower(placed(params), placed(opt_state), batch, rng)
+
+
+def lower_search(checkout: str, model: TransformerConfig, mesh: Mesh, rows: int, width: int, extra: int = 50,
+                 beam_size: int = 4, alpha: float = 0.6) -> Any:
+    """The example's beam search (train.py's predict_step with decode.py's beam_search: its key/value cache in
+    the compute dtype) lowered for `mesh`: `rows` sentences of `width` source tokens split over the devices,
+    outputs up to `width + extra` tokens, parameters replicated."""
+    models, decode = load_example(checkout, "models"), load_example(checkout, "decode")
+    max_decode_len = width + extra
+    decoder_config = example_config(models, model, decode=True, max_len=max(width, max_decode_len))
+    encoder_config = decoder_config.replace(decode=False)
+    params = jax.eval_shape(lambda: models.Transformer(encoder_config).init(
+        jax.random.key(0), jnp.ones((1, width), jnp.int32), jnp.ones((1, width), jnp.int32))["params"])
+    cache = jax.eval_shape(lambda: models.Transformer(decoder_config).init(
+        jax.random.key(0), jnp.ones((rows, width), jnp.int32), jnp.ones((rows, max_decode_len), jnp.int32))["cache"])
+
+    def predict(params: Any, inputs: jax.Array) -> jax.Array:
+        local = inputs.shape[0]  # under jit: the global rows; the cache is laid out for them
+        encoded = decode.flat_batch_beam_expand(
+            models.Transformer(encoder_config).apply({"params": params}, inputs, method=models.Transformer.encode),
+            beam_size)
+        raw_inputs = decode.flat_batch_beam_expand(inputs, beam_size)
+
+        def tokens_ids_to_logits(flat_ids, flat_cache):
+            logits, new_vars = models.Transformer(decoder_config).apply(
+                {"params": params, "cache": flat_cache}, encoded, raw_inputs, flat_ids, mutable=["cache"],
+                method=models.Transformer.decode)
+            return logits.squeeze(axis=1), new_vars["cache"]
+
+        zeros = jax.tree.map(lambda x: jnp.zeros((local,) + x.shape[1:] if x.ndim else x.shape, x.dtype), cache)
+        sequences, _ = decode.beam_search(inputs, zeros, tokens_ids_to_logits, beam_size=beam_size, alpha=alpha,
+                                          eos_id=decode.EOS_ID, max_decode_len=max_decode_len)
+        return sequences[:, -1, 1:]
+
+    replicated = NamedSharding(mesh, PartitionSpec())
+    placed = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), params)
+    inputs = jax.ShapeDtypeStruct((rows, width), jnp.int32, sharding=batch_sharding(mesh))
+    return jax.jit(predict).lower(placed, inputs)

@@ -9,7 +9,8 @@ update: rows of 256 tokens per device) by libtpu, or the CUDA plugin for GPUs:
   * ours before: the same with the einsum attention and the whole batch's float32 logits (the step as it was
     before these kernels, and as it still is on CPUs);
   * Flax: examples/wmt/models.py with the same sizes (benchmarks/peer_flax.py).
-Figures per device: peak memory (arguments + outputs - donated + temporaries + code), XLA's bytes accessed
+And the beam search of each (ours, and the example's predict_step with decode.py), at the preflight's
+translation batch. Figures per device: peak memory (arguments + outputs - donated + temporaries + code), XLA's bytes accessed
 and FLOPs, the roofline, [B, H, T, T] buffers left in device memory (read from the compiled HLO: every
 instruction outside fusions is a buffer in HBM), and the largest rows per device that fit (a second
 compile at twice the rows; linear in rows). XLA gives no FLOPs for a Pallas kernel, so "kernel FLOPs"
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import subprocess
@@ -67,8 +69,9 @@ def lowered_step(contender: str, model: str, mesh: Any, rows: int, checkout: str
     return programs.lower_train()[0][1], programs.model_config
 
 
-def scores_in_memory(hlo: str, rows: int, heads: int) -> tuple[int, int]:
-    """(count, bytes) of [rows, heads, T, T]-sized buffers (any layout) outside fusions in optimized HLO."""
+def scores_in_memory(hlo: str, rows: int, heads: int, width: int = WIDTH) -> tuple[int, int]:
+    """(count, bytes) of buffers holding [rows, heads, width, width] attention scores (any layout, any 4+ axes with
+    `heads` and two of `width`) outside fusions in optimized HLO: each is written to and read from device memory."""
     from transformer_jax.aot.compile import _DTYPE_BYTES
 
     count = size = 0
@@ -80,13 +83,13 @@ def scores_in_memory(hlo: str, rows: int, heads: int) -> tuple[int, int]:
             continue
         if "fused" in computation or "region" in computation:
             continue
-        match = re.match(r"\s*(?:ROOT )?%\S+ = (pred|[suf]\d+|bf16)\[([\d,]+)\]", line)
-        if not match:
-            continue
+        match = re.match(r"\s*(?:ROOT )?%\S+ = (pred|[suf]\d+|bf16)\[([\d,]+)\](\{[^}]*\})? (\S+)\(", line)
+        if not match or match.group(4) == "bitcast" or "S(1)" in (match.group(3) or ""):
+            continue  # a bitcast moves nothing; S(1) is the TPU core's own vector memory, not HBM
         dims = [int(d) for d in match.group(2).split(",")]
-        if dims.count(WIDTH) >= 2 and heads in dims and len(dims) >= 4:
+        if dims.count(width) >= 2 and heads in dims and len(dims) >= 4:
             count += 1
-            size += _DTYPE_BYTES.get(match.group(1), 4) * int(__import__("math").prod(dims))
+            size += _DTYPE_BYTES.get(match.group(1), 4) * math.prod(dims)
     return count, size
 
 
@@ -121,6 +124,31 @@ def compile_figures(contender: str, model: str, topology_name: str, rows_per_dev
         "score_buffers": scores[0], "score_buffer_gb": scores[1] / 1e9,
         "compile_s": round(time.perf_counter() - started, 1),
     }
+
+
+def search_figures(contender: str, model: str, topology_name: str, checkout: str) -> dict[str, Any]:
+    """The beam search (beam 4, alpha 0.6, outputs up to source + 50 tokens, the compute dtype's caches) of ours
+    (the preflight's) or the Flax example's (its predict_step), at the preflight's translation batch."""
+    from transformer_jax.aot import describe, mesh_for
+    from transformer_jax.aot.compile import program_of, run_programs
+    from transformer_jax.config.schema import decode_options, decoding_dtype
+
+    topology = describe(topology_name)
+    mesh = mesh_for(topology, -1, 1)
+    config = _model(model)
+    programs = run_programs(config, mesh)
+    rows, width = programs.shapes.translation
+    started = time.perf_counter()
+    if contender == "flax":
+        from benchmarks.peer_flax import lower_search
+
+        lowered = lower_search(checkout, programs.model_config, mesh, rows, width)
+    else:
+        lowered = programs.lower_search(decode_options(config), decoding_dtype(config))[1]
+    program = program_of(contender, lowered.compile())
+    return {"contender": contender, "model": model, "topology": topology_name, "sentences": rows, "width": width,
+            "peak_gb": program.total_bytes / 1e9, "bytes_gb": program.bytes_accessed / 1e9,
+            "xla_tflop": program.flops / 1e12, "compile_s": round(time.perf_counter() - started, 1)}
 
 
 def largest_rows(at: dict[str, Any], doubled: dict[str, Any]) -> int | None:
@@ -173,9 +201,24 @@ def worker(spec: dict[str, Any]) -> None:
                 figures["doubled"] = doubled
             print(json.dumps(figures), flush=True)
             rows.append(figures)
-    print(markdown(rows), flush=True)
+    searches = [search_figures(contender, *run.split("@"), spec["checkout"]) for run in spec["runs"]
+                for contender in ("ours", "flax")]
+    print(markdown(rows) + "\n\n" + search_markdown(searches), flush=True)
     with open(spec["json"], "w") as f:
-        json.dump(rows, f)
+        json.dump({"train": rows, "search": searches}, f)
+
+
+def search_markdown(searches: list[dict[str, Any]]) -> str:
+    """The searches' figures and ours against Flax."""
+    lines = ["| model @ topology | search | sentences x source tokens | peak GB/device | XLA bytes accessed GB "
+             "(each loop's body once) | ours / Flax: peak, bytes |", "|---|---|---|---|---|---|"]
+    for r in searches:
+        peer = next(p for p in searches if p["contender"] == "flax" and p["topology"] == r["topology"]
+                    and p["model"] == r["model"])
+        ratio = "" if r is peer else f"{r['peak_gb'] / peer['peak_gb']:.2f}, {r['bytes_gb'] / peer['bytes_gb']:.2f}"
+        lines.append(f"| {r['model']} @ {r['topology']} | {r['contender']} | {r['sentences']} x {r['width']} "
+                     f"| {r['peak_gb']:.2f} | {r['bytes_gb']:.2f} | {ratio} |")
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:

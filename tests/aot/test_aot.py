@@ -145,3 +145,26 @@ def test_an_unknown_topology_is_one_line(tmp_path):
 def test_zero_slices_is_a_config_error():
     with pytest.raises(ConfigError, match="--num_slices=0 must be at least 1"):
         describe("v5e-4", num_slices=0)
+
+
+def test_rows_of_128_tokens_compile_to_splash_attention_and_no_score_buffers_in_memory():
+    """attention_backend=auto on a TPU mesh: the train step calls the Pallas kernel (the preflight says so)."""
+    from benchmarks.sections.accelerators import scores_in_memory
+    from transformer_jax.aot.compile import run_programs
+    from transformer_jax.aot.report import table
+
+    topology = describe("v5e:2x2")
+    config = small_run(data=4, fsdp=1)
+    config.data.update(max_length=128, tokens_per_batch=4 * 128)
+    config.model.max_len = 256
+    mesh = mesh_for(topology, 4, 1)
+    programs = run_programs(config, mesh)
+    compiled = programs.lower_train()[0][1].compile()
+    shapes, figures = compile_run(config, mesh, which=("train",), programs=programs)
+    assert figures[0].attention_kernels >= 3 * 2  # per layer: encoder self, decoder self and cross, forward and backward
+    assert scores_in_memory(compiled.as_text(), 1, config.model.num_heads, 128) == (0, 0)
+    report = table(topology, mesh, shapes, figures, verdict(shapes, figures, topology, 1), 1)
+    assert "attention=auto (" in report and "attention kernel calls in the train step" in report
+    config.model.attention_backend = "einsum"
+    _, einsum = compile_run(config, mesh, which=("train",))
+    assert einsum[0].attention_kernels == 0

@@ -89,7 +89,7 @@ def gpu_report(peak_gb: float) -> str:
 def test_the_report_speaks_of_gpus_and_of_jax_preallocation():
     small, large = gpu_report(10), gpu_report(70)
     assert "h100: NVIDIA H100 SXM5, 1 GPU(s) on 1 host" in small and "slice" not in small
-    assert "rows per GPU" in small and "per GPU of 80.00 GB HBM" in small and "attention=einsum" in small
+    assert "rows per GPU" in small and "per GPU of 80.00 GB HBM" in small and "attention=auto" in small
     assert "XLA_PYTHON_CLIENT_MEM_FRACTION" not in small  # 10 GB is under JAX's 75% preallocation
     assert "JAX preallocates 75% of GPU memory (60.00 GB)" in large and "XLA_PYTHON_CLIENT_MEM_FRACTION" in large
 

@@ -45,6 +45,7 @@ class Program:
     flops: float  # per device, from XLA's cost analysis
     bytes_accessed: float  # per device, HBM traffic from XLA's cost analysis
     collectives: dict[str, tuple[int, int]]  # op -> (count, bytes of their results)
+    attention_kernels: int = 0  # calls of an attention kernel (TPU Pallas splash, cuDNN flash attention)
 
     @property
     def total_bytes(self) -> int:
@@ -81,6 +82,7 @@ def _product(dims: str) -> int:
 def program_of(name: str, compiled: Any) -> Program:
     """Read memory, cost and collectives out of a compiled executable."""
     memory = compiled.memory_analysis()
+    text = compiled.as_text()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     if cost is None:  # the CUDA plugin's compile-only executables carry no cost analysis
@@ -88,8 +90,16 @@ def program_of(name: str, compiled: Any) -> Program:
     return Program(
         name, memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.alias_size_in_bytes,
         memory.temp_size_in_bytes, memory.generated_code_size_in_bytes,
-        float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)), collectives_in(compiled.as_text()),
+        float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)), collectives_in(text),
+        attention_kernels_in(text),
     )
+
+
+def attention_kernels_in(hlo_text: str) -> int:
+    """How many attention-kernel calls optimized HLO text holds: Pallas TPU kernels (splash attention is the
+    one the model uses) and cuDNN's fused attention."""
+    return sum(1 for line in hlo_text.splitlines()
+               if 'custom_call_target="tpu_custom_call"' in line or 'custom_call_target="__cudnn$fmha' in line)
 
 
 def host_cost_analysis(compiled: Any) -> dict[str, float]:

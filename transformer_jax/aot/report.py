@@ -79,6 +79,15 @@ def verdict(shapes: RunShapes, programs: list[Program], topology: Topology, accu
                    xla_flops, analytic, analytic / (seconds * devices * topology.peak_flops_per_device))
 
 
+def _kernels(programs: list[Program]) -> str:
+    """What the train step's attention compiled to: kernel calls, or XLA's own attention."""
+    train = [p for p in programs if p.name.startswith(("train step", "micro-step"))]
+    if not train:
+        return ""
+    calls = max(p.attention_kernels for p in train)
+    return f" ({calls} attention kernel calls in the train step)" if calls else " (XLA's attention in the train step)"
+
+
 def _gb(size: float) -> str:
     return f"{size / 1e9:.2f} GB" if size >= 1e8 else f"{size / 1e6:.1f} MB"
 
@@ -98,7 +107,7 @@ def table(topology: Topology, mesh: Mesh, shapes: RunShapes, programs: list[Prog
         f"mesh            data={mesh.shape['data']} x fsdp={mesh.shape['fsdp']}",
         f"model           N={model.num_layers} d_model={model.d_model} d_ff={model.d_ff} h={model.num_heads} "
         f"vocab={model.vocab_size} dtype={model.dtype} remat={model.remat} scan_layers={model.scan_layers} "
-        f"attention={model.attention_backend}",
+        f"attention={model.attention_backend}" + _kernels(programs),
         f"batch           {shapes.rows} rows x {shapes.width} tokens per micro-step, x{accumulation} accumulation "
         f"= {accumulation * shapes.rows * shapes.width:,} target token slots per update; "
         f"{shapes.rows / devices:g} rows per {device}"

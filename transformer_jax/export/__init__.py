@@ -10,7 +10,6 @@ The runtime's own package is imported only when exporting, so this package stays
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import TYPE_CHECKING, Any
 
 from transformer_jax.errors import ConfigError

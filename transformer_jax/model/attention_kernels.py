@@ -74,8 +74,8 @@ def kernel_platform() -> str:
 
 def resolve_backend(backend: str, attention_dropout_rate: float, dtype: Any = jnp.bfloat16) -> str:
     """What "auto" is on this platform: "splash" on TPUs, "cudnn" on GPUs for 16-bit compute (cuDNN's flash
-    attention takes no float32), else "einsum"; "einsum" wherever attention dropout is on. Other backends are
-    returned as they are."""
+    attention takes no float32) where cuDNN is installed, else "einsum"; "einsum" wherever attention dropout
+    is on. Other backends are returned as they are."""
     if backend != "auto":
         return backend
     if attention_dropout_rate > 0:
@@ -83,9 +83,22 @@ def resolve_backend(backend: str, attention_dropout_rate: float, dtype: Any = jn
     platform = kernel_platform()
     if platform == "tpu":
         return "splash"
-    if platform == "gpu" and jnp.dtype(dtype).itemsize == 2:
+    if platform == "gpu" and jnp.dtype(dtype).itemsize == 2 and cudnn_available():
         return "cudnn"
     return "einsum"
+
+
+@functools.lru_cache(maxsize=1)
+def cudnn_available() -> bool:
+    """Whether JAX finds cuDNN on this host: its attention checks the library's version while tracing, so a
+    host that compiles for GPUs without their libraries (the preflight's compile-only H100) uses XLA's."""
+    try:
+        from jax._src.cudnn.fused_attention_stablehlo import check_cudnn_version
+
+        check_cudnn_version()
+    except Exception:  # noqa: BLE001 - any failure to find or load cuDNN means: not here
+        return False
+    return True
 
 
 def splash_applies(q_len: int, kv_len: int) -> bool:
@@ -105,9 +118,11 @@ def splash_attention(q_BxTxHxK: jax.Array, k_BxSxHxK: jax.Array, v_BxSxHxK: jax.
     """
     rows = functools.partial(_splash_rows, causal=mask.causal, interpret=kernel_platform() != "tpu")
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1:
+    # Inside a shard_map (the search: each device its own rows) the manual axes are already split.
+    free = () if mesh.empty else tuple(axis for axis in mesh.axis_names if axis not in mesh.manual_axes)
+    if not free or mesh.size == 1:
         return rows(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask.q_segments, mask.kv_segments)
-    split = PartitionSpec(tuple(mesh.axis_names))
+    split = PartitionSpec(free)
     return jax.shard_map(rows, in_specs=(split,) * 5, out_specs=split, check_vma=False)(
         q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask.q_segments, mask.kv_segments)
 
