@@ -37,6 +37,8 @@ MESH_SCRIPT = textwrap.dedent(
     results = {}
     meshes = {"one": (1, 1, jax.devices()[:1]), "data8": (8, 1, None), "data4_fsdp2": (4, 2, None)}
     for (name, (data, fsdp, devices)), (opt_name, optimizer) in itertools.product(meshes.items(), optimizers.items()):
+        if (name, opt_name) == ("data8", "adam"):
+            continue  # Adam's losses are compared on the other meshes; parameters after SGD on all three
         mesh = make_mesh(data, fsdp, devices)
         state, shardings = init_sharded(lambda: create_train_state(model, optimizer, seed=0), mesh)
         step = jax.jit(train_step, static_argnums=2, in_shardings=(shardings, None),
@@ -67,7 +69,7 @@ def test_mesh_results_equal_one_device(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     results = json.loads(run.stdout.strip().splitlines()[-1])
     for mesh in ("data8", "data4_fsdp2"):
-        for opt in ("sgd", "adam"):
+        for opt in ("sgd", "adam") if mesh == "data4_fsdp2" else ("sgd",):
             one, other = results[f"one/{opt}"], results[f"{mesh}/{opt}"]
             assert max(abs(a - b) for a, b in zip(one["losses"], other["losses"])) < 1e-5, (mesh, opt)
         # Parameters are compared after SGD steps. After Adam steps they agree to round-off in
@@ -79,7 +81,7 @@ def test_mesh_results_equal_one_device(tmp_path):
             assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5, mesh
     # fsdp=2 really shards parameters: the d_model axis of a kernel is split in two.
     assert results["data4_fsdp2/adam"]["kernel_shards"] == 2
-    assert results["data8/adam"]["kernel_shards"] == 1
+    assert results["data8/sgd"]["kernel_shards"] == 1
     # The checkpoint the 8-device mesh wrote restores here, on one device (e.g. to evaluate).
     restored = jax.tree.leaves(Checkpointer(checkpoints, read_only=True).restore_params(3))
     saved = results["data4_fsdp2/adam"]["params"]

@@ -37,7 +37,7 @@ def problem(seed=0, rows=4, width=12, d=16, vocab=37, pads=True):
     return hidden, table, bias, jnp.asarray(targets, jnp.int32)
 
 
-@pytest.mark.parametrize("chunk_tokens", [5, 16, 48, 10_000])  # 5: 48 tokens in 10 chunks of 4.8 -> 12 of 4
+@pytest.mark.parametrize("chunk_tokens", [5, 10_000])  # 5: 48 tokens in 10 chunks of 4.8 -> 12 of 4
 @pytest.mark.parametrize("smoothing, with_bias", [(0.1, False), (0.0, True)])
 def test_sums_and_gradients_equal_the_logits_path_in_float32(chunk_tokens, smoothing, with_bias):
     hidden, table, bias, targets = problem()
