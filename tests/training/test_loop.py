@@ -1,6 +1,5 @@
 """The training loop: metrics, checkpoints, resume equal to an uninterrupted run, the non-finite guard."""
 
-import dataclasses
 import json
 import os
 
