@@ -69,7 +69,7 @@ def time_flax(checkout: str, rows: int, steps: int) -> dict[str, Any]:
     """The Flax WMT example's train step at `rows` x 256 on this host's devices."""
     from benchmarks.peer_flax import example_config, load_example, train_step_function
     from benchmarks.sections.aot import load_config
-    from transformer_jax.base.sharding import batch_sharding, global_batch, make_mesh
+    from transformer_jax.base.sharding import global_batch, make_mesh
     from transformer_jax.model.config import TransformerConfig
 
     models = load_example(checkout)
@@ -85,7 +85,6 @@ def time_flax(checkout: str, rows: int, steps: int) -> dict[str, Any]:
     started = time.perf_counter()
     compiled = jitted.lower(params, opt_state, batch, rng).compile()
     compile_s = time.perf_counter() - started
-    del batch_sharding
 
     def one(params: Any, opt_state: Any, batch: Any) -> tuple:
         return jitted(params, opt_state, batch, rng)[:2]

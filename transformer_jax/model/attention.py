@@ -147,14 +147,15 @@ class MultiHeadAttention(nn.Module):
         self,
         inputs_q: jax.Array,
         inputs_kv: jax.Array | None = None,
-        mask: jax.Array | None = None,
+        mask: jax.Array | SegmentedMask | None = None,
         *,
         beam_slots: jax.Array | None = None,
         deterministic: bool = True,
     ) -> jax.Array:
         """[B, T, d_model] queries (and [B, S, d_model] keys/values) -> [B, T, d_model].
 
-        `beam_slots` ([B, N, L] ints, decoding self-attention only) says which beam slot of its
+        `mask`: a boolean [B|1, 1, T, S] array, or a `SegmentedMask` (the stacks pass these outside decoding:
+        the splash kernel takes them, the other paths make the array from them). `beam_slots` ([B, N, L] ints, decoding self-attention only) says which beam slot of its
         sentence holds each position's keys/values for each of the B*N query rows.
         """
         is_cross = inputs_kv is not None

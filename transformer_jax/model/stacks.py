@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.model.attention import DECODE_STEP, ENCODER_CACHE, HYPOTHESIS_CACHE, SLOT_CACHE
-from transformer_jax.model.attention_kernels import SegmentedMask, resolve_backend
+from transformer_jax.model.attention_kernels import SegmentedMask
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.dropout import Dropout
 from transformer_jax.model.embeddings import OutputProjection, TokenEmbedding
@@ -38,12 +38,6 @@ def token_embedding(config: TransformerConfig, name: str) -> TokenEmbedding:
 def default_positions(tokens: jax.Array) -> jax.Array:
     """[B, T] positions 0..T-1 for unpacked rows."""
     return jnp.broadcast_to(jnp.arange(tokens.shape[-1], dtype=jnp.int32), tokens.shape)
-
-
-def segmented_masks(config: TransformerConfig) -> bool:
-    """Whether the stacks hand their attention `SegmentedMask`s (segment ids, what the splash kernel takes)
-    rather than boolean arrays: where the backend resolves to splash (model/attention_kernels.py)."""
-    return resolve_backend(config.attention_backend, config.attention_dropout_rate, config.compute_dtype) == "splash"
 
 
 def _segment_mask_or_none(q_segments: jax.Array | None, kv_segments: jax.Array | None) -> jax.Array | None:
@@ -197,12 +191,8 @@ class Encoder(nn.Module):
             cfg.params_dtype, name="positional_encoding",
         )(positions)
         x_BxSxD = Dropout(cfg.dropout_rate)(x_BxSxD, deterministic=deterministic)
-        if segmented_masks(cfg):
-            mask = SegmentedMask.of(src_tokens, src_tokens, src_segments, src_segments)
-        else:
-            mask = combine_masks(
-                padding_mask(src_tokens, src_tokens), _segment_mask_or_none(src_segments, src_segments)
-            )
+        # Segment ids, not a [B, 1, S, S] array: each attention takes them to its kernel or makes the array.
+        mask = SegmentedMask.of(src_tokens, src_tokens, src_segments, src_segments)
         layers = layer_stack(cfg, StackedEncoderLayer, deterministic=deterministic)
         x_BxSxD = run_stack(layers, x_BxSxD, EncoderStackInputs(mask))
         if cfg.norm_position == "pre":
@@ -259,12 +249,11 @@ class Decoder(nn.Module):
         )(positions)
         y_BxTxD = Dropout(cfg.dropout_rate)(y_BxTxD, deterministic=deterministic)
 
-        # While stepping, the self-attention cache itself hides positions not yet written.
-        if segmented_masks(cfg) and not self.decode:
+        if self.decode:  # the decoding state folds beams into the boolean masks
+            self_mask, cross_mask = self._decoding_masks(src_tokens, tgt_in, src_segments, tgt_segments, stepping)
+        else:
             self_mask = SegmentedMask.of(tgt_in, tgt_in, tgt_segments, tgt_segments, causal=True)
             cross_mask = SegmentedMask.of(tgt_in, src_tokens, tgt_segments, src_segments)
-        else:
-            self_mask, cross_mask = self._dense_masks(src_tokens, tgt_in, src_segments, tgt_segments, stepping)
         layers = layer_stack(cfg, StackedDecoderLayer, decode=self.decode, deterministic=deterministic)
         y_BxTxD = run_stack(layers, y_BxTxD, DecoderStackInputs(encoded_BxSxD, self_mask, cross_mask, beam_slots))
         if cfg.norm_position == "pre":
@@ -278,9 +267,10 @@ class Decoder(nn.Module):
         )(y_BxTxD)
 
     @staticmethod
-    def _dense_masks(src_tokens: jax.Array, tgt_in: jax.Array, src_segments: jax.Array | None,
-                     tgt_segments: jax.Array | None, stepping: bool) -> tuple[jax.Array | None, jax.Array | None]:
-        """The boolean self-attention ([B, 1, T, T]; None while stepping) and cross-attention ([B, 1, T, S]) masks."""
+    def _decoding_masks(src_tokens: jax.Array, tgt_in: jax.Array, src_segments: jax.Array | None,
+                        tgt_segments: jax.Array | None, stepping: bool) -> tuple[jax.Array | None, jax.Array | None]:
+        """The boolean self-attention ([B, 1, T, T]; None while stepping: the self-attention cache itself hides
+        positions not yet written) and cross-attention ([B, 1, T, S]) masks of a decoding call."""
         self_mask = None if stepping else combine_masks(
             padding_mask(tgt_in, tgt_in),
             causal_mask(tgt_in.shape[1]),

@@ -38,17 +38,14 @@ def loss_sums(
     """
     deterministic = dropout_key is None
     rngs = None if deterministic else {"dropout": dropout_key}
-    if projected is not None:
-        hidden_BxTxD = apply_fn(
-            {"params": params}, batch["inputs"], batch["target_inputs"], **_model_inputs(batch),
-            deterministic=deterministic, rngs=rngs, hidden_only=True,
-        )
-        sums = projected.sums(params, hidden_BxTxD, batch["targets"], smoothing)
-        return sums["loss"], sums
-    logits_BxTxV = apply_fn(
+    outputs = apply_fn(
         {"params": params}, batch["inputs"], batch["target_inputs"], **_model_inputs(batch),
-        deterministic=deterministic, rngs=rngs,
+        deterministic=deterministic, rngs=rngs, **({"hidden_only": True} if projected is not None else {}),
     )
+    if projected is not None:
+        sums = projected.sums(params, outputs, batch["targets"], smoothing)
+        return sums["loss"], sums
+    logits_BxTxV = outputs
     loss_BxT, nll_BxT = label_smoothed_cross_entropy(logits_BxTxV, batch["targets"], smoothing)
     weights_BxT = (batch["targets"] != PAD_ID).astype(jnp.float32)
     # "Correct" = the reference has the highest logit (ties count as correct). A max is one vectorized
