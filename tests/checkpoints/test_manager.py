@@ -87,3 +87,16 @@ def test_when_no_checkpoint_restores_the_run_stops_and_moves_nothing(finished, t
     trainer.close()
     assert Checkpointer(str(workdir / "checkpoints"), read_only=True).steps() == steps
     assert not (workdir / "checkpoints.corrupt").exists()
+
+
+def test_what_an_interrupted_save_left_is_gone_once_the_checkpointer_is_made(tmp_path):
+    """Orbax clears unfinished saves in a thread only its next save waits for: ours waits at start-up, so a
+    process that stops before saving (a signal while compiling) leaves no thread to die at exit."""
+    directory = tmp_path / "checkpoints"
+    leftover = directory / "4.orbax-checkpoint-tmp-1764133200"
+    (leftover / "state").mkdir(parents=True)
+    (leftover / "state" / "half_written").write_bytes(b"\0" * 1024)
+    checkpointer = Checkpointer(str(directory))
+    assert not leftover.exists()
+    assert checkpointer.steps() == []
+    checkpointer.close()

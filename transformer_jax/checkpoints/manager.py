@@ -51,6 +51,17 @@ def best_metric_for(bleu_every: int) -> tuple[str, str]:
     return ("dev_bleu", "max") if bleu_every else ("dev_loss", "min")
 
 
+def _await_startup_cleanup(manager: ocp.CheckpointManager) -> None:
+    """Wait for the clean-up of unfinished saves that Orbax's CheckpointManager starts when it is made.
+
+    Orbax (0.12) exposes no public wait for it (neither wait_until_finished() nor close() joins it); where a
+    later Orbax drops the private method, its own next save() still waits for the clean-up.
+    """
+    wait = getattr(manager, "_maybe_await_cleanup_tmp_directory", None)
+    if wait is not None:
+        wait()
+
+
 class Checkpointer:
     """Saves and restores {state, data, meta} under `<directory>/<step>/` with an Orbax manager.
 
@@ -98,6 +109,10 @@ class Checkpointer:
             "meta": ocp.JsonCheckpointHandler(),
         }
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+        # Orbax removes what an interrupted save left in a background thread that only its next save() waits
+        # for: a process that ends before saving (a signal while compiling, eval.py) must not leave that
+        # thread to meet the interpreter's shutdown ("cannot schedule new futures after shutdown").
+        _await_startup_cleanup(self.manager)
         self._faults: _StorageFaults | None = None
         if not read_only:  # made by the manager: watched from now on
             self._faults = _StorageFaults(DirectoryWatch(self.directory))
