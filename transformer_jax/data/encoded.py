@@ -75,7 +75,7 @@ def encode_pairs(pairs: Sequence[tuple[str, str]], tokenizer: Tokenizer, chunk_s
     while start < len(pairs):
         chunk = pairs[start:start + chunk_size]
         for side, parts in enumerate(chunks):
-            parts.append(_with_eos(tokenizer.encode_batch([pair[side] for pair in chunk])))
+            parts.append(_with_eos(tokenizer.encode_batch([pair[side] for pair in chunk], target=side == 1)))
         if consume:
             del pairs[:chunk_size], chunk  # type: ignore[attr-defined]
         else:

@@ -49,9 +49,10 @@ class Tokenizer:
             raise DataError(f"tokenizer model {path} does not exist; {_restore(path, copies)}")
         model_proto = read_bytes(path)
         try:
-            return cls(model_proto)
-        except RuntimeError:  # SentencePiece's parse error: multi-line, naming its own source file
-            raise DataError(f"tokenizer model {path} is damaged (SentencePiece cannot read its "
+            return tokenizer_from_bytes(model_proto)
+        except (RuntimeError, DataError):  # SentencePiece's parse error: multi-line, naming its own source file
+            reader = "Marian vocabulary" if model_proto.startswith(b"PK") else "SentencePiece"
+            raise DataError(f"tokenizer model {path} is damaged ({reader} cannot read its "
                             f"{len(model_proto)} bytes); {_restore(path, copies)}") from None
 
     @property
@@ -65,8 +66,9 @@ class Tokenizer:
         """Ids of one sentence, without BOS or EOS."""
         return self._processor.encode(text)
 
-    def encode_batch(self, texts: Sequence[str], num_threads: int = -1) -> list[list[int]]:
-        """Ids of many sentences (threaded in C++)."""
+    def encode_batch(self, texts: Sequence[str], num_threads: int = -1, target: bool = False) -> list[list[int]]:
+        """Ids of many sentences (threaded in C++); one joint model encodes both sides (`target` is ignored)."""
+        del target
         return self._processor.encode(list(texts), num_threads=num_threads)
 
     def decode(self, ids: Iterable[int]) -> str:
@@ -88,6 +90,16 @@ class Tokenizer:
         return self._processor.id_to_piece(token)
 
 
+def tokenizer_from_bytes(model_proto: bytes) -> Tokenizer:
+    """A run's tokenizer from its file's bytes: a SentencePiece model, or an imported Marian vocabulary (a zip
+    bundle, data/marian_vocabulary.py, which answers the same calls)."""
+    from transformer_jax.data.marian_vocabulary import ZIP_MAGIC, MarianVocabulary
+
+    if model_proto.startswith(ZIP_MAGIC):
+        return MarianVocabulary.from_bytes(model_proto)  # type: ignore[return-value]
+    return Tokenizer(model_proto)
+
+
 def _kept_copies(path: str) -> list[str]:
     """Where a run keeps other copies of the tokenizer model at `path`: `<workdir>/tokenizer.model` and
     its prepared corpus's `<workdir>/corpus/tokenizer.model` copy each other (data/prepared.py)."""
@@ -105,7 +117,7 @@ def _restore(path: str, copies: Sequence[str]) -> str:
         if os.path.normpath(copy) == os.path.normpath(path) or not is_file(copy):
             continue
         try:
-            Tokenizer(read_bytes(copy))
+            tokenizer_from_bytes(read_bytes(copy))
         except (RuntimeError, DataError):
             continue  # damaged as well
         return f"copy {copy} (an intact copy the run keeps) to {path}"

@@ -1,8 +1,10 @@
-"""Exporting a trained model to other inference runtimes (today: CTranslate2).
+"""Exporting a trained model to other runtimes: CTranslate2, and Hugging Face Marian (MarianMTModel).
 
-  export_target("ctranslate2:DIR")   parse and check eval.py's --export value before any work
-  export_run(run, params, target)    write the run's model (and its SentencePiece model) there
+  export_target("ctranslate2:DIR" | "hf:DIR")   parse and check eval.py's --export value before any work
+  export_run(run, params, target)    write the run's model (and its tokenizer) there
   export_ctranslate2(params, config, vocabulary, DIR)   the library call, for any parameters
+  marian_files(params, config, tokenizer)   a Marian directory's files (export/marian.py; importing is
+                                            cli/import_marian.py)
 
 The runtime's own package is imported only when exporting, so this package stays light.
 """
@@ -18,7 +20,7 @@ from transformer_jax.export.ctranslate2 import check_output_directory, export_ct
 if TYPE_CHECKING:
     from transformer_jax.checkpoints.selection import Run
 
-FORMATS = ("ctranslate2",)
+FORMATS = ("ctranslate2", "hf")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +39,12 @@ def export_target(value: str) -> ExportTarget:
     if fmt not in FORMATS:
         raise ConfigError(f"--export format {fmt!r} is unknown; choose one of {list(FORMATS)}")
     check_output_directory(directory)
-    import_ctranslate2()
+    if fmt == "ctranslate2":
+        import_ctranslate2()
+    else:
+        from transformer_jax.export.hf_directory import safetensors_bytes
+
+        safetensors_bytes({})  # the hf extra is installed, or a ConfigError says how to install it
     return ExportTarget(fmt, directory)
 
 
@@ -47,10 +54,50 @@ def export_run(run: Run, params: Any, target: ExportTarget) -> str:
     from transformer_jax.base.files import read_bytes
 
     tokenizer = run.tokenizer
+    if target.format == "hf":
+        from transformer_jax.export.hf_directory import write_directory
+
+        files = marian_files(params, run.model_config, tokenizer, run.config.data.source_lang,
+                             run.config.data.target_lang, run.config.eval.beam_size,
+                             read_bytes(layout.run_path(run.workdir, layout.TOKENIZER)))
+        return write_directory(target.directory, files)
     vocabulary = [tokenizer.piece(i) for i in range(tokenizer.vocab_size)]
     tokenizer_model = read_bytes(layout.run_path(run.workdir, layout.TOKENIZER))
     return export_ctranslate2(params, run.model_config, vocabulary, target.directory,
                               extra_files={layout.TOKENIZER: tokenizer_model})
 
 
-__all__ = ["FORMATS", "ExportTarget", "export_ctranslate2", "export_run", "export_target"]
+def marian_files(params: Any, config: Any, tokenizer: Any, source_lang: str, target_lang: str, beam_size: int,
+                 tokenizer_file: bytes) -> dict[str, bytes]:
+    """The files of a Hugging Face Marian directory holding `params` ({name: content}); `tokenizer_file` is the
+    run's tokenizer.model (a SentencePiece model serves as both source.spm and target.spm)."""
+    import flax.linen as nn
+    import jax
+    import numpy as np
+
+    from transformer_jax.data.marian_vocabulary import MarianVocabulary
+    from transformer_jax.export.hf_directory import json_bytes, safetensors_bytes
+    from transformer_jax.export.marian import export_rows, generation_config_of, hf_config_of, ours_to_marian
+    from transformer_jax.model.stacks import unscanned_layout
+
+    rows = export_rows(config.vocab_size)
+    params = jax.tree.map(lambda x: np.asarray(x, np.float32), unscanned_layout(nn.meta.unbox(params)))
+    tensors = ours_to_marian(params, config, rows)
+    pieces = ["</s>", "<unk>"] + [tokenizer.piece(int(i)) for i in rows[2:-1]] + ["<pad>"]
+    if len(set(pieces)) != len(pieces):
+        raise ConfigError("the tokenizer names two ids with one piece; a Marian vocabulary cannot hold it")
+    if isinstance(tokenizer, MarianVocabulary):
+        source_spm, target_spm = tokenizer.files["source.spm"], tokenizer.files["target.spm"]
+    else:
+        source_spm = target_spm = tokenizer_file
+    hf_config = hf_config_of(config, len(rows))
+    tokenizer_config = {"tokenizer_class": "MarianTokenizer", "source_lang": source_lang, "target_lang": target_lang,
+                        "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>",
+                        "model_max_length": config.max_len, "separate_vocabs": False}
+    return {"config.json": json_bytes(hf_config), "model.safetensors": safetensors_bytes(tensors),
+            "generation_config.json": json_bytes(generation_config_of(hf_config, beam_size)),
+            "vocab.json": json_bytes({piece: index for index, piece in enumerate(pieces)}),
+            "tokenizer_config.json": json_bytes(tokenizer_config), "source.spm": source_spm, "target.spm": target_spm}
+
+
+__all__ = ["FORMATS", "ExportTarget", "export_ctranslate2", "export_run", "export_target", "marian_files"]

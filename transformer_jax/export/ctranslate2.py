@@ -4,7 +4,8 @@ CTranslate2 (https://opennmt.net/CTranslate2) runs encoder-decoder Transformers 
 with int8/float16 weights. `export_ctranslate2` fills a `ctranslate2.specs.TransformerSpec` with our
 parameters and saves it, so `ctranslate2.Translator(directory)` translates as our model does:
 
-  * post-LN and pre-LN (the pre-LN stacks' final LayerNorm), ReLU feed-forward, LayerNorm epsilon;
+  * post-LN and pre-LN (the pre-LN stacks' final LayerNorm), the feed-forward activation, LayerNorm epsilon;
+  * the output bias (tied projection with `output_bias`, or the untied projection's);
   * token embeddings scaled by sqrt(d_model); one table for source, target and (when tied) the output;
   * positions: CTranslate2's built-in sinusoidal table is [sin..., cos...] (halves), ours interleaves
     (dimension 2i is sin, 2i+1 cos), so our table (or the learned one) is written out explicitly as the
@@ -127,7 +128,8 @@ def _fill_decoder(spec: Any, config: TransformerConfig, stack: Mapping[str, Any]
     if config.norm_position == "pre":
         _layer_norm(spec.layer_norm, stack["final_norm"])
     if config.tie_output_embedding:
-        kernel_DxV, bias_V = embedding.T, np.zeros(config.vocab_size, np.float32)
+        kernel_DxV = embedding.T
+        bias_V = _array(stack["output_bias"]).copy() if config.output_bias else np.zeros(config.vocab_size, np.float32)
     else:
         projection = stack["output_projection"]
         kernel_DxV, bias_V = _array(projection["kernel"]), _array(projection["bias"]).copy()
@@ -141,6 +143,7 @@ def transformer_spec(params: Any, config: TransformerConfig, vocabulary: Sequenc
     `vocabulary[i]` is the piece of token id i (our ids: pad 0, unk 1, bos 2, eos 3).
     """
     import_ctranslate2()
+    from ctranslate2.specs import common_spec
     from ctranslate2.specs import transformer_spec as specs
 
     if len(vocabulary) != config.vocab_size:
@@ -148,8 +151,10 @@ def transformer_spec(params: Any, config: TransformerConfig, vocabulary: Sequenc
                           "embeddings; export with the run's own tokenizer")
     params = unscanned_layout(nn.meta.unbox(params))
     pre_norm = config.norm_position == "pre"
-    encoder = specs.TransformerEncoderSpec(config.num_layers, config.num_heads, pre_norm=pre_norm)
-    decoder = specs.TransformerDecoderSpec(config.num_layers, config.num_heads, pre_norm=pre_norm)
+    activation = {"relu": common_spec.Activation.RELU, "swish": common_spec.Activation.SWISH,
+                  "gelu": common_spec.Activation.GELU}[config.activation]
+    encoder = specs.TransformerEncoderSpec(config.num_layers, config.num_heads, pre_norm=pre_norm, activation=activation)
+    decoder = specs.TransformerDecoderSpec(config.num_layers, config.num_heads, pre_norm=pre_norm, activation=activation)
     spec = specs.TransformerSpec(encoder, decoder)
     if config.share_embeddings:
         source_embedding = target_embedding = _array(params["shared_embedding"]["embedding"])

@@ -22,6 +22,8 @@ AttentionBackend = Literal["auto", "einsum", "fused", "cudnn", "splash"]
 # input (the layer is recomputed in the backward pass); "dots": the outputs of matmuls without batch
 # dimensions (the projections), recomputing the rest (attention weights, activations, norms).
 RematPolicy = Literal["none", "full", "dots"]
+# The feed-forward networks' non-linearity: the paper's ReLU, or swish (x sigmoid(x), OPUS-MT's) or GELU (erf form).
+Activation = Literal["relu", "swish", "gelu"]
 
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
@@ -45,6 +47,9 @@ class TransformerConfig:
       positional_encoding: "sinusoidal" (the paper) or "learned".
       share_embeddings: one embedding table for source and target tokens (paper section 3.4).
       tie_output_embedding: the pre-softmax projection is the target embedding table, transposed.
+      output_bias: a bias over the vocabulary added to the tied pre-softmax projection (not in the paper;
+        Marian's `final_logits_bias`); an untied projection always has one.
+      activation: the feed-forward non-linearity: "relu" (the paper), "swish" (OPUS-MT) or "gelu".
       attention_backend: "auto" (the platform's kernel: splash attention on TPUs, cuDNN flash attention on
         GPUs, einsum on CPUs and with attention dropout), "einsum" (softmax(QK^T/sqrt(d_k))V written out;
         runs everywhere, allows attention dropout, exposes the weights), "fused"
@@ -75,6 +80,8 @@ class TransformerConfig:
     positional_encoding: PositionalEncodingKind = "sinusoidal"
     share_embeddings: bool = True
     tie_output_embedding: bool = True
+    output_bias: bool = False
+    activation: Activation = "relu"
     attention_backend: AttentionBackend = "auto"
     dtype: str = "float32"
     param_dtype: str = "float32"
@@ -101,6 +108,7 @@ class TransformerConfig:
         _check_choice("positional_encoding", self.positional_encoding, ("sinusoidal", "learned"))
         _check_choice("attention_backend", self.attention_backend, ("auto", "einsum", "fused", "cudnn", "splash"))
         _check_choice("remat", self.remat, ("none", "full", "dots"))
+        _check_choice("activation", self.activation, ("relu", "swish", "gelu"))
         _check_choice("dtype", self.dtype, tuple(_DTYPES))
         _check_choice("param_dtype", self.param_dtype, tuple(_DTYPES))
         if self.attention_backend not in ("auto", "einsum") and self.attention_dropout_rate > 0:

@@ -1,4 +1,7 @@
-"""Position-wise feed-forward network (paper section 3.3): FFN(x) = max(0, x W1 + b1) W2 + b2."""
+"""Position-wise feed-forward network (paper section 3.3): FFN(x) = max(0, x W1 + b1) W2 + b2.
+
+The non-linearity can also be swish (x sigmoid(x), as OPUS-MT's Marian models have it) or GELU.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +11,19 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+ACTIVATIONS = {"relu": nn.relu, "swish": nn.swish, "gelu": lambda x: nn.gelu(x, approximate=False)}
 from transformer_jax.model.precision import dense_dot_general
 
 
 class FeedForward(nn.Module):
-    """Two linear maps d_model -> d_ff -> d_model with a ReLU between, applied at every position."""
+    """Two linear maps d_model -> d_ff -> d_model with a ReLU (or `activation`) between, at every position."""
 
     d_model: int
     d_ff: int
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     float32_dot_outputs: bool = False  # see model/precision.py
+    activation: str = "relu"  # a key of ACTIVATIONS
 
     @nn.compact
     def __call__(self, x_BxTxD: jax.Array) -> jax.Array:
@@ -44,4 +49,4 @@ class FeedForward(nn.Module):
             ),
             bias_init=nn.with_logical_partitioning(nn.initializers.zeros, ("embed",)),
             name="outer",
-        )(nn.relu(hidden_BxTxF))
+        )(ACTIVATIONS[self.activation](hidden_BxTxF))

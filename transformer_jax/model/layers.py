@@ -62,6 +62,7 @@ def feed_forward(config: TransformerConfig) -> FeedForward:
         dtype=config.compute_dtype,
         param_dtype=config.params_dtype,
         float32_dot_outputs=config.float32_dot_outputs,
+        activation=config.activation,
         name="feed_forward",
     )
 

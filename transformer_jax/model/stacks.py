@@ -260,6 +260,10 @@ class Decoder(nn.Module):
             y_BxTxD = layer_norm(cfg, "final_norm")(y_BxTxD)
         if hidden_only:
             return y_BxTxD
+        if cfg.tie_output_embedding and cfg.output_bias:
+            bias_V = self.param("output_bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)),
+                                (cfg.vocab_size,), cfg.params_dtype)
+            return embed.attend(y_BxTxD) + bias_V.astype(jnp.float32)
         if cfg.tie_output_embedding:
             return embed.attend(y_BxTxD)
         return OutputProjection(

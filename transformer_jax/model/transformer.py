@@ -90,6 +90,6 @@ def output_weights(params: Mapping[str, Any], config: TransformerConfig) -> tupl
     params = nn.unbox(params)
     if config.tie_output_embedding:
         owner = params["shared_embedding"] if config.share_embeddings else params["decoder"]["embedding"]
-        return owner["embedding"], None
+        return owner["embedding"], params["decoder"]["output_bias"] if config.output_bias else None
     projection = params["decoder"]["output_projection"]
     return projection["kernel"].T, projection["bias"]

@@ -1,0 +1,110 @@
+"""Import a Hugging Face Marian (OPUS-MT) model as a run directory that eval.py and train.py use.
+
+  python -m transformer_jax.cli.import_marian --hf_dir=opus-mt-en-de --workdir=runs/opus_en_de \\
+      [--source_lang=en --target_lang=de] [--text_data=DIR]
+
+The run directory gets config.json (the model's settings; data.source "text" reading --text_data, whose
+test.<lang> and dev.<lang> files eval.py --split then scores), tokenizer.model (the Marian vocabulary,
+data/marian_vocabulary.py) and checkpoints/0 (the parameters, export/marian.py). It is written whole into a
+folder beside --workdir and renamed once complete; --workdir must be absent or empty.
+
+Then: `eval.py --workdir=DIR --translate=FILE`, `eval.py --workdir=DIR --split=test`, and fine-tuning with
+`train.py --config=... --workdir=NEW --config.training.init_from=DIR`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+from typing import Any
+
+import flax.struct
+import ml_collections
+import numpy as np
+from absl import app, flags
+
+from transformer_jax.base import quiet_console
+from transformer_jax.base import workdir as layout
+from transformer_jax.base.files import unique_name, write_atomically
+from transformer_jax.checkpoints.manager import Checkpointer
+from transformer_jax.cli.commands import user_errors
+from transformer_jax.config.schema import check_run_config, default_config, write_run_config
+from transformer_jax.data.marian_vocabulary import MarianVocabulary
+from transformer_jax.export.hf_directory import check_new_directory, read_marian
+from transformer_jax.export.marian import marian_to_ours, model_config_of
+from transformer_jax.model.config import TransformerConfig
+
+
+@flax.struct.dataclass
+class ModelOnly:
+    """What an imported checkpoint holds: the parameters (eval.py and training.init_from read only those)."""
+
+    params: Any
+
+
+def run_config(model: TransformerConfig, vocabulary: MarianVocabulary, source_lang: str, target_lang: str,
+               text_data: str) -> ml_collections.ConfigDict:
+    """The imported run's settings: the model's, its vocabulary's size, and a text corpus to score on."""
+    config = default_config()
+    config.model.update({**dataclasses.asdict(model), "vocab_size": 0})
+    config.data.vocab_size = vocabulary.vocab_size
+    config.data.max_length = min(config.data.max_length, model.max_len - 1)
+    config.data.source, config.data.path = "text", text_data
+    config.data.source_lang, config.data.target_lang = source_lang, target_lang
+    config.training.num_train_steps = 1  # a run that is already trained: nothing for train.py to do here
+    check_run_config(config)
+    return config
+
+
+def import_marian(hf_dir: str, workdir: str, source_lang: str = "en", target_lang: str = "de",
+                  text_data: str = "") -> str:
+    """Write the run directory `workdir` from the Marian model in `hf_dir`; returns `workdir`."""
+    check_new_directory(workdir)
+    hf_config, tensors, vocabulary = read_marian(hf_dir)
+    model = model_config_of(hf_config, tensors)
+    params = marian_to_ours(tensors, model, vocabulary.marian_ids)
+    config = run_config(model, vocabulary, source_lang, target_lang, os.path.abspath(text_data) if text_data else "")
+    workdir = os.path.normpath(workdir)
+    staging = unique_name(os.path.join(os.path.dirname(os.path.abspath(workdir)), f".{os.path.basename(workdir)}.tmp"))
+    try:
+        os.makedirs(staging)
+        write_atomically(layout.run_path(staging, layout.TOKENIZER), vocabulary.to_bytes())
+        write_run_config(config, staging)
+        checkpointer = Checkpointer(layout.run_path(staging, layout.CHECKPOINTS), asynchronous=False)
+        state = ModelOnly(params=_as_arrays(params))
+        checkpointer.save(0, state, {}, {"imported_from": os.path.abspath(hf_dir)})
+        checkpointer.close()
+        if os.path.isdir(workdir):
+            os.rmdir(workdir)  # empty (checked above)
+        os.replace(staging, workdir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return workdir
+
+
+def _as_arrays(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {key: _as_arrays(value) for key, value in tree.items()}
+    return np.asarray(tree, np.float32)
+
+
+_HF_DIR = flags.DEFINE_string("hf_dir", None, "A local Hugging Face Marian model directory.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "The run directory to create (absent or empty).")
+_SOURCE = flags.DEFINE_string("source_lang", "en", "Source language code (the text files' suffix).")
+_TARGET = flags.DEFINE_string("target_lang", "de", "Target language code.")
+_TEXT = flags.DEFINE_string("text_data", "", "Directory of dev/test.<lang> files eval.py --split scores (optional).")
+flags.mark_flags_as_required(["hf_dir", "workdir"])
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    quiet_console()
+    with user_errors():
+        workdir = import_marian(_HF_DIR.value, _WORKDIR.value, _SOURCE.value, _TARGET.value, _TEXT.value)
+        print(f"imported {_HF_DIR.value} into {workdir}: eval.py --workdir={workdir} --translate=FILE translates with it")
+
+
+if __name__ == "__main__":
+    app.run(main)
