@@ -11,6 +11,7 @@ from ml_collections import config_flags
 from transformer_jax.base import quiet_console
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.files import is_dir, list_names
+from transformer_jax.checkpoints.initial import adopt_initial_model
 from transformer_jax.cli import (
     define_cluster_flags,
     interrupts_reported,
@@ -80,6 +81,8 @@ def main(argv: list[str]) -> None:
     with user_errors(), interrupts_reported(finished, terminated_exit=0):  # SIGTERM: a rerun resumes
         config, workdir = _CONFIG.value, _WORKDIR.value
         check_run_config(config)  # before any work, so a bad value leaves no trace in the workdir
+        config = adopt_initial_model(config, workdir)  # fine-tuning: the architecture of training.init_from
+        check_run_config(config)
         _CLUSTER.join()
         with training_workdir(workdir):  # one job owns the workdir (run.lock) until it returns
             train(config, workdir, stage)

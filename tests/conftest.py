@@ -56,3 +56,21 @@ def gcs_workdir(gcs_emulator, request):
 
     with emulator_in_this_process(gcs_emulator):
         yield f"gs://{BUCKET}/{request.node.name[:40]}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> dict:
+    """A finished tiny run, trained once per session: {"config": its config file, "workdir": the run}.
+
+    Read only: a test that changes a run copies it first (runs.copy_run).
+    """
+    from runs import write_config
+    from transformer_jax.training.loop import Trainer
+
+    directory = tmp_path_factory.mktemp("trained")
+    config = write_config(directory)
+    workdir = directory / "run"
+    trainer = Trainer(tiny_run_config(), str(workdir))
+    trainer.run()
+    trainer.close()
+    return {"config": config, "workdir": workdir}

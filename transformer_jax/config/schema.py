@@ -68,6 +68,8 @@ def default_config() -> ml_collections.ConfigDict:
     training.num_train_steps = 100_000  # optimizer updates
     training.warmup_steps = 4_000  # linear warm-up of the paper's schedule
     training.learning_rate_scale = 1.0  # multiplies d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
+    training.peak_learning_rate = 0.0  # > 0: the same warm-up and inverse-square-root decay, peaking at this rate after warmup_steps (fairseq's inverse_sqrt; fine-tuning); 0: the paper's formula
+    training.init_from = ""  # a run directory (e.g. one made by python -m transformer_jax.cli.import_marian) whose newest parameters, model and tokenizer a new run starts from (fine-tuning)
     training.adam_b1 = 0.9  # Adam beta1 (paper section 5.3)
     training.adam_b2 = 0.98  # Adam beta2
     training.adam_eps = 1e-9  # Adam epsilon
@@ -116,7 +118,8 @@ POSITIVE_SETTINGS = {
 }
 NON_NEGATIVE_SETTINGS = {
     "data": ("row_width", "prefetch_batches"),
-    "training": ("eval_every", "bleu_every", "dev_bleu_sentences", "grad_clip_norm", "label_smoothing"),
+    "training": ("eval_every", "bleu_every", "dev_bleu_sentences", "grad_clip_norm", "label_smoothing",
+                 "peak_learning_rate"),
     "eval": ("max_extra_length", "batch_tokens"),
 }
 

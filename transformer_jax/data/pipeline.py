@@ -180,6 +180,12 @@ def prepare_corpus(config: ml_collections.ConfigDict, directory: str, workers: i
     return write_prepared(directory, key, tokenizer_model, train_pairs, splits, workers)
 
 
+def _initial_tokenizer(config: ml_collections.ConfigDict) -> str | None:
+    """The tokenizer a fine-tuning run (training.init_from) encodes its corpus with: its starting run's."""
+    source = config.training.get("init_from", "")
+    return layout.run_path(source, layout.TOKENIZER) if source else None
+
+
 def corpus_directory(config: ml_collections.ConfigDict, workdir: str | None) -> str:
     """Where a run reads its prepared corpus: data.prepared, else `<workdir>/corpus` (prepared at its first start)."""
     if config.data.prepared:
@@ -201,7 +207,7 @@ def run_corpus(config: ml_collections.ConfigDict, workdir: str | None, process_i
     workdir_tokenizer = layout.run_path(workdir, layout.TOKENIZER) if workdir else None
     if own and process_index == 0:
         prepare_corpus(config, directory, config.data.prepare_workers,
-                       tokenizer_model=workdir_tokenizer if exists(workdir_tokenizer) else None)
+                       tokenizer_model=workdir_tokenizer if exists(workdir_tokenizer) else _initial_tokenizer(config))
     if own and process_count > 1:
         from jax.experimental import multihost_utils
 

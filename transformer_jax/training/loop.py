@@ -27,6 +27,7 @@ from transformer_jax.base import workdir as layout
 from transformer_jax.base.console import say
 from transformer_jax.base.files import storage_errno, storage_error, storage_remedy
 from transformer_jax.base.sharding import global_batch, make_mesh, mesh_platform
+from transformer_jax.checkpoints.initial import initial_params
 from transformer_jax.checkpoints.manager import Checkpointer, best_metric_for
 from transformer_jax.config.schema import check_run_config, write_run_config
 from transformer_jax.data.pipeline import RunData, prepare_data
@@ -128,6 +129,11 @@ class Trainer:
         """
         restored = self.checkpointer.restore_latest(self.programs.abstract_state, self._record_problem)
         if restored is None:
+            if self.config.training.get("init_from", ""):  # fine-tuning: a fresh start from another run's parameters
+                source = self.config.training.init_from
+                params, step = initial_params(source, self.state.params, self.model_config.scan_layers)
+                self.state = self.state.replace(params=params)
+                say(f"starting from the parameters of {source} (its step {step})")
             return 0, []
         step, self.state, data_state, meta = restored
         self.stop_input()  # batches read ahead belong to the position being replaced

@@ -24,6 +24,12 @@ def paper_learning_rate(
     return schedule
 
 
+def peak_scale(d_model: int, warmup_steps: int, peak_learning_rate: float) -> float:
+    """The `scale` of `paper_learning_rate` whose schedule peaks at `peak_learning_rate` (after warmup_steps):
+    the paper's warm-up and inverse-square-root decay, which is fairseq's inverse_sqrt schedule."""
+    return peak_learning_rate * d_model**0.5 * warmup_steps**0.5
+
+
 def paper_optimizer(
     schedule: Callable[[jax.Array], jax.Array],
     b1: float = 0.9,

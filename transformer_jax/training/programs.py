@@ -28,7 +28,7 @@ from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training.loss import projected_loss_for
 from transformer_jax.training.memory import check_fits, compiled_bytes_per_device, state_bytes_per_device
-from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer
+from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer, peak_scale
 from transformer_jax.training.state import TrainState, create_train_state
 from transformer_jax.training.step import (
     add_trees,
@@ -207,7 +207,9 @@ def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
                           "XLA's attention elsewhere) or einsum")
     model = Transformer(model_config)
     training = config.training
-    schedule = paper_learning_rate(model_config.d_model, training.warmup_steps, training.learning_rate_scale)
+    scale = (peak_scale(model_config.d_model, training.warmup_steps, training.peak_learning_rate)
+             if training.get("peak_learning_rate", 0.0) else training.learning_rate_scale)
+    schedule = paper_learning_rate(model_config.d_model, training.warmup_steps, scale)
     optimizer = paper_optimizer(schedule, training.adam_b1, training.adam_b2, training.adam_eps,
                                 training.grad_clip_norm or None)
 

@@ -1,0 +1,243 @@
+"""Hugging Face Marian (OPUS-MT) checkpoints in and out, against transformers itself on tiny random models."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from marian_models import tiny_marian
+from safetensors.numpy import load_file
+from transformers import MarianMTModel, MarianTokenizer
+
+from transformer_jax.checkpoints.initial import adopt_initial_model
+from transformer_jax.checkpoints.selection import checkpoint_params, open_run
+from transformer_jax.config.schema import default_config
+from transformer_jax.cli.import_marian import import_marian
+from transformer_jax.decoding.beam_search import beam_search
+from transformer_jax.decoding.sampling import greedy_decode
+from transformer_jax.errors import ConfigError
+from transformer_jax.export import export_run, export_target
+from transformer_jax.export.hf_directory import read_marian
+from transformer_jax.export.marian import export_rows, marian_to_ours, model_config_of
+from transformer_jax.model.special_tokens import EOS_ID
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.training.loop import Trainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXTRA = 20  # output tokens beyond the source length (the tiny models have 64 positions)
+SENTENCES = ["a small test sentence", "the dog is very old", "we see the big red house", "one two three"]
+# (shared embeddings, activation, tied output): OPUS-MT's, separate tables with an untied projection, and a
+# shared table with an untied projection (transformers v5 then saves the stacks' tables apart).
+VARIANTS = [(True, "swish", True), (False, "relu", False), (True, "gelu", False)]
+
+
+def ended_early(directory: str) -> str:
+    """The tiny model with EOS favoured, so that searches end by choice, not at the length limit."""
+    model = MarianMTModel.from_pretrained(directory)
+    with torch.no_grad():
+        model.final_logits_bias[0, model.config.eos_token_id] += 2.0
+    model.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def opus(tmp_path_factory):
+    """An OPUS-MT-like tiny model (shared, swish, tied), imported into a run directory."""
+    hf_dir = ended_early(tiny_marian(tmp_path_factory.mktemp("opus") / "hf"))
+    workdir = import_marian(str(hf_dir), str(tmp_path_factory.mktemp("imported") / "run"))
+    return str(hf_dir), workdir
+
+
+def hf_source(tokenizer: MarianTokenizer, sentences: list[str]) -> dict[str, torch.Tensor]:
+    return tokenizer(sentences, return_tensors="pt", padding=True)
+
+
+def our_source(run, sentences: list[str]) -> np.ndarray:
+    rows = [run.tokenizer.encode(text) + [EOS_ID] for text in sentences]
+    src = np.zeros((len(rows), max(map(len, rows))), np.int32)
+    for i, row in enumerate(rows):
+        src[i, :len(row)] = row
+    return src
+
+
+@pytest.mark.parametrize("shared, activation, tied", VARIANTS)
+def test_imported_logits_equal_transformers(tmp_path, shared, activation, tied):
+    hf_dir = tiny_marian(tmp_path, shared_embeddings=shared, activation=activation, tie_word_embeddings=tied)
+    hf_config, tensors, vocabulary = read_marian(str(hf_dir))
+    config = model_config_of(hf_config, tensors).replace(attention_backend="einsum")
+    # transformers (v5) keeps one table for both stacks only when the output is tied to it as well
+    assert (config.share_embeddings, config.activation, config.tie_output_embedding) == (shared and tied, activation, tied)
+    params = marian_to_ours(tensors, config, vocabulary.marian_ids)
+    tokenizer = MarianTokenizer.from_pretrained(hf_dir)
+    batch = hf_source(tokenizer, SENTENCES)
+    pad = hf_config["pad_token_id"]
+    ours_src = np.zeros(batch["input_ids"].shape, np.int32)
+    for i, text in enumerate(SENTENCES):  # our vocabulary gives Marian's pieces, renumbered
+        ids = vocabulary.encode(text) + [EOS_ID]
+        assert [int(vocabulary.marian_ids[t]) for t in ids] == [t for t in batch["input_ids"][i].tolist() if t != pad]
+        ours_src[i, :len(ids)] = ids
+    marian_targets = np.array([[pad, 5, 9, 12, 7, 20]] * len(SENTENCES))
+    ours_targets = np.array([[2, *(np.flatnonzero(vocabulary.marian_ids == t)[0] for t in row[1:])]
+                             for row in marian_targets], np.int32)
+    with torch.no_grad():
+        theirs = MarianMTModel.from_pretrained(hf_dir).eval()(
+            **batch, decoder_input_ids=torch.tensor(marian_targets)).logits.numpy()
+    ours = np.asarray(Transformer(config).apply({"params": params}, jnp.asarray(ours_src), jnp.asarray(ours_targets)))
+    np.testing.assert_allclose(ours, theirs[..., vocabulary.marian_ids], atol=1e-4, rtol=0)
+
+
+def hf_generate(hf_dir: str, sentences: list[str], beams: int, extra: int = EXTRA, ids: bool = False) -> list[Any]:
+    """transformers' search, as ours: length_penalty 0 (plain log-probabilities, as ours with alpha 0), at most the
+    sentence's source tokens (EOS included) + `extra` new tokens, no forced EOS at that limit (one sentence at a
+    time: its limit is per batch); pad never emitted (the model's generation config)."""
+    tokenizer = MarianTokenizer.from_pretrained(hf_dir)
+    model = MarianMTModel.from_pretrained(hf_dir).eval()
+    outputs = []
+    for sentence in sentences:
+        batch = hf_source(tokenizer, [sentence])
+        with torch.no_grad():
+            out = model.generate(**batch, num_beams=beams, length_penalty=0.0, do_sample=False, early_stopping=True,
+                                 max_new_tokens=batch["input_ids"].shape[1] + extra, forced_eos_token_id=None)
+        if ids:  # the tokens after the decoder start, up to EOS (0)
+            tokens = out[0, 1:].tolist()
+            outputs.append(tokens[:tokens.index(0)] if 0 in tokens else tokens)
+        else:
+            outputs += tokenizer.batch_decode(out, skip_special_tokens=True)
+    return outputs
+
+
+def test_greedy_and_beam_translations_equal_generate(opus):
+    hf_dir, workdir = opus
+    run = open_run(workdir)
+    params = checkpoint_params(run, [0])
+    config = run.model_config.replace(attention_backend="einsum")
+    src = our_source(run, SENTENCES)
+    greedy = np.asarray(greedy_decode(params, config, src, max_extra_length=EXTRA))
+    assert [run.tokenizer.decode(row) for row in greedy] == hf_generate(hf_dir, SENTENCES, beams=1)
+    tokens, _ = beam_search(params, config, src, beam_size=4, alpha=0.0, max_extra_length=EXTRA)
+    assert [run.tokenizer.decode(row) for row in np.asarray(tokens)[:, 0]] == hf_generate(hf_dir, SENTENCES, beams=4)
+    assert len({len(text) for text in hf_generate(hf_dir, SENTENCES, beams=1)}) > 1  # outputs of several lengths
+
+
+def test_eval_translates_a_file_and_stdin_as_transformers_does(opus, tmp_path):
+    hf_dir, workdir = opus
+    lines = tmp_path / "lines.txt"
+    lines.write_text("\n".join(SENTENCES) + "\n")
+    command = [sys.executable, os.path.join(ROOT, "eval.py"), f"--workdir={workdir}", "--mode=greedy", f"--max_extra_length={EXTRA}"]
+    from_file = subprocess.run([*command, f"--translate={lines}"], capture_output=True, text=True, cwd=ROOT)
+    assert from_file.returncode == 0, from_file.stderr[-2000:]
+    assert from_file.stdout.splitlines() == hf_generate(hf_dir, SENTENCES, beams=1)
+    from_stdin = subprocess.run([*command, "--translate=-"], input=SENTENCES[0] + "\n", capture_output=True,
+                                text=True, cwd=ROOT)
+    assert from_stdin.stdout.splitlines() == hf_generate(hf_dir, SENTENCES[:1], beams=1)
+
+
+def test_import_then_export_gives_back_the_checkpoint(opus, tmp_path):
+    hf_dir, workdir = opus
+    run = open_run(workdir)
+    out = export_run(run, checkpoint_params(run, [0]), export_target(f"hf:{tmp_path / 'out'}"))
+    original, exported = load_file(os.path.join(hf_dir, "model.safetensors")), load_file(os.path.join(out, "model.safetensors"))
+    for name, value in original.items():
+        if name.endswith("k_proj.bias"):  # the softmax cancels it: dropped on import, zeros on export
+            assert not exported[name].any()
+            continue
+        np.testing.assert_array_equal(exported[name], value, err_msg=name)
+    for name in ("vocab.json", "source.spm", "target.spm"):
+        with open(os.path.join(hf_dir, name), "rb") as a, open(os.path.join(out, name), "rb") as b:
+            if name == "vocab.json":
+                assert json.load(a) == json.load(b)
+            else:
+                assert a.read() == b.read()
+    assert hf_generate(out, SENTENCES, beams=4) == hf_generate(hf_dir, SENTENCES, beams=4)
+
+
+def test_a_run_of_ours_exported_generates_our_translations(trained_run, tmp_path):
+    run = open_run(str(trained_run["workdir"]))
+    params = checkpoint_params(run, [run.checkpointer.latest_step()])
+    # Six steps teach the tiny run little more than to end at once: its EOS row zeroed, it writes words.
+    params["shared_embedding"]["embedding"][EOS_ID] = 0.0
+    out = export_run(run, params, export_target(f"hf:{tmp_path / 'hf'}"))
+    sentences = ["the small house", "a dog sees the tree", "we have two red books"]
+    config = run.model_config.replace(attention_backend="einsum")
+    greedy = np.asarray(greedy_decode(params, config, our_source(run, sentences), max_extra_length=EXTRA))
+    marian_id = np.argsort(export_rows(config.vocab_size))  # our id -> Marian's (PAD has none: never emitted)
+    ours = [[int(marian_id[t - 1]) for t in (row[:row.index(EOS_ID)] if EOS_ID in row else row) if t]
+            for row in greedy.tolist()]
+    assert ours == hf_generate(out, sentences, beams=1, ids=True)
+    assert all(ours)  # words, not only EOS
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda d: os.remove(d / "vocab.json"), "is not a Marian checkpoint: it lacks vocab.json"),
+    (lambda d: _edit_config(d, scale_embedding=False), "scale_embedding=false"),
+    (lambda d: _edit_config(d, encoder_layers=3), "different encoder and decoder depths"),
+    (lambda d: _edit_config(d, model_type="bart"), "not a Marian one"),
+    (lambda d: _edit_json(d / "vocab.json", lambda v: {**v, "extra_piece": len(v)}), "does not belong to these weights"),
+])
+def test_bad_marian_directories_are_refused_in_one_line_and_nothing_is_written(tmp_path, damage, message):
+    hf_dir = tiny_marian(tmp_path / "hf")
+    damage(tmp_path / "hf")
+    workdir = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "transformer_jax.cli.import_marian", f"--hf_dir={hf_dir}",
+                             f"--workdir={workdir}"], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode != 0
+    assert message in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert not workdir.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_an_export_target_that_exists_is_refused(opus, tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="already exists and is not empty"):
+        export_target(f"hf:{tmp_path / 'out'}")
+    assert os.listdir(tmp_path / "out") == ["keep.txt"]
+
+
+def test_fine_tuning_an_imported_model_then_resuming(opus, tmp_path):
+    hf_dir, imported = opus
+    text = tmp_path / "text"
+    text.mkdir()
+    for split, count in (("train", 200), ("dev", 8), ("test", 8)):
+        rows = [SENTENCES[i % len(SENTENCES)].split()[: 2 + i % 3] for i in range(count)]
+        (text / f"{split}.en").write_text("\n".join(" ".join(row) for row in rows) + "\n")
+        (text / f"{split}.de").write_text("\n".join(" ".join(reversed(row)) for row in rows) + "\n")
+    config = default_config()
+    config.data.update(source="text", path=str(text), tokens_per_batch=256, max_length=16)
+    config.training.update(num_train_steps=3, warmup_steps=2, peak_learning_rate=1e-3, init_from=imported,
+                           log_every=1, eval_every=3, bleu_every=0, checkpoint_every=3)
+    workdir = str(tmp_path / "tuned")
+    config = adopt_initial_model(config, workdir)
+    assert config.model.activation == "swish" and config.model.output_bias
+    trainer = Trainer(config, workdir)
+    start = nn.meta.unbox(trainer.state.params)
+    trainer.run()
+    trainer.close()
+    run = open_run(workdir)
+    assert run.tokenizer.fingerprint == open_run(imported).tokenizer.fingerprint
+    tuned, before = checkpoint_params(run, [3]), checkpoint_params(open_run(imported), [0])
+    moved = [float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(tuned), jax.tree.leaves(before))]
+    assert 0 < min(moved) and max(moved) < 0.1  # every weight trained a little, from the imported ones
+    assert any(float(np.abs(a - b).max()) > 0.1 for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(start)))
+    config.training.num_train_steps = 5
+    resumed = Trainer(config, workdir)
+    assert resumed.restore_latest()[0] == 3  # its own checkpoint, not the imported parameters
+    resumed.run()
+    resumed.close()
+    assert open_run(workdir).checkpointer.latest_step() == 5
+
+
+def _edit_json(path, change) -> None:
+    path.write_text(json.dumps(change(json.loads(path.read_text()))))
+
+
+def _edit_config(directory, **changes) -> None:
+    _edit_json(directory / "config.json", lambda config: {**config, **changes})
