@@ -4,21 +4,25 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
+# The main job needs the `train` extra only.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[train]'
 	touch $@
 
 .PHONY: install test demo bench
 install: $(VENV)/.installed
 
-# The tests also compile for TPU topologies on this CPU host: they need the `tpu` extra (libtpu, ~700 MB).
-$(VENV)/.tpu: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[test,tpu]'
+# The tests also compile for TPU topologies on this CPU host (the `tpu` extra: libtpu, ~700 MB) and check the
+# Marian import/export against transformers (the `hf` extra; torch 2.13.0's CPU build, named first so that pip
+# takes it and not a CUDA build of several GB: ~1.1 GB in the venv with transformers).
+$(VENV)/.test: $(VENV)/.installed
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test,tpu,hf]'
 	touch $@
 
-test: $(VENV)/.installed $(VENV)/.tpu
+test: $(VENV)/.installed $(VENV)/.test
 	$(PY) -m pytest tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
 
