@@ -1,0 +1,28 @@
+"""Fine-tune an imported OPUS-MT (Hugging Face Marian) model on your own parallel text.
+
+Command:  python -m transformer_jax.cli.import_marian --hf_dir=opus-mt-en-de --workdir=runs/opus_en_de
+          python train.py --config=configs/finetune_opus_mt.py --workdir=runs/opus_tuned \
+              --config.training.init_from=runs/opus_en_de --config.data.path=DIR
+DIR holds train/dev/test.<lang> line-aligned files (data.source "text"). The model, its tokenizer and its
+parameters come from training.init_from (docs/opus_mt.md); the settings below are the fine-tuning's own.
+"""
+
+from transformer_jax.config.schema import default_config
+
+
+def get_config():
+    """A short fine-tuning schedule: warm-up to 5e-5, then the inverse square root, 10k updates."""
+    config = default_config()
+    config.data.source = "text"
+    config.data.tokens_per_batch = 8_192
+    config.data.max_length = 256
+
+    training = config.training
+    training.num_train_steps = 10_000
+    training.warmup_steps = 500
+    training.peak_learning_rate = 5e-5  # fine-tuning: far below the paper's peak for a model trained from scratch
+    training.eval_every = 500
+    training.bleu_every = 2_000
+    training.dev_bleu_sentences = 500
+    training.checkpoint_every = 500
+    return config
