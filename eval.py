@@ -14,6 +14,10 @@ auto-detection, --coordinator_address, --num_processes, --process_id): the split
 all their devices, and process 0 alone writes files and prints.
 """
 
+import contextlib
+import signal
+from collections.abc import Iterator
+
 import jax
 from absl import app, flags
 
@@ -83,6 +87,17 @@ def translation(run_config) -> dict:
                 dtype=decoding_dtype(run_config) if _DTYPE.value is None else _DTYPE.value)
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back (delivered on leaving), so that what the block does is done whole."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
+
+
 def main(argv: list[str]) -> None:
     del argv
     quiet_console()
@@ -148,8 +163,9 @@ def main(argv: list[str]) -> None:
             else:
                 for line in translate_file(run, params, _TRANSLATE.value, options, mesh=make_mesh(),
                                            **batching_and_dtype):
-                    say(line, flush=True)
-                    printed[0] += 1
+                    with signals_held():  # a stop between printing and counting would under-report
+                        say(line, flush=True)
+                        printed[0] += 1
         finally:
             run.checkpointer.close()
 
