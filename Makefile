@@ -16,7 +16,7 @@ install: $(VENV)/.installed
 
 # The tests also compile for TPU topologies on this CPU host (the `tpu` extra: libtpu, ~700 MB) and check the
 # Marian import/export against transformers (the `hf` extra; torch 2.13.0's CPU build, named first so that pip
-# takes it and not a CUDA build of several GB: ~1.1 GB in the venv with transformers).
+# takes it and not a CUDA build of several GB: about 1.0 GB in the venv with transformers, measured).
 $(VENV)/.test: $(VENV)/.installed
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[test,tpu,hf]'

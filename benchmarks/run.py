@@ -39,6 +39,8 @@ SECTIONS = {
     "tile_widths": "packed row widths around the TPU's 128 lanes: the base train step's HBM bytes per slot (libtpu)",
     "aot": "the paper's models compiled for TPU topologies and H100s on this host: memory, FLOPs, rooflines",
     "preemption": "what the per-step stop agreement costs a 2-process run, ms per update with and without it",
+    "opus_mt": "an OPUS-MT-sized Marian model translating 1,000 sentences: ours (float32, bfloat16) against transformers' "
+               "generate and CTranslate2 on the same weights; the compiled search's roofline on v5e-8 and an H100",
     "accelerators": "our train step against the Flax WMT example's compiled for TPU v5e-8 / v5p-8 and H100 (HBM bytes, "
                     "peak memory, largest batch), timed where this host has the chip (--flax_checkout)",
 }

@@ -37,7 +37,8 @@ EXTRA = 20  # output tokens beyond the source length (the tiny models have 64 po
 SENTENCES = ["a small test sentence", "the dog is very old", "we see the big red house", "one two three"]
 # (shared embeddings, activation, tied output): OPUS-MT's, separate tables with an untied projection, and a
 # shared table with an untied projection (transformers v5 then saves the stacks' tables apart).
-VARIANTS = [(True, "swish", True), (False, "relu", False), (True, "gelu", False)]
+VARIANTS = [(True, "swish", True, False), (False, "relu", False, False), (True, "gelu", False, False),
+            (False, "swish", True, True)]  # the last: separate source and target vocabularies
 
 
 def ended_early(directory: str) -> str:
@@ -53,7 +54,11 @@ def ended_early(directory: str) -> str:
 def opus(tmp_path_factory):
     """An OPUS-MT-like tiny model (shared, swish, tied), imported into a run directory."""
     hf_dir = ended_early(tiny_marian(tmp_path_factory.mktemp("opus") / "hf"))
-    workdir = import_marian(str(hf_dir), str(tmp_path_factory.mktemp("imported") / "run"))
+    text = tmp_path_factory.mktemp("text")  # a test split to score on: the sentences, references made up
+    for split in ("dev", "test"):
+        (text / f"{split}.en").write_text("\n".join(SENTENCES) + "\n")
+        (text / f"{split}.de").write_text("\n".join(reversed(SENTENCES)) + "\n")
+    workdir = import_marian(str(hf_dir), str(tmp_path_factory.mktemp("imported") / "run"), text_data=str(text))
     return str(hf_dir), workdir
 
 
@@ -69,9 +74,10 @@ def our_source(run, sentences: list[str]) -> np.ndarray:
     return src
 
 
-@pytest.mark.parametrize("shared, activation, tied", VARIANTS)
-def test_imported_logits_equal_transformers(tmp_path, shared, activation, tied):
-    hf_dir = tiny_marian(tmp_path, shared_embeddings=shared, activation=activation, tie_word_embeddings=tied)
+@pytest.mark.parametrize("shared, activation, tied, separate", VARIANTS)
+def test_imported_logits_equal_transformers(tmp_path, shared, activation, tied, separate):
+    hf_dir = tiny_marian(tmp_path, shared_embeddings=shared, activation=activation, tie_word_embeddings=tied,
+                         separate_vocabs=separate)
     hf_config, tensors, vocabulary = read_marian(str(hf_dir))
     config = model_config_of(hf_config, tensors).replace(attention_backend="einsum")
     # transformers (v5) keeps one table for both stacks only when the output is tied to it as well
@@ -85,6 +91,8 @@ def test_imported_logits_equal_transformers(tmp_path, shared, activation, tied):
         ids = vocabulary.encode(text) + [EOS_ID]
         assert [int(vocabulary.marian_ids[t]) for t in ids] == [t for t in batch["input_ids"][i].tolist() if t != pad]
         ours_src[i, :len(ids)] = ids
+    target_ids = tokenizer(text_target=SENTENCES[1])["input_ids"]  # the target side: its own model and table
+    assert [int(vocabulary.marian_ids[t]) for t in vocabulary.encode(SENTENCES[1], target=True) + [EOS_ID]] == target_ids
     marian_targets = np.array([[pad, 5, 9, 12, 7, 20]] * len(SENTENCES))
     ours_targets = np.array([[2, *(np.flatnonzero(vocabulary.marian_ids == t)[0] for t in row[1:])]
                              for row in marian_targets], np.int32)
@@ -128,7 +136,7 @@ def test_greedy_and_beam_translations_equal_generate(opus):
     assert len({len(text) for text in hf_generate(hf_dir, SENTENCES, beams=1)}) > 1  # outputs of several lengths
 
 
-def test_eval_translates_a_file_and_stdin_as_transformers_does(opus, tmp_path):
+def test_eval_translates_a_file_stdin_and_on_a_mesh_as_transformers_does(opus, tmp_path):
     hf_dir, workdir = opus
     lines = tmp_path / "lines.txt"
     lines.write_text("\n".join(SENTENCES) + "\n")
@@ -139,6 +147,14 @@ def test_eval_translates_a_file_and_stdin_as_transformers_does(opus, tmp_path):
     from_stdin = subprocess.run([*command, "--translate=-"], input=SENTENCES[0] + "\n", capture_output=True,
                                 text=True, cwd=ROOT)
     assert from_stdin.stdout.splitlines() == hf_generate(hf_dir, SENTENCES[:1], beams=1)
+    scored = subprocess.run([*command, "--split=test"], capture_output=True, text=True, cwd=ROOT)
+    assert "SacreBLEU" in scored.stdout, scored.stderr[-2000:]
+    hypotheses = [path for path in os.listdir(os.path.join(workdir, "eval")) if path.endswith(".hyp")]
+    with open(os.path.join(workdir, "eval", hypotheses[0]), encoding="utf-8") as f:
+        assert f.read().splitlines() == from_file.stdout.splitlines()
+    on_a_mesh = subprocess.run([*command, f"--translate={lines}", "--cpu_devices=2"], capture_output=True, text=True,
+                               cwd=ROOT)  # the rows split over two devices
+    assert on_a_mesh.stdout == from_file.stdout, on_a_mesh.stderr[-2000:]
 
 
 def test_import_then_export_gives_back_the_checkpoint(opus, tmp_path):
@@ -241,3 +257,18 @@ def _edit_json(path, change) -> None:
 
 def _edit_config(directory, **changes) -> None:
     _edit_json(directory / "config.json", lambda config: {**config, **changes})
+
+
+def test_separate_vocabularies_import_and_export_exactly(tmp_path):
+    hf_dir = ended_early(tiny_marian(tmp_path / "hf", shared_embeddings=False, separate_vocabs=True))
+    workdir = import_marian(hf_dir, str(tmp_path / "run"))
+    run = open_run(workdir)
+    out = export_run(run, checkpoint_params(run, [0]), export_target(f"hf:{tmp_path / 'out'}"))
+    for name in ("vocab.json", "target_vocab.json"):
+        with open(os.path.join(hf_dir, name)) as a, open(os.path.join(out, name)) as b:
+            assert json.load(a) == json.load(b)
+    config = run.model_config.replace(attention_backend="einsum")
+    greedy = np.asarray(greedy_decode(checkpoint_params(run, [0]), config, our_source(run, SENTENCES),
+                                      max_extra_length=EXTRA))
+    assert [run.tokenizer.decode(row) for row in greedy] == hf_generate(hf_dir, SENTENCES, beams=1) \
+        == hf_generate(out, SENTENCES, beams=1)

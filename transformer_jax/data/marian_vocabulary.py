@@ -45,14 +45,23 @@ class MarianVocabulary:
 
     pad_id, unk_id, bos_id, eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
 
-    def __init__(self, source_spm: bytes, target_spm: bytes, vocab: Mapping[str, int], special: Mapping[str, int]):
+    def __init__(self, source_spm: bytes, target_spm: bytes, vocab: Mapping[str, int], special: Mapping[str, int],
+                 target_vocab: Mapping[str, int] | None = None):
+        """`target_vocab`: the target side's own table (`target_vocab.json`) when the model has separate source and
+        target vocabularies (then of `vocab`'s size, with the same special ids), else None: one for both."""
         self.files = {"source.spm": source_spm, "target.spm": target_spm,
                       "vocab.json": json.dumps(dict(vocab), ensure_ascii=False).encode(),
                       SPECIAL_FILE: json.dumps(dict(special)).encode()}
-        self.vocab, self.special = dict(vocab), dict(special)
-        size = max(self.vocab.values()) + 1
-        if sorted(self.vocab.values()) != list(range(size)):
-            raise DataError("vocab.json does not number its pieces 0, 1, ... without gaps; it is not a Marian vocabulary")
+        if target_vocab is not None:
+            self.files["target_vocab.json"] = json.dumps(dict(target_vocab), ensure_ascii=False).encode()
+        self.special = dict(special)
+        self.vocab, self.target_vocab = dict(vocab), dict(target_vocab if target_vocab is not None else vocab)
+        self.separate = target_vocab is not None
+        size = len(self.vocab)
+        for name, table in (("vocab.json", self.vocab), ("target_vocab.json", self.target_vocab)):
+            if sorted(table.values()) != list(range(size)):
+                raise DataError(f"{name} does not number {size} pieces 0, 1, ... without gaps; it is not a Marian "
+                                "vocabulary of the source's size")
         missing = [name for name, value in self.special.items() if not 0 <= value < size]
         if missing:
             raise DataError(f"the special ids {missing} lie outside vocab.json's {size} pieces")
@@ -60,9 +69,10 @@ class MarianVocabulary:
         self._ours = np.empty(size, np.int64)  # Marian's -> ours (pad and decoder start both map to ours below)
         self._ours[self.marian_ids] = np.arange(len(self.marian_ids))
         self._ours[self.special["pad"]] = PAD_ID
-        self._pieces = [""] * size
-        for piece, index in self.vocab.items():
-            self._pieces[index] = piece
+        self._pieces = {side: [""] * size for side in ("source", "target")}
+        for side, table in (("source", self.vocab), ("target", self.target_vocab)):
+            for piece, index in table.items():
+                self._pieces[side][index] = piece
         self._source, self._target = (spm.SentencePieceProcessor(model_proto=proto) for proto in (source_spm, target_spm))
         self.fingerprint = hashlib.sha256(self.to_bytes()).hexdigest()[:16]
 
@@ -72,8 +82,9 @@ class MarianVocabulary:
         try:
             with zipfile.ZipFile(io.BytesIO(content)) as bundle:
                 files = {name: bundle.read(name) for name in ("source.spm", "target.spm", "vocab.json", SPECIAL_FILE)}
+                target = json.loads(bundle.read("target_vocab.json")) if "target_vocab.json" in bundle.namelist() else None
             return cls(files["source.spm"], files["target.spm"], json.loads(files["vocab.json"]),
-                       json.loads(files[SPECIAL_FILE]))
+                       json.loads(files[SPECIAL_FILE]), target)
         except (zipfile.BadZipFile, KeyError, ValueError, RuntimeError) as error:
             raise DataError(f"not a readable Marian vocabulary ({error})") from None
 
@@ -90,20 +101,17 @@ class MarianVocabulary:
         """Our ids: Marian's pieces plus one (its pad row serves as both our PAD and our BOS)."""
         return len(self.marian_ids)
 
-    def _ids(self, pieces: Sequence[str]) -> list[int]:
-        unk = self.special["unk"]
-        return [int(self._ours[self.vocab.get(piece, unk)]) for piece in pieces]
+    def encode(self, text: str, target: bool = False) -> list[int]:
+        """Ids of one sentence (the source model's pieces and table, or the target's), without EOS.
 
-    def _encode(self, text: str, processor: spm.SentencePieceProcessor) -> list[int]:
-        """As Hugging Face's MarianTokenizer: a leading >>lang<< code is one piece; the rest is split by `processor`."""
+        As Hugging Face's MarianTokenizer: a leading >>lang<< code is one piece; a piece the table lacks is UNK.
+        """
         code = []
         if text.startswith(">>") and (end := text.find("<<")) != -1:
             code, text = [text[:end + 2]], text[end + 2:]
-        return self._ids(code + processor.encode(text, out_type=str))
-
-    def encode(self, text: str, target: bool = False) -> list[int]:
-        """Ids of one sentence (the source model's pieces, or the target's), without EOS."""
-        return self._encode(text, self._target if target else self._source)
+        table, unk = (self.target_vocab if target else self.vocab), self.special["unk"]
+        pieces = code + (self._target if target else self._source).encode(text, out_type=str)
+        return [int(self._ours[table.get(piece, unk)]) for piece in pieces]
 
     def encode_batch(self, texts: Sequence[str], num_threads: int = -1, target: bool = False) -> list[list[int]]:
         """Ids of many sentences."""
@@ -113,21 +121,23 @@ class MarianVocabulary:
     def decode(self, ids: Iterable[int]) -> str:
         """Text of one id sequence; stops at the first EOS and skips PAD, BOS and UNK (special tokens to Marian).
 
-        As MarianTokenizer.decode(skip_special_tokens=True) with one vocabulary: the pieces are joined by the
-        *source* SentencePiece model (its default, `use_source_tokenizer`), then "\u2581" becomes a space.
+        As MarianTokenizer.decode(skip_special_tokens=True): the target table's pieces, joined by the target
+        SentencePiece model with separate vocabularies and otherwise by the *source* one (its default,
+        `use_source_tokenizer`), then "\u2581" becomes a space.
         """
         pieces = []
         for token in np.asarray(ids, dtype=np.int64).reshape(-1).tolist():
             if token == EOS_ID:
                 break
             if token not in (PAD_ID, BOS_ID, UNK_ID):
-                pieces.append(self.piece(token))
-        return self._source.decode_pieces(pieces).replace("\u2581", " ").strip()
+                pieces.append(self.piece(token, target=True))
+        joiner = self._target if self.separate else self._source
+        return joiner.decode_pieces(pieces).replace("\u2581", " ").strip()
 
     def decode_batch(self, ids: np.ndarray | Sequence[Sequence[int]]) -> list[str]:
         """Text of each row of a [B, T] id array (or list of id lists)."""
         return [self.decode(row) for row in ids]
 
-    def piece(self, token: int) -> str:
-        """The piece of one of our ids."""
-        return self._pieces[int(self.marian_ids[token])]
+    def piece(self, token: int, target: bool = False) -> str:
+        """The piece of one of our ids (in the target table: `target`)."""
+        return self._pieces["target" if target else "source"][int(self.marian_ids[token])]

@@ -83,9 +83,14 @@ def marian_files(params: Any, config: Any, tokenizer: Any, source_lang: str, tar
     rows = export_rows(config.vocab_size)
     params = jax.tree.map(lambda x: np.asarray(x, np.float32), unscanned_layout(nn.meta.unbox(params)))
     tensors = ours_to_marian(params, config, rows)
-    pieces = ["</s>", "<unk>"] + [tokenizer.piece(int(i)) for i in rows[2:-1]] + ["<pad>"]
-    if len(set(pieces)) != len(pieces):
-        raise ConfigError("the tokenizer names two ids with one piece; a Marian vocabulary cannot hold it")
+    separate = isinstance(tokenizer, MarianVocabulary) and tokenizer.separate
+    tables = {}
+    for name, target in (("vocab.json", False), ("target_vocab.json", True))[:1 + separate]:
+        pieces = ["</s>", "<unk>"] + [tokenizer.piece(int(i), **({"target": True} if target else {}))
+                                      for i in rows[2:-1]] + ["<pad>"]
+        if len(set(pieces)) != len(pieces):
+            raise ConfigError("the tokenizer names two ids with one piece; a Marian vocabulary cannot hold it")
+        tables[name] = json_bytes({piece: index for index, piece in enumerate(pieces)})
     if isinstance(tokenizer, MarianVocabulary):
         source_spm, target_spm = tokenizer.files["source.spm"], tokenizer.files["target.spm"]
     else:
@@ -93,11 +98,10 @@ def marian_files(params: Any, config: Any, tokenizer: Any, source_lang: str, tar
     hf_config = hf_config_of(config, len(rows))
     tokenizer_config = {"tokenizer_class": "MarianTokenizer", "source_lang": source_lang, "target_lang": target_lang,
                         "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>",
-                        "model_max_length": config.max_len, "separate_vocabs": False}
+                        "model_max_length": config.max_len, "separate_vocabs": separate}
     return {"config.json": json_bytes(hf_config), "model.safetensors": safetensors_bytes(tensors),
             "generation_config.json": json_bytes(generation_config_of(hf_config, beam_size)),
-            "vocab.json": json_bytes({piece: index for index, piece in enumerate(pieces)}),
-            "tokenizer_config.json": json_bytes(tokenizer_config), "source.spm": source_spm, "target.spm": target_spm}
+            **tables, "tokenizer_config.json": json_bytes(tokenizer_config), "source.spm": source_spm, "target.spm": target_spm}
 
 
 __all__ = ["FORMATS", "ExportTarget", "export_ctranslate2", "export_run", "export_target", "marian_files"]

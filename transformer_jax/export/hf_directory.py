@@ -72,10 +72,12 @@ def read_marian(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray], 
     if not isinstance(config, dict) or config.get("model_type") != "marian":
         kind = config.get("model_type") if isinstance(config, dict) else None
         raise ConfigError(f"{directory} holds a {kind!r} model, not a Marian one (model_type 'marian')")
-    if os.path.isfile(os.path.join(directory, "target_vocab.json")):
-        raise ConfigError(f"{directory} has separate source and target vocabularies (target_vocab.json), which "
-                          "transformer_jax does not support")
     vocab = _read_json(os.path.join(directory, "vocab.json"))
+    target_path = os.path.join(directory, "target_vocab.json")
+    target_vocab = _read_json(target_path) if os.path.isfile(target_path) else None
+    if target_vocab is not None and (not isinstance(target_vocab, dict) or len(target_vocab) != len(vocab)):
+        raise ConfigError(f"{directory} has source and target vocabularies of different sizes, which transformer_jax "
+                          "does not support (its model has one vocabulary size)")
     tokenizer_config = os.path.join(directory, "tokenizer_config.json")
     unk_piece = _read_json(tokenizer_config).get("unk_token", "<unk>") if os.path.isfile(tokenizer_config) else "<unk>"
     if not isinstance(vocab, dict) or unk_piece not in vocab:
@@ -84,7 +86,7 @@ def read_marian(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray], 
                "eos": _first(config["eos_token_id"]), "decoder_start": _first(config["decoder_start_token_id"])}
     files = [open(os.path.join(directory, name), "rb").read() for name in ("source.spm", "target.spm")]
     try:
-        vocabulary = MarianVocabulary(files[0], files[1], vocab, special)
+        vocabulary = MarianVocabulary(files[0], files[1], vocab, special, target_vocab)
     except (RuntimeError, Exception) as error:  # SentencePiece's parse error, or the DataError of the table
         raise ConfigError(f"the vocabulary of {directory} cannot be used ({str(error).splitlines()[0]})") from None
     tensors = _read_tensors(directory)

@@ -62,7 +62,7 @@ def model_config_of(hf: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) ->
         (hf.get("activation_function") not in ACTIVATIONS, f"activation_function={hf.get('activation_function')!r}"),
         (float(hf.get("activation_dropout") or 0) > 0, "activation_dropout > 0"),
         ((hf.get("decoder_vocab_size") or hf["vocab_size"]) != hf["vocab_size"],
-         "separate source and target vocabularies (decoder_vocab_size differs from vocab_size)"),
+         "source and target vocabularies of different sizes (decoder_vocab_size differs from vocab_size)"),
         (hf["d_model"] % 2, "an odd d_model"),
     ]
     reasons = [reason for failed, reason in unsupported if failed]

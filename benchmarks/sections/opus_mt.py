@@ -1,0 +1,236 @@
+"""OPUS-MT-sized batch translation: ours against transformers' PyTorch generate and CTranslate2, same weights.
+
+The model is an OPUS-MT (Helsinki-NLP/opus-mt-*) Marian model's size with random weights: d_model 512, 6 + 6
+layers, 8 heads, d_ff 2048, swish, a 58,101-piece shared vocabulary, its pad row zero (as in real OPUS-MT
+checkpoints; CTranslate2 starts decoding from a zero embedding). It is built with transformers and saved; ours
+imports that directory (transformer_jax.cli.import_marian's conversion), CTranslate2 converts it with its own
+Marian converter. Each translates the same SENTENCES source sentences of SOURCE_LENGTH tokens (EOS included)
+into exactly OUTPUT_LENGTH tokens (random weights never choose to stop: ours decodes with no EOS id, transformers
+with min_new_tokens = max_new_tokens, CTranslate2 with min = max decoding length), in batches of BATCH.
+
+Each side's best use of the machine's C cores: ours float32 and bfloat16 on one CPU device and with the rows
+split over C devices (eval.py's way); transformers with torch.set_num_threads(C); CTranslate2 float32 with
+intra_threads=C on each batch, and with inter_threads=C on C batches at once. One timed pass each after a
+warm-up batch (the passes take minutes on 2 cores). Runs in its own process.
+
+The preflight's prediction for accelerators compiles our beam search of this model for TPU v5e-8 and one H100
+(libtpu and the CUDA plugin on this host) and reads the roofline: XLA counts the decoding loop's body once, so
+one step costs about the compiled program's bytes and FLOPs, and a batch about OUTPUT_LENGTH of them: a bound
+from the compiler's own figures, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import json
+import os
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from benchmarks.workers import REPO, worker_command
+
+SENTENCES, SOURCE_LENGTH, OUTPUT_LENGTH, BATCH = 1_000, 25, 32, 100
+VOCAB, PAD = 58_101, 58_100
+MODES = {"greedy": 1, "beam 4": 4}
+
+
+def build_marian(directory: str) -> str:
+    """A random OPUS-MT-sized Marian model with a loadable tokenizer (vocab.json of placeholder pieces)."""
+    import sentencepiece as spm
+    import torch
+    from transformers import MarianConfig, MarianMTModel
+
+    config = MarianConfig(vocab_size=VOCAB, d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+                          decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048,
+                          activation_function="swish", max_position_embeddings=512, scale_embedding=True,
+                          pad_token_id=PAD, decoder_start_token_id=PAD, eos_token_id=0, forced_eos_token_id=0)
+    torch.manual_seed(0)
+    model = MarianMTModel(config).eval()
+    with torch.no_grad():
+        model.model.shared.weight[PAD] = 0.0
+        model.final_logits_bias.normal_(0.0, 0.1)
+    model.save_pretrained(directory)
+    proto = io.BytesIO()
+    words = [f"word{i}" for i in range(300)]
+    rng = np.random.default_rng(0)
+    spm.SentencePieceTrainer.train(sentence_iterator=iter(" ".join(rng.choice(words, 12)) for _ in range(2000)),
+                                   model_writer=proto, vocab_size=200, minloglevel=2)
+    for name in ("source.spm", "target.spm"):
+        with open(os.path.join(directory, name), "wb") as f:
+            f.write(proto.getvalue())
+    pieces = ["</s>", "<unk>"] + [f"t{i}" for i in range(2, PAD)] + ["<pad>"]
+    with open(os.path.join(directory, "vocab.json"), "w") as f:
+        json.dump({piece: i for i, piece in enumerate(pieces)}, f)
+    with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "MarianTokenizer", "source_lang": "en", "target_lang": "de"}, f)
+    return directory
+
+
+def sources() -> np.ndarray:
+    """[SENTENCES, SOURCE_LENGTH] Marian ids: random pieces, then EOS."""
+    rng = np.random.default_rng(0)
+    src = rng.integers(2, PAD, (SENTENCES, SOURCE_LENGTH))
+    src[:, -1] = 0
+    return src
+
+
+def our_translators(hf_dir: str, src: np.ndarray, devices: int) -> dict[str, Callable[[], int]]:
+    """Ours, float32 and bfloat16, on one device and split over `devices`; each returns tokens made."""
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks.sections.decode import split_rows
+    from transformer_jax.decoding import decoding_precision
+    from transformer_jax.decoding.beam_search import beam_search
+    from transformer_jax.decoding.sampling import greedy_decode
+    from transformer_jax.export.hf_directory import read_marian
+    from transformer_jax.export.marian import marian_to_ours, model_config_of
+
+    hf_config, tensors, vocabulary = read_marian(hf_dir)
+    config = model_config_of(hf_config, tensors).replace(attention_backend="einsum", dropout_rate=0.0)
+    params = marian_to_ours(tensors, config, vocabulary.marian_ids)
+    ours_of = np.zeros(VOCAB, np.int64)
+    ours_of[vocabulary.marian_ids] = np.arange(len(vocabulary.marian_ids))
+    batches = [jnp.asarray(ours_of[src[i:i + BATCH]], jnp.int32) for i in range(0, SENTENCES, BATCH)]
+    extra = OUTPUT_LENGTH - SOURCE_LENGTH
+    translators = {}
+    for dtype in ("", "bfloat16"):
+        weights, precise = decoding_precision(params, config, dtype, "cpu")
+        for mode, beams in MODES.items():
+            if beams == 1:
+                decode = jax.jit(lambda w, s, c=precise: greedy_decode(w, c, s, max_extra_length=extra, eos_id=-1))
+            else:
+                decode = jax.jit(lambda w, s, c=precise, b=beams: beam_search(
+                    w, c, s, beam_size=b, alpha=0.6, max_extra_length=extra, eos_id=-1)[0])
+            name = f"ours{' bfloat16' if dtype else ''}"
+            translators[f"{name} {mode}"] = lambda d=decode, w=weights: _run_all(lambda s: d(w, s), batches)
+            if devices > 1:
+                split, placed, _ = split_rows(decode, weights, batches[0])
+                translators[f"{name}, {devices} devices {mode}"] = lambda d=split, w=placed: _run_all(
+                    lambda s: d(w, s), batches)
+    return translators
+
+
+def _run_all(decode: Callable[[Any], Any], batches: list[Any]) -> int:
+    import jax
+
+    outputs = [decode(batch) for batch in batches]
+    return int(sum(np.asarray(jax.block_until_ready(out)).shape[0] for out in outputs))
+
+
+def torch_translators(hf_dir: str, src: np.ndarray, threads: int) -> dict[str, Callable[[], int]]:
+    import torch
+    from transformers import MarianMTModel
+
+    torch.set_num_threads(threads)
+    model = MarianMTModel.from_pretrained(hf_dir).eval()
+    batches = [torch.tensor(src[i:i + BATCH]) for i in range(0, SENTENCES, BATCH)]
+
+    def translate(beams: int) -> int:
+        made = 0
+        with torch.inference_mode():
+            for batch in batches:
+                out = model.generate(input_ids=batch, attention_mask=torch.ones_like(batch), num_beams=beams,
+                                     do_sample=False, min_new_tokens=OUTPUT_LENGTH, max_new_tokens=OUTPUT_LENGTH,
+                                     forced_eos_token_id=None, length_penalty=0.6)
+                made += out.shape[0]
+        return made
+
+    return {f"transformers (PyTorch {torch.__version__.split('+')[0]}) {mode}": lambda b=beams: translate(b)
+            for mode, beams in MODES.items()}
+
+
+def ct2_translators(hf_dir: str, src: np.ndarray, threads: int, scratch: str) -> dict[str, Callable[[], int]]:
+    import ctranslate2
+    from ctranslate2.converters import TransformersConverter
+
+    directory = TransformersConverter(hf_dir).convert(os.path.join(scratch, "ct2"), quantization="float32")
+    pieces = [[f"t{t}" for t in row[:-1]] for row in src.tolist()]  # CTranslate2 appends EOS itself
+    translators = {}
+    for suffix, intra, inter, batch in (("", threads, 1, BATCH), (f", {threads} batches at once", 1, threads, BATCH)):
+        translator = ctranslate2.Translator(directory, device="cpu", compute_type="float32", intra_threads=intra,
+                                            inter_threads=inter)
+        for mode, beams in MODES.items():
+            translators[f"CTranslate2 {ctranslate2.__version__} float32{suffix} {mode}"] = (
+                lambda t=translator, b=beams, n=batch: len(t.translate_batch(
+                    pieces, beam_size=b, length_penalty=0.6, min_decoding_length=OUTPUT_LENGTH,
+                    max_decoding_length=OUTPUT_LENGTH, max_batch_size=n)))
+    return translators
+
+
+def worker(spec: dict[str, Any]) -> None:
+    """Build, warm up, then time each contender once; the figures to spec["json"]."""
+    from transformer_jax.base import set_cpu_devices
+
+    threads = spec["threads"]
+    set_cpu_devices(threads)
+    src = sources()[:spec["sentences"]]
+    global SENTENCES
+    SENTENCES = len(src)
+    with tempfile.TemporaryDirectory() as scratch:
+        hf_dir = build_marian(os.path.join(scratch, "hf"))
+        translators = {**our_translators(hf_dir, src, threads), **torch_translators(hf_dir, src, threads),
+                       **ct2_translators(hf_dir, src, threads, scratch)}
+        speed = {}
+        for name, translate in translators.items():
+            if spec["modes"] and not any(name.endswith(mode) for mode in spec["modes"]):
+                continue
+            start = time.perf_counter()
+            made = translate()
+            speed[name] = made / (time.perf_counter() - start)
+            print(f"  {name:60s} {speed[name]:8.1f} sentences/s", flush=True)
+    with open(spec["json"], "w") as f:
+        json.dump({"sentences_per_s": speed, "sentences": SENTENCES, "source_length": SOURCE_LENGTH,
+                   "output_length": OUTPUT_LENGTH, "batch": BATCH, "threads": threads}, f, indent=2)
+
+
+def predicted(topology_name: str) -> dict[str, Any]:
+    """Sentences/s the compiled beam search (beam 4, bfloat16) of this model bounds on `topology_name`."""
+    from transformer_jax.aot import describe, mesh_for
+    from transformer_jax.aot.compile import program_of, run_programs
+    from transformer_jax.config.schema import decode_options, default_config
+
+    config = default_config()
+    config.model.update(num_layers=6, d_model=512, d_ff=2048, num_heads=8, activation="swish", output_bias=True,
+                        layer_norm_epsilon=1e-5, dtype="bfloat16", vocab_size=VOCAB + 1)
+    config.data.vocab_size = VOCAB + 1
+    topology = describe(topology_name)
+    mesh = mesh_for(topology, -1, 1)
+    programs = run_programs(config, mesh)
+    rows, width = programs.shapes.translation
+    program = program_of("ours", programs.lower_search(decode_options(config), "bfloat16")[1].compile())
+    chip = topology.chip
+    step_s = max(program.flops / chip.peak_bf16_flops, program.bytes_accessed / chip.hbm_bytes_per_second)
+    output_length = width + config.eval.max_extra_length
+    return {"topology": topology_name, "sentences_per_batch": rows, "source_width": width,
+            "output_length": output_length, "step_ms": step_s * 1e3,
+            "sentences_per_s": rows / (step_s * output_length)}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from benchmarks.sections.decode import split_device_count
+
+    with tempfile.TemporaryDirectory() as scratch:
+        path = os.path.join(scratch, "opus_mt.json")
+        spec = {"threads": split_device_count(), "json": path, "sentences": 200 if args.quick else SENTENCES,
+                "modes": ["greedy"] if args.quick else []}
+        print(f"{datetime.date.today()}: {spec['sentences']} sentences of {SOURCE_LENGTH} tokens -> {OUTPUT_LENGTH}, "
+              f"batches of {BATCH}, {spec['threads']} cores", flush=True)
+        subprocess.run(worker_command("opus_mt", spec), cwd=REPO, check=True)
+        with open(path) as f:
+            result = json.load(f)
+    result["predicted"] = []
+    for topology in ("v5e-8", "h100"):
+        try:
+            result["predicted"].append(predicted(topology))
+            print(f"  predicted {topology}: {result['predicted'][-1]}", flush=True)
+        except Exception as error:  # no libtpu / CUDA plugin here: say so, keep the measured figures
+            print(f"  predicted {topology}: not compiled ({type(error).__name__}: {str(error).splitlines()[0]})")
+    return result
