@@ -11,12 +11,13 @@ with min_new_tokens = max_new_tokens, CTranslate2 with min = max decoding length
 Each side's best use of the machine's C cores: ours float32 and bfloat16 on one CPU device and with the rows
 split over C devices (eval.py's way); transformers with torch.set_num_threads(C); CTranslate2 float32 with
 intra_threads=C on each batch, and with inter_threads=C on C batches at once. One timed pass each after a
-warm-up batch (the passes take minutes on 2 cores). Runs in its own process.
+warm-up batch (compiling ours; the passes take minutes on 2 cores). Runs in its own process.
 
 The preflight's prediction for accelerators compiles our beam search of this model for TPU v5e-8 and one H100
 (libtpu and the CUDA plugin on this host) and reads the roofline: XLA counts the decoding loop's body once, so
-one step costs about the compiled program's bytes and FLOPs, and a batch about OUTPUT_LENGTH of them: a bound
-from the compiler's own figures, not a measurement.
+one step costs at most the compiled program's bytes and FLOPs (they include the encoder), and a batch
+OUTPUT_LENGTH steps: the roofline of the compiler's own figures (the slower of FLOPs at peak and bytes at full
+bandwidth), for sources of up to 64 tokens, 64 sentences a chip, bfloat16. An estimate, not a measurement.
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ def sources() -> np.ndarray:
     return src
 
 
-def our_translators(hf_dir: str, src: np.ndarray, devices: int) -> dict[str, Callable[[], int]]:
-    """Ours, float32 and bfloat16, on one device and split over `devices`; each returns tokens made."""
+def our_translators(hf_dir: str, src: np.ndarray, devices: int) -> dict[str, Callable[[int], int]]:
+    """Ours, float32 and bfloat16, on one device and split over `devices`: each translates the first n batches
+    and returns the sentences translated."""
     import jax
     import jax.numpy as jnp
 
@@ -110,11 +112,11 @@ def our_translators(hf_dir: str, src: np.ndarray, devices: int) -> dict[str, Cal
                 decode = jax.jit(lambda w, s, c=precise, b=beams: beam_search(
                     w, c, s, beam_size=b, alpha=0.6, max_extra_length=extra, eos_id=-1)[0])
             name = f"ours{' bfloat16' if dtype else ''}"
-            translators[f"{name} {mode}"] = lambda d=decode, w=weights: _run_all(lambda s: d(w, s), batches)
+            translators[f"{name} {mode}"] = lambda n, d=decode, w=weights: _run_all(lambda s: d(w, s), batches[:n])
             if devices > 1:
                 split, placed, _ = split_rows(decode, weights, batches[0])
-                translators[f"{name}, {devices} devices {mode}"] = lambda d=split, w=placed: _run_all(
-                    lambda s: d(w, s), batches)
+                translators[f"{name}, {devices} devices {mode}"] = lambda n, d=split, w=placed: _run_all(
+                    lambda s: d(w, s), batches[:n])
     return translators
 
 
@@ -125,7 +127,7 @@ def _run_all(decode: Callable[[Any], Any], batches: list[Any]) -> int:
     return int(sum(np.asarray(jax.block_until_ready(out)).shape[0] for out in outputs))
 
 
-def torch_translators(hf_dir: str, src: np.ndarray, threads: int) -> dict[str, Callable[[], int]]:
+def torch_translators(hf_dir: str, src: np.ndarray, threads: int) -> dict[str, Callable[[int], int]]:
     import torch
     from transformers import MarianMTModel
 
@@ -133,21 +135,22 @@ def torch_translators(hf_dir: str, src: np.ndarray, threads: int) -> dict[str, C
     model = MarianMTModel.from_pretrained(hf_dir).eval()
     batches = [torch.tensor(src[i:i + BATCH]) for i in range(0, SENTENCES, BATCH)]
 
-    def translate(beams: int) -> int:
+    def translate(count: int, beams: int) -> int:
         made = 0
+        search = {"num_beams": beams, "length_penalty": 0.6} if beams > 1 else {"num_beams": 1}
         with torch.inference_mode():
-            for batch in batches:
-                out = model.generate(input_ids=batch, attention_mask=torch.ones_like(batch), num_beams=beams,
-                                     do_sample=False, min_new_tokens=OUTPUT_LENGTH, max_new_tokens=OUTPUT_LENGTH,
-                                     forced_eos_token_id=None, length_penalty=0.6)
+            for batch in batches[:count]:
+                out = model.generate(input_ids=batch, attention_mask=torch.ones_like(batch), do_sample=False,
+                                     min_new_tokens=OUTPUT_LENGTH, max_new_tokens=OUTPUT_LENGTH,
+                                     forced_eos_token_id=None, **search)
                 made += out.shape[0]
         return made
 
-    return {f"transformers (PyTorch {torch.__version__.split('+')[0]}) {mode}": lambda b=beams: translate(b)
+    return {f"transformers (PyTorch {torch.__version__.split('+')[0]}) {mode}": lambda n, b=beams: translate(n, b)
             for mode, beams in MODES.items()}
 
 
-def ct2_translators(hf_dir: str, src: np.ndarray, threads: int, scratch: str) -> dict[str, Callable[[], int]]:
+def ct2_translators(hf_dir: str, src: np.ndarray, threads: int, scratch: str) -> dict[str, Callable[[int], int]]:
     import ctranslate2
     from ctranslate2.converters import TransformersConverter
 
@@ -159,15 +162,19 @@ def ct2_translators(hf_dir: str, src: np.ndarray, threads: int, scratch: str) ->
                                             inter_threads=inter)
         for mode, beams in MODES.items():
             translators[f"CTranslate2 {ctranslate2.__version__} float32{suffix} {mode}"] = (
-                lambda t=translator, b=beams, n=batch: len(t.translate_batch(
-                    pieces, beam_size=b, length_penalty=0.6, min_decoding_length=OUTPUT_LENGTH,
-                    max_decoding_length=OUTPUT_LENGTH, max_batch_size=n)))
+                lambda n, t=translator, b=beams, size=batch: len(t.translate_batch(
+                    pieces[:n * BATCH], beam_size=b, length_penalty=0.6, min_decoding_length=OUTPUT_LENGTH,
+                    max_decoding_length=OUTPUT_LENGTH, max_batch_size=size)))
     return translators
 
 
 def worker(spec: dict[str, Any]) -> None:
-    """Build, warm up, then time each contender once; the figures to spec["json"]."""
+    """Build, warm up, then time each contender once; the figures to spec["json"] (or the predictions)."""
     from transformer_jax.base import set_cpu_devices
+
+    if "predict" in spec:
+        predict(spec)
+        return
 
     threads = spec["threads"]
     set_cpu_devices(threads)
@@ -182,8 +189,9 @@ def worker(spec: dict[str, Any]) -> None:
         for name, translate in translators.items():
             if spec["modes"] and not any(name.endswith(mode) for mode in spec["modes"]):
                 continue
+            translate(1)  # warm-up: ours compiles, the others allocate
             start = time.perf_counter()
-            made = translate()
+            made = translate(len(src) // BATCH)
             speed[name] = made / (time.perf_counter() - start)
             print(f"  {name:60s} {speed[name]:8.1f} sentences/s", flush=True)
     with open(spec["json"], "w") as f:
@@ -201,6 +209,12 @@ def predicted(topology_name: str) -> dict[str, Any]:
     config.model.update(num_layers=6, d_model=512, d_ff=2048, num_heads=8, activation="swish", output_bias=True,
                         layer_norm_epsilon=1e-5, dtype="bfloat16", vocab_size=VOCAB + 1)
     config.data.vocab_size = VOCAB + 1
+    # Near the measured sentences' shape: sources up to 32 tokens (the widest a 64-position model translates with
+    # 32 extra), caches of 64 positions, 64 sentences a chip. (OPUS-MT's 512 positions would size caches for
+    # 256-token sources.)
+    config.model.max_len, config.data.max_length = 64, SOURCE_LENGTH
+    config.eval.max_extra_length = OUTPUT_LENGTH - SOURCE_LENGTH
+    config.data.eval_batch_size, config.eval.batch_tokens = 64 * 8, 0
     topology = describe(topology_name)
     mesh = mesh_for(topology, -1, 1)
     programs = run_programs(config, mesh)
@@ -208,10 +222,9 @@ def predicted(topology_name: str) -> dict[str, Any]:
     program = program_of("ours", programs.lower_search(decode_options(config), "bfloat16")[1].compile())
     chip = topology.chip
     step_s = max(program.flops / chip.peak_bf16_flops, program.bytes_accessed / chip.hbm_bytes_per_second)
-    output_length = width + config.eval.max_extra_length
-    return {"topology": topology_name, "sentences_per_batch": rows, "source_width": width,
-            "output_length": output_length, "step_ms": step_s * 1e3,
-            "sentences_per_s": rows / (step_s * output_length)}
+    cache = min(width + config.eval.max_extra_length, config.model.max_len)  # the compiled caches' positions
+    return {"topology": topology_name, "sentences_per_batch": rows, "source_width": width, "cache_positions": cache,
+            "step_ms": step_s * 1e3, "sentences_per_s": rows / (step_s * OUTPUT_LENGTH)}
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -226,11 +239,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         subprocess.run(worker_command("opus_mt", spec), cwd=REPO, check=True)
         with open(path) as f:
             result = json.load(f)
-    result["predicted"] = []
-    for topology in ("v5e-8", "h100"):
+        # Compile-only TPU and GPU devices want a process whose JAX has no local accelerator.
+        env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_SKIP_CUDA_CONSTRAINTS_CHECK="1")
+        subprocess.run(worker_command("opus_mt", {"predict": ["v5e-8", "h100"], "json": path}), cwd=REPO, check=True,
+                       env=env)
+        with open(path) as f:
+            result["predicted"] = json.load(f)
+    return result
+
+
+def predict(spec: dict[str, Any]) -> None:
+    """The roofline predictions of spec["predict"]'s topologies, printed and written to spec["json"]."""
+    results = []
+    for topology in spec["predict"]:
         try:
-            result["predicted"].append(predicted(topology))
-            print(f"  predicted {topology}: {result['predicted'][-1]}", flush=True)
+            results.append(predicted(topology))
+            row = results[-1]
+            print(f"  predicted {topology}: {row['sentences_per_s']:.0f} sentences/s ({row['sentences_per_batch']} "
+                  f"sentences of up to {row['source_width']} tokens a batch, caches of {row['cache_positions']} "
+                  f"positions, {row['step_ms']:.2f} ms a step, {OUTPUT_LENGTH} steps)", flush=True)
         except Exception as error:  # no libtpu / CUDA plugin here: say so, keep the measured figures
             print(f"  predicted {topology}: not compiled ({type(error).__name__}: {str(error).splitlines()[0]})")
-    return result
+    with open(spec["json"], "w") as f:
+        json.dump(results, f, indent=2)
