@@ -186,6 +186,9 @@ def test_a_run_of_ours_exported_generates_our_translations(trained_run, tmp_path
     config = run.model_config.replace(attention_backend="einsum")
     greedy = np.asarray(greedy_decode(params, config, our_source(run, sentences), max_extra_length=EXTRA))
     marian_id = np.argsort(export_rows(config.vocab_size))  # our id -> Marian's (PAD has none: never emitted)
+    tokenizer = MarianTokenizer.from_pretrained(out)  # our SentencePiece model and pieces, as Marian's tokenizer
+    for sentence, row in zip(sentences, our_source(run, sentences).tolist()):
+        assert tokenizer(sentence)["input_ids"] == [int(marian_id[t - 1]) for t in row if t]
     ours = [[int(marian_id[t - 1]) for t in (row[:row.index(EOS_ID)] if EOS_ID in row else row) if t]
             for row in greedy.tolist()]
     assert ours == hf_generate(out, sentences, beams=1, ids=True)
