@@ -41,6 +41,8 @@ SECTIONS = {
     "preemption": "what the per-step stop agreement costs a 2-process run, ms per update with and without it",
     "opus_mt": "an OPUS-MT-sized Marian model translating 1,000 sentences: ours (float32, bfloat16) against transformers' "
                "generate and CTranslate2 on the same weights; the compiled search's roofline on v5e-8 and an H100",
+    "time_to_bleu": "the same model and recipe trained for the same wall time by fairseq 0.12 (its own venv: "
+                    "--fairseq_venv) and by us, test SacreBLEU, updates and target tokens/s",
     "accelerators": "our train step against the Flax WMT example's compiled for TPU v5e-8 / v5p-8 and H100 (HBM bytes, "
                     "peak memory, largest batch), timed where this host has the chip (--flax_checkout)",
 }
@@ -91,6 +93,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="accelerators: model@topology compiled ('' for none: the device timings alone)")
     parser.add_argument("--accel_timed_rows", default="12,96",
                         help="accelerators: rows of 256 tokens per update timed on this host's GPU/TPU")
+    parser.add_argument("--fairseq_venv", default=None, help="time_to_bleu: a virtualenv with fairseq 0.12.2")
+    parser.add_argument("--bleu_minutes", type=float, default=30.0, help="time_to_bleu: wall time each side trains")
+    parser.add_argument("--bleu_corpus", default=None,
+                        help="time_to_bleu: train/dev/test.en/.de files (default: the built-in corpus)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker_spec", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

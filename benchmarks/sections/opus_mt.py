@@ -100,7 +100,7 @@ def our_translators(hf_dir: str, src: np.ndarray, devices: int) -> dict[str, Cal
     params = marian_to_ours(tensors, config, vocabulary.marian_ids)
     ours_of = np.zeros(VOCAB, np.int64)
     ours_of[vocabulary.marian_ids] = np.arange(len(vocabulary.marian_ids))
-    batches = [jnp.asarray(ours_of[src[i:i + BATCH]], jnp.int32) for i in range(0, SENTENCES, BATCH)]
+    batches = [jnp.asarray(ours_of[src[i:i + BATCH]], jnp.int32) for i in range(0, len(src), BATCH)]
     extra = OUTPUT_LENGTH - SOURCE_LENGTH
     translators = {}
     for dtype in ("", "bfloat16"):
@@ -133,7 +133,7 @@ def torch_translators(hf_dir: str, src: np.ndarray, threads: int) -> dict[str, C
 
     torch.set_num_threads(threads)
     model = MarianMTModel.from_pretrained(hf_dir).eval()
-    batches = [torch.tensor(src[i:i + BATCH]) for i in range(0, SENTENCES, BATCH)]
+    batches = [torch.tensor(src[i:i + BATCH]) for i in range(0, len(src), BATCH)]
 
     def translate(count: int, beams: int) -> int:
         made = 0
@@ -179,8 +179,6 @@ def worker(spec: dict[str, Any]) -> None:
     threads = spec["threads"]
     set_cpu_devices(threads)
     src = sources()[:spec["sentences"]]
-    global SENTENCES
-    SENTENCES = len(src)
     with tempfile.TemporaryDirectory() as scratch:
         hf_dir = build_marian(os.path.join(scratch, "hf"))
         translators = {**our_translators(hf_dir, src, threads), **torch_translators(hf_dir, src, threads),
@@ -195,7 +193,7 @@ def worker(spec: dict[str, Any]) -> None:
             speed[name] = made / (time.perf_counter() - start)
             print(f"  {name:60s} {speed[name]:8.1f} sentences/s", flush=True)
     with open(spec["json"], "w") as f:
-        json.dump({"sentences_per_s": speed, "sentences": SENTENCES, "source_length": SOURCE_LENGTH,
+        json.dump({"sentences_per_s": speed, "sentences": len(src), "source_length": SOURCE_LENGTH,
                    "output_length": OUTPUT_LENGTH, "batch": BATCH, "threads": threads}, f, indent=2)
 
 

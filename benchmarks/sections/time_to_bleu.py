@@ -1,0 +1,195 @@
+"""Time to BLEU against fairseq: the same model and recipe on the same corpus for the same wall time, one after
+the other on this machine, scored by the same SacreBLEU on the same test set.
+
+    python -m benchmarks.run --sections time_to_bleu --fairseq_venv DIR [--bleu_minutes 30] [--bleu_corpus DIR]
+
+The recipe (issue 31's): d_model 256, 3 + 3 layers, 4 heads, d_ff 1024, dropout 0.1, one joint SentencePiece
+vocabulary of 8,000 pieces (ours, trained once and given to both), Adam (0.9, 0.98) with the inverse square root
+schedule peaking at 1e-3 after 300 updates, label smoothing 0.1, batches of 4,096 tokens (fairseq's
+`--max-tokens 4096`; ours `data.tokens_per_batch=4096`), beam 4 for the test translation. The corpus is the
+built-in one (synthetic: its BLEU shows learning speed, not quality on language) or `--bleu_corpus`, a directory
+of train/dev/test.en and .de files. fairseq's binarized data is made before its clock starts; ours prepares its
+corpus inside its clock (start-up counted), as train.py does. Each side trains for `--bleu_minutes` of wall
+time (fairseq: `--stop-time-hours`; ours: SIGTERM at that time after train.py starts, after which it saves and
+exits), then translates the test split with beam 4.
+
+fairseq 0.12.2 (its last release) in its own virtualenv, not in CI: `python3 -m venv DIR && DIR/bin/pip install
+torch==2.13.0 fairseq==0.12.2`. On Python 3.11 its and hydra-core 1.0's config dataclasses have instances of
+other dataclasses as defaults, which 3.11 refuses; this section writes `DIR/.../site-packages/sitecustomize.py`,
+which makes those classes hashable (as Python 3.10 accepted them), and changes nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from benchmarks.workers import REPO
+
+VOCAB, WARMUP, PEAK_LR, MAX_TOKENS = 8_000, 300, 1e-3, 4_096
+SHIM = '''# Written by benchmarks/sections/time_to_bleu.py: fairseq 0.12.2 and hydra-core 1.0.7 on Python 3.11.
+import dataclasses
+
+_dataclass = dataclasses.dataclass
+
+
+def _hashable_dataclass(cls=None, /, **kwargs):
+    def wrap(klass):
+        if klass.__module__.split(".")[0] in ("fairseq", "hydra") and "__hash__" not in klass.__dict__:
+            kwargs.setdefault("unsafe_hash", True)
+        return _dataclass(klass, **kwargs)
+
+    return wrap if cls is None else wrap(cls)
+
+
+dataclasses.dataclass = _hashable_dataclass
+'''
+
+
+def splits(corpus: str | None) -> dict[str, list[tuple[str, str]]]:
+    from transformer_jax.data.sources import load_splits
+
+    return load_splits("text", path=corpus) if corpus else load_splits("builtin")
+
+
+def write_fairseq_data(pairs: dict[str, list[tuple[str, str]]], scratch: str, venv: str) -> tuple[str, Any]:
+    """Our joint SentencePiece model on the training pairs, the splits as pieces, fairseq-preprocess'd."""
+    from transformer_jax.data.tokenizer import sample_sentences, train_tokenizer
+
+    tokenizer = train_tokenizer(sample_sentences(pairs["train"], 1_000_000), os.path.join(scratch, "spm.model"),
+                                VOCAB, exact_size=True)
+    text = os.path.join(scratch, "pieces")
+    os.makedirs(text)
+    for split, rows in pairs.items():
+        for side, lang in enumerate(("en", "de")):
+            with open(os.path.join(text, f"{split}.{lang}"), "w", encoding="utf-8") as f:
+                for row in rows:
+                    f.write(" ".join(tokenizer.piece(t) for t in tokenizer.encode(row[side])) + "\n")
+    binary = os.path.join(scratch, "bin")
+    subprocess.run([os.path.join(venv, "bin", "fairseq-preprocess"), "--source-lang", "en", "--target-lang", "de",
+                    "--trainpref", f"{text}/train", "--validpref", f"{text}/dev", "--testpref", f"{text}/test",
+                    "--destdir", binary, "--joined-dictionary", "--workers", "2"], check=True, capture_output=True)
+    return binary, tokenizer
+
+
+def fairseq_run(venv: str, binary: str, scratch: str, minutes: float) -> dict[str, Any]:
+    """fairseq-train for `minutes` of wall time, then fairseq-generate (beam 4) on the test split."""
+    save = os.path.join(scratch, "fairseq_checkpoints")
+    model = ["--arch", "transformer", "--share-all-embeddings", "--encoder-layers", "3", "--decoder-layers", "3",
+             "--encoder-embed-dim", "256", "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
+             "--decoder-ffn-embed-dim", "1024", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+             "--dropout", "0.1"]
+    recipe = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", str(PEAK_LR), "--lr-scheduler",
+              "inverse_sqrt", "--warmup-updates", str(WARMUP), "--warmup-init-lr", "1e-7", "--criterion",
+              "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", str(MAX_TOKENS)]
+    started = time.perf_counter()
+    result = subprocess.run([os.path.join(venv, "bin", "fairseq-train"), binary, *model, *recipe, "--cpu",
+                             "--save-dir", save, "--no-epoch-checkpoints", "--stop-time-hours", str(minutes / 60),
+                             "--log-format", "json", "--log-interval", "50", "--max-epoch", "1000",
+                             "--disable-validation", "--seed", "0"], capture_output=True, text=True)
+    train_s = time.perf_counter() - started
+    logs = [json.loads(line.split("|", 3)[-1].strip()) for line in result.stderr.splitlines() + result.stdout.splitlines()
+            if '"num_updates"' in line and line.rstrip().endswith("}")]
+    if not logs:
+        raise RuntimeError(f"fairseq-train logged no updates:\n{result.stderr[-3000:]}")
+    last = logs[-1]
+    generated = subprocess.run([os.path.join(venv, "bin", "fairseq-generate"), binary, "--path",
+                                os.path.join(save, "checkpoint_last.pt"), "--cpu", "--beam", "4", "--lenpen", "0.6",
+                                "--max-len-a", "1", "--max-len-b", "50", "--batch-size", "128", "--gen-subset", "test"],
+                               capture_output=True, text=True, check=True)
+    hypotheses = {}
+    for line in generated.stdout.splitlines():
+        if line.startswith("H-"):
+            index, _, text = line[2:].split("\t", 2)
+            hypotheses[int(index)] = text
+    return {"updates": int(last["num_updates"]), "train_s": train_s, "log": logs,
+            "hypotheses_pieces": [hypotheses[i] for i in sorted(hypotheses)]}
+
+
+def our_run(corpus: str | None, scratch: str, minutes: float, tokenizer_model: str) -> dict[str, Any]:
+    """train.py for `minutes` of wall time from its start (SIGTERM then: it saves and exits), then eval.py."""
+    config = os.path.join(scratch, "ours_config.py")
+    with open(config, "w") as f:
+        f.write(f'''from transformer_jax.config.schema import default_config
+
+
+def get_config():
+    c = default_config()
+    c.data.source, c.data.path = {"'text'" if corpus else "'builtin'"}, {corpus or ""!r}
+    c.data.vocab_size, c.data.tokens_per_batch, c.data.max_length = {VOCAB}, {MAX_TOKENS}, 128
+    c.model.update(num_layers=3, d_model=256, d_ff=1024, num_heads=4, dropout_rate=0.1, max_len=256)
+    c.training.update(num_train_steps=1_000_000, warmup_steps={WARMUP}, peak_learning_rate={PEAK_LR},
+                      log_every=50, eval_every=1_000_000, bleu_every=0, checkpoint_every=1_000_000)
+    return c
+''')
+    workdir = os.path.join(scratch, "ours")
+    os.makedirs(workdir)
+    os.link(tokenizer_model, os.path.join(workdir, "tokenizer.model"))  # the same SentencePiece model as fairseq's
+    started = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "train.py", f"--config={config}", f"--workdir={workdir}"], cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        process.wait(timeout=minutes * 60)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGTERM)
+        process.wait()
+    train_s = time.perf_counter() - started
+    scored = subprocess.run([sys.executable, "eval.py", f"--workdir={workdir}", "--beam_size=4"], cwd=REPO,
+                            capture_output=True, text=True, check=True)
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        metrics = [json.loads(line) for line in f if '"train"' in line]
+    with open(os.path.join(workdir, "timing.jsonl")) as f:
+        timing = [json.loads(line) for line in f]
+    hypotheses = glob.glob(os.path.join(workdir, "eval", "test.*.hyp"))[0]
+    with open(hypotheses, encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    return {"updates": metrics[-1]["step"] if metrics else 0, "train_s": train_s, "timing": timing,
+            "hypotheses": lines, "eval_stdout": scored.stdout}
+
+
+def compare(venv: str, corpus: str | None, minutes: float) -> dict[str, Any]:
+    import sacrebleu
+
+    shim = glob.glob(os.path.join(venv, "lib", "python3.*", "site-packages"))[0]
+    if not os.path.isfile(os.path.join(shim, "sitecustomize.py")):
+        with open(os.path.join(shim, "sitecustomize.py"), "w") as f:
+            f.write(SHIM)
+    pairs = splits(corpus)
+    references = [target for _, target in pairs["test"]]
+    with tempfile.TemporaryDirectory() as scratch:
+        binary, tokenizer = write_fairseq_data(pairs, scratch, venv)
+        theirs = fairseq_run(venv, binary, scratch, minutes)
+        theirs["hypotheses"] = [tokenizer._processor.decode_pieces(line.split()) for line in theirs.pop("hypotheses_pieces")]
+        ours = our_run(corpus, scratch, minutes, os.path.join(scratch, "spm.model"))
+    result = {}
+    for name, run in (("fairseq", theirs), ("ours", ours)):
+        bleu = sacrebleu.corpus_bleu(run["hypotheses"], [references])
+        result[name] = {"updates": run["updates"], "train_s": round(run["train_s"], 1), "test_bleu": bleu.score,
+                        "signature": str(sacrebleu.BLEU().get_signature())}
+    wpb = [float(entry["wpb"]) for entry in theirs["log"] if "wpb" in entry]
+    result["fairseq"]["target_tokens_per_update"] = sum(wpb) / len(wpb) if wpb else None
+    result["fairseq"]["target_tokens_per_s"] = (float(theirs["log"][-1].get("wps", 0.0)))
+    speeds = [entry["tokens_per_second"] for entry in ours["timing"][1:]] or [0.0]
+    result["ours"]["target_tokens_per_s"] = sorted(speeds)[len(speeds) // 2]
+    return result
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    if not args.fairseq_venv:
+        print("  skipped: pass --fairseq_venv DIR (a virtualenv with fairseq 0.12.2; see the section's docstring)")
+        return {}
+    minutes = 2.0 if args.quick else args.bleu_minutes
+    result = compare(os.path.abspath(args.fairseq_venv), args.bleu_corpus, minutes)
+    for name in ("fairseq", "ours"):
+        row = result[name]
+        print(f"  {name:8s} {row['updates']:6d} updates in {row['train_s']:.0f} s, {row['target_tokens_per_s'] or 0:8.0f} "
+              f"target tokens/s, test SacreBLEU {row['test_bleu']:.2f}", flush=True)
+    return {"minutes": minutes, "corpus": args.bleu_corpus or "builtin", **result}
