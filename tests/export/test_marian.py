@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from typing import Any
@@ -202,15 +203,22 @@ def test_a_run_of_ours_exported_generates_our_translations(trained_run, tmp_path
     (lambda d: _edit_config(d, model_type="bart"), "not a Marian one"),
     (lambda d: _edit_json(d / "vocab.json", lambda v: {**v, "extra_piece": len(v)}), "does not belong to these weights"),
 ])
-def test_bad_marian_directories_are_refused_in_one_line_and_nothing_is_written(tmp_path, damage, message):
+def test_bad_marian_directories_are_refused_and_nothing_is_written(tmp_path, damage, message):
     hf_dir = tiny_marian(tmp_path / "hf")
     damage(tmp_path / "hf")
-    workdir = tmp_path / "run"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        import_marian(str(hf_dir), str(tmp_path / "run"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+
+
+def test_the_import_command_says_what_is_wrong_in_one_line(tmp_path):
+    hf_dir = tiny_marian(tmp_path / "hf")
+    _edit_config(tmp_path / "hf", scale_embedding=False)
     result = subprocess.run([sys.executable, "-m", "transformer_jax.cli.import_marian", f"--hf_dir={hf_dir}",
-                             f"--workdir={workdir}"], capture_output=True, text=True, cwd=ROOT)
-    assert result.returncode != 0
-    assert message in result.stderr and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert not workdir.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
+                             f"--workdir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "scale_embedding=false" in result.stderr.strip().splitlines()[-1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]
 
 
 def test_an_export_target_that_exists_is_refused(opus, tmp_path):
