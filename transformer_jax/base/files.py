@@ -182,6 +182,24 @@ def write_atomically(path: str, content: str | bytes) -> None:
         raise
 
 
+@contextlib.contextmanager
+def directory_written_whole(directory: str) -> Iterator[str]:
+    """Yield a new local folder beside `directory` to fill; on leaving it becomes `directory` (absent or an empty
+    directory), whole or not at all: on any failure the folder is removed, and an OSError (a full disk) names
+    `directory`, so a retry finds nothing to refuse."""
+    directory = os.path.normpath(directory)
+    staging = unique_name(os.path.join(os.path.dirname(os.path.abspath(directory)), f".{os.path.basename(directory)}.tmp"))
+    try:
+        os.makedirs(staging)
+        yield staging
+        os.replace(staging, directory)  # onto an absent or empty directory
+    except BaseException as error:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(error, OSError):
+            raise OSError(error.errno, error.strerror, directory) from error
+        raise
+
+
 # OSError numbers that are the machine's storage, not a bug: a full disk or quota, a file-size limit, a
 # read-only file system.
 STORAGE_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",

@@ -30,7 +30,7 @@ ARCHITECTURE = ("num_layers", "d_model", "d_ff", "num_heads", "max_len", "norm_p
 def adopt_initial_model(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
     """`config` with the architecture and vocabulary size of the run `training.init_from` names (unchanged
     without one); a ConfigError when that is not a run, or is `workdir` itself."""
-    source = config.training.get("init_from", "")
+    source = config.training.init_from
     if not source:
         return config
     if os.path.abspath(source) == os.path.abspath(workdir):

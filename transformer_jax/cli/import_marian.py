@@ -6,7 +6,8 @@
 The run directory gets config.json (the model's settings; data.source "text" reading --text_data, whose
 test.<lang> and dev.<lang> files eval.py --split then scores), tokenizer.model (the Marian vocabulary,
 data/marian_vocabulary.py) and checkpoints/0 (the parameters, export/marian.py). It is written whole into a
-folder beside --workdir and renamed once complete; --workdir must be absent or empty.
+folder beside --workdir and renamed once complete (base.files.directory_written_whole); --workdir must be
+absent or empty.
 
 Then: `eval.py --workdir=DIR --translate=FILE`, `eval.py --workdir=DIR --split=test`, and fine-tuning with
 `train.py --config=... --workdir=NEW --config.training.init_from=DIR`.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
 from typing import Any
 
 import flax.struct
@@ -26,7 +26,7 @@ from absl import app, flags
 
 from transformer_jax.base import quiet_console
 from transformer_jax.base import workdir as layout
-from transformer_jax.base.files import unique_name, write_atomically
+from transformer_jax.base.files import directory_written_whole, write_atomically
 from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.cli.commands import user_errors
 from transformer_jax.config.schema import check_run_config, default_config, write_run_config
@@ -65,23 +65,13 @@ def import_marian(hf_dir: str, workdir: str, source_lang: str = "en", target_lan
     model = model_config_of(hf_config, tensors)
     params = marian_to_ours(tensors, model, vocabulary.marian_ids)
     config = run_config(model, vocabulary, source_lang, target_lang, os.path.abspath(text_data) if text_data else "")
-    workdir = os.path.normpath(workdir)
-    staging = unique_name(os.path.join(os.path.dirname(os.path.abspath(workdir)), f".{os.path.basename(workdir)}.tmp"))
-    try:
-        os.makedirs(staging)
+    with directory_written_whole(workdir) as staging:
         write_atomically(layout.run_path(staging, layout.TOKENIZER), vocabulary.to_bytes())
         write_run_config(config, staging)
         checkpointer = Checkpointer(layout.run_path(staging, layout.CHECKPOINTS), asynchronous=False)
-        state = ModelOnly(params=_as_arrays(params))
-        checkpointer.save(0, state, {}, {"imported_from": os.path.abspath(hf_dir)})
+        checkpointer.save(0, ModelOnly(params=_as_arrays(params)), {}, {"imported_from": os.path.abspath(hf_dir)})
         checkpointer.close()
-        if os.path.isdir(workdir):
-            os.rmdir(workdir)  # empty (checked above)
-        os.replace(staging, workdir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return workdir
+    return os.path.normpath(workdir)
 
 
 def _as_arrays(tree: Any) -> Any:

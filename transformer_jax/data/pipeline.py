@@ -182,7 +182,7 @@ def prepare_corpus(config: ml_collections.ConfigDict, directory: str, workers: i
 
 def _initial_tokenizer(config: ml_collections.ConfigDict) -> str | None:
     """The tokenizer a fine-tuning run (training.init_from) encodes its corpus with: its starting run's."""
-    source = config.training.get("init_from", "")
+    source = config.training.init_from
     return layout.run_path(source, layout.TOKENIZER) if source else None
 
 

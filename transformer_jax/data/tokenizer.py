@@ -85,8 +85,9 @@ class Tokenizer:
         """Text of each row of a [B, T] id array (or list of id lists)."""
         return [self.decode(row) for row in ids]
 
-    def piece(self, token: int) -> str:
-        """The vocabulary piece of one id (for inspection)."""
+    def piece(self, token: int, target: bool = False) -> str:
+        """The vocabulary piece of one id (for inspection); one joint model names both sides (`target` is ignored)."""
+        del target
         return self._processor.id_to_piece(token)
 
 

@@ -3,8 +3,8 @@
   export_target("ctranslate2:DIR" | "hf:DIR")   parse and check eval.py's --export value before any work
   export_run(run, params, target)    write the run's model (and its tokenizer) there
   export_ctranslate2(params, config, vocabulary, DIR)   the library call, for any parameters
-  marian_files(params, config, tokenizer)   a Marian directory's files (export/marian.py; importing is
-                                            cli/import_marian.py)
+  marian_files(params, config, tokenizer, ...)   a Marian directory's files (export/hf_directory.py, converted
+                                                by export/marian.py; importing is cli/import_marian.py)
 
 The runtime's own package is imported only when exporting, so this package stays light.
 """
@@ -55,7 +55,7 @@ def export_run(run: Run, params: Any, target: ExportTarget) -> str:
 
     tokenizer = run.tokenizer
     if target.format == "hf":
-        from transformer_jax.export.hf_directory import write_directory
+        from transformer_jax.export.hf_directory import marian_files, write_directory
 
         files = marian_files(params, run.model_config, tokenizer, run.config.data.source_lang,
                              run.config.data.target_lang, run.config.eval.beam_size,
@@ -67,41 +67,4 @@ def export_run(run: Run, params: Any, target: ExportTarget) -> str:
                               extra_files={layout.TOKENIZER: tokenizer_model})
 
 
-def marian_files(params: Any, config: Any, tokenizer: Any, source_lang: str, target_lang: str, beam_size: int,
-                 tokenizer_file: bytes) -> dict[str, bytes]:
-    """The files of a Hugging Face Marian directory holding `params` ({name: content}); `tokenizer_file` is the
-    run's tokenizer.model (a SentencePiece model serves as both source.spm and target.spm)."""
-    import flax.linen as nn
-    import jax
-    import numpy as np
-
-    from transformer_jax.data.marian_vocabulary import MarianVocabulary
-    from transformer_jax.export.hf_directory import json_bytes, safetensors_bytes
-    from transformer_jax.export.marian import export_rows, generation_config_of, hf_config_of, ours_to_marian
-    from transformer_jax.model.stacks import unscanned_layout
-
-    rows = export_rows(config.vocab_size)
-    params = jax.tree.map(lambda x: np.asarray(x, np.float32), unscanned_layout(nn.meta.unbox(params)))
-    tensors = ours_to_marian(params, config, rows)
-    separate = isinstance(tokenizer, MarianVocabulary) and tokenizer.separate
-    tables = {}
-    for name, target in (("vocab.json", False), ("target_vocab.json", True))[:1 + separate]:
-        pieces = ["</s>", "<unk>"] + [tokenizer.piece(int(i), **({"target": True} if target else {}))
-                                      for i in rows[2:-1]] + ["<pad>"]
-        if len(set(pieces)) != len(pieces):
-            raise ConfigError("the tokenizer names two ids with one piece; a Marian vocabulary cannot hold it")
-        tables[name] = json_bytes({piece: index for index, piece in enumerate(pieces)})
-    if isinstance(tokenizer, MarianVocabulary):
-        source_spm, target_spm = tokenizer.files["source.spm"], tokenizer.files["target.spm"]
-    else:
-        source_spm = target_spm = tokenizer_file
-    hf_config = hf_config_of(config, len(rows))
-    tokenizer_config = {"tokenizer_class": "MarianTokenizer", "source_lang": source_lang, "target_lang": target_lang,
-                        "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>",
-                        "model_max_length": config.max_len, "separate_vocabs": separate}
-    return {"config.json": json_bytes(hf_config), "model.safetensors": safetensors_bytes(tensors),
-            "generation_config.json": json_bytes(generation_config_of(hf_config, beam_size)),
-            **tables, "tokenizer_config.json": json_bytes(tokenizer_config), "source.spm": source_spm, "target.spm": target_spm}
-
-
-__all__ = ["FORMATS", "ExportTarget", "export_ctranslate2", "export_run", "export_target", "marian_files"]
+__all__ = ["FORMATS", "ExportTarget", "export_ctranslate2", "export_run", "export_target"]

@@ -20,7 +20,6 @@ ctranslate2 is imported here only, so `import transformer_jax` does not need it.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,7 +32,7 @@ from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.masks import PAD_ID
 from transformer_jax.model.positional_encoding import sinusoidal_encoding
 from transformer_jax.model.stacks import unscanned_layout
-from transformer_jax.base.files import is_local, unique_name
+from transformer_jax.base.files import directory_written_whole, is_local
 from transformer_jax.evaluation.outputs import file_in_the_way
 
 # Added to the output logits of tokens our decoding never emits (PAD, BOS). Finite, so float16
@@ -205,19 +204,9 @@ def export_ctranslate2(params: Any, config: TransformerConfig, vocabulary: Seque
     spec = transformer_spec(params, config, vocabulary)
     if quantization is not None:
         spec.optimize(quantization=quantization)
-    output_dir = os.path.normpath(output_dir)
-    staging = unique_name(os.path.join(os.path.dirname(os.path.abspath(output_dir)),
-                                       f".{os.path.basename(output_dir)}.tmp"))
-    try:
-        os.makedirs(staging)
+    with directory_written_whole(output_dir) as staging:
         spec.save(staging)
         for name, content in (extra_files or {}).items():
             with open(os.path.join(staging, name), "wb") as f:
                 f.write(content)
-        os.replace(staging, output_dir)  # onto an absent or empty directory
-    except BaseException as error:
-        shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(error, OSError):
-            raise OSError(error.errno, error.strerror, output_dir) from error
-        raise
-    return output_dir
+    return os.path.normpath(output_dir)

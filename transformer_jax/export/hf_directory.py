@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from collections.abc import Mapping
 from typing import Any
 
+import flax.linen as nn
+import jax
 import numpy as np
 
-from transformer_jax.base.files import unique_name
+from transformer_jax.base.files import directory_written_whole
 from transformer_jax.data.marian_vocabulary import MarianVocabulary
 from transformer_jax.errors import ConfigError
+from transformer_jax.export.marian import export_rows, generation_config_of, hf_config_of, ours_to_marian
+from transformer_jax.model.stacks import unscanned_layout
 
 NEEDED = ("config.json", "source.spm", "target.spm", "vocab.json")
 WEIGHTS = ("model.safetensors", "pytorch_model.bin")
@@ -56,7 +59,8 @@ def _read_tensors(directory: str) -> dict[str, np.ndarray]:
 
 
 def read_marian(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray], MarianVocabulary]:
-    """(config.json, the state dict as NumPy, the vocabulary) of a local Hugging Face Marian directory.
+    """(config.json, the state dict as NumPy (names without the leading "model."), the vocabulary) of a local
+    Hugging Face Marian directory.
 
     ConfigError, naming the directory and what is wrong, when it is not one or its parts disagree.
     """
@@ -89,12 +93,11 @@ def read_marian(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray], 
         vocabulary = MarianVocabulary(files[0], files[1], vocab, special, target_vocab)
     except (RuntimeError, Exception) as error:  # SentencePiece's parse error, or the DataError of the table
         raise ConfigError(f"the vocabulary of {directory} cannot be used ({str(error).splitlines()[0]})") from None
-    tensors = _read_tensors(directory)
+    tensors = {name.removeprefix("model."): value for name, value in _read_tensors(directory).items()}
     if len(vocab) != config["vocab_size"]:
         raise ConfigError(f"{directory}/vocab.json has {len(vocab)} pieces but config.json a vocab_size of "
                           f"{config['vocab_size']}; the vocabulary does not belong to these weights")
-    embedding = next((tensors[name] for name in ("model.shared.weight", "model.encoder.embed_tokens.weight")
-                      if name in tensors), None)
+    embedding = next((tensors[name] for name in ("shared.weight", "encoder.embed_tokens.weight") if name in tensors), None)
     if embedding is None or embedding.shape != (config["vocab_size"], config["d_model"]):
         shape = None if embedding is None else embedding.shape
         raise ConfigError(f"the embeddings of {directory} have shape {shape}, not (vocab_size, d_model) = "
@@ -109,23 +112,12 @@ def check_new_directory(directory: str) -> None:
 
 
 def write_directory(directory: str, files: Mapping[str, bytes]) -> str:
-    """Write `files` ({name: content}) as `directory`, whole or not at all: into a folder beside it, renamed to
-    it once complete (a full disk leaves nothing that a retry would refuse)."""
-    check_new_directory(directory)
-    directory = os.path.normpath(directory)
-    staging = unique_name(os.path.join(os.path.dirname(os.path.abspath(directory)), f".{os.path.basename(directory)}.tmp"))
-    try:
-        os.makedirs(staging)
+    """Write `files` ({name: content}) as the local `directory` (checked by export_target), whole or not at all."""
+    with directory_written_whole(directory) as staging:
         for name, content in files.items():
             with open(os.path.join(staging, name), "wb") as f:
                 f.write(content)
-        os.replace(staging, directory)
-    except BaseException as error:
-        shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(error, OSError):
-            raise OSError(error.errno, error.strerror, directory) from error
-        raise
-    return directory
+    return os.path.normpath(directory)
 
 
 def safetensors_bytes(tensors: Mapping[str, np.ndarray]) -> bytes:
@@ -141,3 +133,30 @@ def safetensors_bytes(tensors: Mapping[str, np.ndarray]) -> bytes:
 
 def json_bytes(value: Any) -> bytes:
     return (json.dumps(value, indent=2, ensure_ascii=False) + "\n").encode()
+
+
+def marian_files(params: Any, config: Any, tokenizer: Any, source_lang: str, target_lang: str, beam_size: int,
+                 tokenizer_file: bytes) -> dict[str, bytes]:
+    """The files of a Hugging Face Marian directory holding `params` ({name: content}); `tokenizer_file` is the
+    run's tokenizer.model (a SentencePiece model serves as both source.spm and target.spm)."""
+    rows = export_rows(config.vocab_size)
+    params = jax.tree.map(lambda x: np.asarray(x, np.float32), unscanned_layout(nn.meta.unbox(params)))
+    tensors = ours_to_marian(params, config, rows)
+    separate = isinstance(tokenizer, MarianVocabulary) and tokenizer.separate
+    tables = {}
+    for name, target in (("vocab.json", False), ("target_vocab.json", True))[:1 + separate]:
+        pieces = ["</s>", "<unk>"] + [tokenizer.piece(int(i), target=target) for i in rows[2:-1]] + ["<pad>"]
+        if len(set(pieces)) != len(pieces):
+            raise ConfigError("the tokenizer names two ids with one piece; a Marian vocabulary cannot hold it")
+        tables[name] = json_bytes({piece: index for index, piece in enumerate(pieces)})
+    if isinstance(tokenizer, MarianVocabulary):
+        source_spm, target_spm = tokenizer.files["source.spm"], tokenizer.files["target.spm"]
+    else:
+        source_spm = target_spm = tokenizer_file
+    hf_config = hf_config_of(config, len(rows))
+    tokenizer_config = {"tokenizer_class": "MarianTokenizer", "source_lang": source_lang, "target_lang": target_lang,
+                        "unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>",
+                        "model_max_length": config.max_len, "separate_vocabs": separate}
+    return {"config.json": json_bytes(hf_config), "model.safetensors": safetensors_bytes(tensors),
+            "generation_config.json": json_bytes(generation_config_of(hf_config, beam_size)),
+            **tables, "tokenizer_config.json": json_bytes(tokenizer_config), "source.spm": source_spm, "target.spm": target_spm}

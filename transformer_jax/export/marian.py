@@ -14,7 +14,7 @@ Marian's Transformer is the paper's post-LN encoder-decoder. What differs, and h
   * LayerNorm epsilon 1e-5 (PyTorch's): `model.layer_norm_epsilon`.
 
 `marian_to_ours` and `ours_to_marian` convert parameter dicts (NumPy, Hugging Face names); reading and writing
-whole checkpoint directories is in export/hf_directory.py.
+whole checkpoint directories, and a directory's files, are in export/hf_directory.py.
 """
 
 from __future__ import annotations
@@ -41,12 +41,10 @@ def ours_from_halves(d_model: int) -> np.ndarray:
 
 
 def embedding_tables(tensors: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """The (source, target) embedding tables of a Marian state dict: the encoder's and decoder's own where saved
-    (transformers keeps them apart when tie_word_embeddings is false), else `model.shared.weight`."""
-    def table(own: str) -> np.ndarray:
-        return _table(tensors, own, "model.shared.weight", own.replace("model.", "", 1), "shared.weight")
-
-    return table("model.encoder.embed_tokens.weight"), table("model.decoder.embed_tokens.weight")
+    """The (source, target) embedding tables of a Marian state dict (names without "model."): the encoder's and
+    decoder's own where saved (transformers keeps them apart when tie_word_embeddings is false), else `shared`."""
+    return (_table(tensors, "encoder.embed_tokens.weight", "shared.weight"),
+            _table(tensors, "decoder.embed_tokens.weight", "shared.weight"))
 
 
 def model_config_of(hf: Mapping[str, Any], tensors: Mapping[str, np.ndarray]) -> TransformerConfig:
@@ -123,11 +121,12 @@ def _table(tensors: Mapping[str, np.ndarray], *names: str) -> np.ndarray:
 
 
 def marian_to_ours(tensors: Mapping[str, np.ndarray], config: TransformerConfig, rows: np.ndarray) -> dict[str, Any]:
-    """Our (unscanned, unboxed) parameters of a Marian state dict `tensors` (float32 NumPy, Hugging Face names).
+    """Our (unscanned, unboxed) parameters of a Marian state dict `tensors` (Hugging Face names without "model.",
+    as `read_marian` gives them).
 
     `rows[i]` is the Marian id of our id i (`marian_vocabulary.our_order`).
     """
-    tensors = {name.removeprefix("model."): np.asarray(value, np.float32) for name, value in tensors.items()}
+    tensors = {name: np.asarray(value, np.float32) for name, value in tensors.items()}
     perm = ours_from_halves(config.d_model)
     heads, layers = config.num_heads, config.num_layers
     params: dict[str, Any] = {
@@ -144,7 +143,7 @@ def marian_to_ours(tensors: Mapping[str, np.ndarray], config: TransformerConfig,
     if config.tie_output_embedding:
         params["decoder"]["output_bias"] = bias
     else:
-        params["decoder"]["output_projection"] = {"kernel": _table(tensors, "lm_head.weight", "decoder.embed_tokens.weight")[rows][:, perm].T,
+        params["decoder"]["output_projection"] = {"kernel": _table(tensors, "lm_head.weight")[rows][:, perm].T,
                                                   "bias": bias}
     return params
 

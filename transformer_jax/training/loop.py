@@ -129,7 +129,7 @@ class Trainer:
         """
         restored = self.checkpointer.restore_latest(self.programs.abstract_state, self._record_problem)
         if restored is None:
-            if self.config.training.get("init_from", ""):  # fine-tuning: a fresh start from another run's parameters
+            if self.config.training.init_from:  # fine-tuning: a fresh start from another run's parameters
                 source = self.config.training.init_from
                 params, step = initial_params(source, self.state.params, self.model_config.scan_layers)
                 self.state = self.state.replace(params=params)

@@ -208,7 +208,7 @@ def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
     model = Transformer(model_config)
     training = config.training
     scale = (peak_scale(model_config.d_model, training.warmup_steps, training.peak_learning_rate)
-             if training.get("peak_learning_rate", 0.0) else training.learning_rate_scale)
+             if training.peak_learning_rate else training.learning_rate_scale)
     schedule = paper_learning_rate(model_config.d_model, training.warmup_steps, scale)
     optimizer = paper_optimizer(schedule, training.adam_b1, training.adam_b2, training.adam_eps,
                                 training.grad_clip_norm or None)
