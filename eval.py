@@ -14,8 +14,14 @@ auto-detection, --coordinator_address, --num_processes, --process_id): the split
 all their devices, and process 0 alone writes files and prints.
 """
 
-import contextlib
 import signal
+
+ARRIVED: list[int] = []  # SIGTERM/SIGINT during the imports below (seconds), acted on by interrupts_reported
+for _stop in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(_stop, lambda number, frame: ARRIVED.append(number))
+
+
+import contextlib
 from collections.abc import Iterator
 
 import jax
@@ -109,7 +115,7 @@ def main(argv: list[str]) -> None:
             return f"{printed[0]} translations printed above; nothing else was written"
         return "nothing was written"
 
-    with user_errors(), interrupts_reported(finished):
+    with user_errors(), interrupts_reported(finished, arrived=ARRIVED):
         set_cpu_devices(_CPU_DEVICES.value)  # before JAX starts its backends
         _CLUSTER.join()
         # Every process does the same work (restoring and translating are collective); process 0 reports it.

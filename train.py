@@ -4,6 +4,13 @@ Resumes from the newest checkpoint in --workdir. At the end, translates the test
 search and prints SacreBLEU (the signature included).
 """
 
+import signal
+
+ARRIVED: list[int] = []  # SIGTERM/SIGINT during the imports below (seconds), acted on by interrupts_reported
+for _stop in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(_stop, lambda number, frame: ARRIVED.append(number))
+
+
 import jax
 from absl import app, flags
 from ml_collections import config_flags
@@ -78,7 +85,7 @@ def main(argv: list[str]) -> None:
     _CLUSTER.use_compilation_cache(_WORKDIR.value)
     stage = [""]  # set once training finished; before, what is on disk says (saved_so_far)
     finished = lambda: stage[0] or saved_so_far(_WORKDIR.value)  # noqa: E731
-    with user_errors(), interrupts_reported(finished, terminated_exit=0):  # SIGTERM: a rerun resumes
+    with user_errors(), interrupts_reported(finished, terminated_exit=0, arrived=ARRIVED):  # SIGTERM: a rerun resumes
         config, workdir = _CONFIG.value, _WORKDIR.value
         check_run_config(config)  # before any work, so a bad value leaves no trace in the workdir
         config = adopt_initial_model(config, workdir)  # fine-tuning: the architecture of training.init_from
