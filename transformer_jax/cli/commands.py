@@ -177,6 +177,22 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
             f"cannot join the multi-process run ({detail}); on a cluster without auto-detection pass "
             "--coordinator_address=HOST:PORT --num_processes=N --process_id=I"
         ) from None
+    native_output_to_stderr()
+
+
+def native_output_to_stderr() -> None:
+    """Point file descriptor 1 at standard error, and Python's `sys.stdout` at the real standard output.
+
+    The multi-process runtime's native code writes to descriptor 1: on CPU, gloo prints "[Gloo] Rank i is
+    connected to ..." in pieces whenever its collectives connect, in the middle of whatever the command
+    prints. A command's standard output is its data (translations, scores), so that text goes to standard
+    error instead; what Python prints is unchanged.
+    """
+    sys.stdout.flush()
+    data = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = os.fdopen(data, "w", buffering=1 if sys.stdout.line_buffering else -1,
+                           encoding=sys.stdout.encoding, errors=sys.stdout.errors)
 
 
 @dataclasses.dataclass(frozen=True)
