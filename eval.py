@@ -22,6 +22,7 @@ for _stop in (signal.SIGTERM, signal.SIGINT):
 
 
 import contextlib
+import sys
 from collections.abc import Iterator
 
 import jax
@@ -86,6 +87,25 @@ def decoding_options(run_config) -> DecodeOptions:
         seed=_SEED.value, temperature=_TEMPERATURE.value, top_k=_TOP_K.value, top_p=_TOP_P.value)
 
 
+def check_split_flag() -> None:
+    """--split names the split to score; given with a command that scores no split it would be ignored."""
+    commands = [f"--{flag.name}" for flag in (_TRANSLATE, _AVERAGED, _EXPORT, _ATTENTION) if flag.value is not None]
+    commands += [f"--{flag.name}" for flag in (_POSITIONS, _CURVES) if flag.value]
+    if flags.FLAGS["split"].present and commands:
+        raise ConfigError(f"--split chooses the split to score, which {commands[0]} does not do; drop --split, "
+                          f"or score the split in a command of its own")
+
+
+def check_output_encoding() -> None:
+    """Translations are printed: standard output must hold every character (not so with PYTHONIOENCODING=ascii)."""
+    encoding = sys.stdout.encoding or "unknown"
+    try:
+        "\U0001F600".encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        raise ConfigError(f"standard output's encoding is {encoding}, which cannot print every translation; "
+                          "set PYTHONIOENCODING=utf-8 (or a UTF-8 locale such as LANG=C.UTF-8)") from None
+
+
 def translation(run_config) -> dict:
     """How the split or file is batched and the dtype it is decoded in: the run's, overridden by the flags."""
     return dict(batching=translation_batching(run_config).replace(batch_size=_BATCH.value,
@@ -107,7 +127,6 @@ def signals_held() -> Iterator[None]:
 def main(argv: list[str]) -> None:
     del argv
     quiet_console()
-    _CLUSTER.use_compilation_cache(_WORKDIR.value)
     printed = [0]  # translations written to stdout so far (--translate)
 
     def finished() -> str:
@@ -116,6 +135,10 @@ def main(argv: list[str]) -> None:
         return "nothing was written"
 
     with user_errors(), interrupts_reported(finished, arrived=ARRIVED):
+        _CLUSTER.use_compilation_cache(_WORKDIR.value)
+        check_split_flag()
+        if _TRANSLATE.value:
+            check_output_encoding()
         set_cpu_devices(_CPU_DEVICES.value)  # before JAX starts its backends
         _CLUSTER.join()
         # Every process does the same work (restoring and translating are collective); process 0 reports it.

@@ -82,10 +82,10 @@ def saved_so_far(workdir: str) -> str:
 def main(argv: list[str]) -> None:
     del argv
     quiet_console()
-    _CLUSTER.use_compilation_cache(_WORKDIR.value)
     stage = [""]  # set once training finished; before, what is on disk says (saved_so_far)
     finished = lambda: stage[0] or saved_so_far(_WORKDIR.value)  # noqa: E731
     with user_errors(), interrupts_reported(finished, terminated_exit=0, arrived=ARRIVED):  # SIGTERM: a rerun resumes
+        _CLUSTER.use_compilation_cache(_WORKDIR.value)
         config, workdir = _CONFIG.value, _WORKDIR.value
         check_run_config(config)  # before any work, so a bad value leaves no trace in the workdir
         config = adopt_initial_model(config, workdir)  # fine-tuning: the architecture of training.init_from

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 import jax
 import numpy as np
@@ -230,6 +231,8 @@ TRAIN_ROWS = [
     ("parameters larger than the device", lambda s: ["--config.model.d_ff=2000000000"],
      ["the train state (parameters and Adam moments of d_model=32, d_ff=2000000000", "GB per device, but a cpu",
       "lower the model's sizes", "--config.mesh.fsdp"]),
+    ("compilation cache that is a file", lambda s: [f"--compilation_cache={s['dir'] / 'a_file'}"],
+     ["a_file is not a directory", "--compilation_cache= to turn it off"]),
     ("coordinator address without a port",
      lambda s: ["--multihost", "--coordinator_address=localhost", "--num_processes=1", "--process_id=0"],
      ["--coordinator_address=localhost has no port", "pass HOST:PORT of process 0"]),
@@ -311,6 +314,29 @@ def test_no_libtpu_start_up_noise_on_a_host_without_tpu_chips(setup):
         assert noise not in result.stderr, result.stderr[-3000:]
 
 
+def test_translate_reads_a_named_pipe_or_a_device_as_it_reads_a_file(setup, tmp_path):
+    text = "The dog sleeps .\nThe cat eats .\n"
+    (tmp_path / "in.txt").write_text(text)
+    os.mkfifo(tmp_path / "in.fifo")  # as bash's --translate=<(command) gives it
+    writer = threading.Thread(target=(tmp_path / "in.fifo").write_text, args=(text,), daemon=True)
+    writer.start()
+    rows = [[f"--workdir={setup['workdir']}", "--mode=greedy", f"--translate={path}"]
+            for path in (tmp_path / "in.txt", tmp_path / "in.fifo", "/dev/null")]
+    from_file, from_pipe, from_null = run_rows("eval.py", rows, tmp_path)
+    assert from_file.returncode == 0 and len(from_file.stdout.splitlines()) == 2, from_file.stderr[-3000:]
+    assert from_pipe.returncode == 0 and from_pipe.stdout == from_file.stdout, from_pipe.stderr[-3000:]
+    assert from_null.returncode == 0 and from_null.stdout == "", from_null.stderr[-3000:]
+
+
+def test_translate_to_an_output_that_cannot_hold_the_text_is_refused_before_any_work(setup, tmp_path):
+    (tmp_path / "in.txt").write_text("The dog sleeps .\n")
+    result = run_script("eval.py", f"--workdir={setup['workdir']}", f"--translate={tmp_path / 'in.txt'}",
+                        env=script_env(PYTHONIOENCODING="ascii"))
+    assert_one_line_error(result, "standard output's encoding is ascii, which cannot print every translation",
+                          "set PYTHONIOENCODING=utf-8")
+    assert result.stdout == ""
+
+
 # (row, eval.py flags given the setup (after --workdir of a copy of the trained run), fragments of the error line)
 EVAL_ROWS = [
     ("unknown checkpoint", lambda s: ["--checkpoint=bogus"], ["--checkpoint=bogus is not latest", "available steps: 4, 6"]),
@@ -322,15 +348,23 @@ EVAL_ROWS = [
     ("unknown mode", lambda s: ["--mode=topk"], ["--mode=topk: value should be one of <beam|greedy|sample>"]),
     ("zero beam", lambda s: ["--beam_size=0"], ["beam_size=0 must be a positive integer"]),
     ("infinite sampling temperature", lambda s: ["--mode=sample", "--temperature=inf"],
-     ["temperature=inf must be positive and finite"]),
+     ["temperature=inf must be a normal positive float32"]),
+    ("temperature that is 0 in float32", lambda s: ["--mode=sample", "--temperature=1e-50"],
+     ["temperature=1e-50 must be a normal positive float32 (1.2e-38 to 3.4e38"]),
+    ("top_p that is 0 in float32", lambda s: ["--mode=sample", "--top_p=1e-50"],
+     ["top_p=1e-50 must be in (0, 1] and not 0 in float32"]),
+    ("length penalty beyond float32", lambda s: ["--alpha=1e39"], ["alpha=1e+39 must be >= 0 and finite in float32"]),
+    ("sampling seed beyond 64 bits", lambda s: ["--mode=sample", "--seed=9223372036854775808"],
+     ["seed=9223372036854775808 must be an integer in [0, 2**63 - 1]"]),
     ("unknown dtype", lambda s: ["--dtype=float16"], ["--dtype=float16: value should be one of <float32|bfloat16>"]),
     ("negative CPU device count", lambda s: ["--cpu_devices=-1"], ["cpu_devices=-1 must be >= 0 (0: one per core)"]),
     ("negative length penalty", lambda s: ["--alpha=-1"], ["alpha=-1.0 must be >= 0"]),
     ("negative length limit", lambda s: ["--max_extra_length=-1"], ["max_extra_length=-1 must be"]),
     ("negative top_k", lambda s: ["--mode=sample", "--top_k=-1"], ["top_k=-1 must be 0 (keep every token) or"]),
     ("zero temperature", lambda s: ["--mode=sample", "--temperature=0"],
-     ["temperature=0.0 must be positive", "mode=greedy takes the most likely token"]),
-    ("negative temperature", lambda s: ["--mode=sample", "--temperature=-1"], ["temperature=-1.0 must be positive"]),
+     ["temperature=0.0 must be a normal positive float32", "mode=greedy takes the most likely token"]),
+    ("negative temperature", lambda s: ["--mode=sample", "--temperature=-1"],
+     ["temperature=-1.0 must be a normal positive float32"]),
     ("top_p above 1", lambda s: ["--mode=sample", "--top_p=2"], ["top_p=2.0 must be in (0, 1]"]),
     ("top_p of 0", lambda s: ["--mode=sample", "--top_p=0"], ["top_p=0.0 must be in (0, 1]"]),
     ("zero batch", lambda s: ["--batch_size=0"], ["batch_size=0 must be a positive integer"]),
@@ -361,6 +395,8 @@ EVAL_ROWS = [
     ("infinite length penalty", lambda s: ["--alpha=inf"], ["alpha=inf must be >= 0 and finite"]),
     ("empty sentence to plot", lambda s: ["--plot_attention="], ["--plot_attention is empty"]),
     ("empty --write_averaged", lambda s: ["--write_averaged="], ["--write_averaged is empty"]),
+    ("a split to score with a file to translate", lambda s: ["--split=dev", f"--translate={s['dir'] / 'a_file'}"],
+     ["--split chooses the split to score, which --translate does not do; drop --split"]),
     ("two outputs at once", lambda s: [f"--write_averaged={s['dir'] / 'avg_new'}", f"--translate={s['dir'] / 'latin1.txt'}"],
      ["--translate and --write_averaged are two commands; run them one at a time"]),
     ("more CPU devices than XLA can gather", lambda s: ["--cpu_devices=1000"],

@@ -99,6 +99,8 @@ DAMAGED_RECORDS = [
     ("data position not a number", lambda w: edit_json(w / "checkpoints/6/data/metadata",
                                                       lambda d: {**d, "position": "x"}),
      'its data-iterator record is malformed (position is "x", not a count)'),
+    ("a file where the checkpoint belongs", lambda w: file_for_folder(w, "checkpoints/6"),
+     "checkpoints/6 is a file, not a checkpoint directory"),
     ("open window garbage", lambda w: edit_json(w / "checkpoints/6/meta/metadata",
                                                lambda m: {**m, "open_window": "garbage"}),
      "its meta record is malformed (open_window is a JSON str, not a list of step metrics)"),
@@ -186,4 +188,14 @@ def test_reading_a_run_changes_nothing_and_warns_about_nothing(trained_run, tmp_
             reader.save(8, None, {}, {})
         reader.close()
     assert not [record for record in caplog.records if record.levelno >= logging.WARNING], caplog.text
+    assert tree(workdir) == before
+
+
+def test_eval_py_on_a_file_where_the_newest_checkpoint_belongs_names_it(trained_run, tmp_path):
+    workdir = copy_run(trained_run, tmp_path / "run")
+    file_for_folder(workdir, "checkpoints/6")
+    before = tree(workdir)
+    [result] = run_rows("eval.py", [[f"--workdir={workdir}", "--mode=greedy"]], tmp_path)
+    assert_one_line_error(result, "checkpoints/6 is a file, not a checkpoint directory",
+                          "choose another with --checkpoint=STEP")
     assert tree(workdir) == before

@@ -212,3 +212,18 @@ def test_train_py_faults(trained_run, tmp_path):
                                                         after["full_disk"].get(path) != before["full_disk"][path]}
     assert changed <= {"test_final.hyp", "test_final.json"}, changed
     assert len(saved[0].splitlines()) == 16 and json.loads(saved[1])["step"] == 6
+
+
+def test_standard_output_on_a_full_device_is_one_line_naming_it(trained_run, tmp_path):
+    """`> FILE` on a full disk: the line names standard output, not a file of the run, which is left alone."""
+    (tmp_path / "in.txt").write_text("The dog sleeps .\n")
+    before = snapshot(trained_run["workdir"])
+    for flags in (["--translate=" + str(tmp_path / "in.txt")], ["--write_averaged=" + str(tmp_path / "averaged")]):
+        with open("/dev/full", "w") as full:
+            result = subprocess.run(command("eval.py", f"--workdir={trained_run['workdir']}", "--mode=greedy", *flags),
+                                    cwd=ROOT, env=script_env(), stdout=full, stderr=subprocess.PIPE, text=True,
+                                    timeout=300)
+        result.stdout = ""
+        assert_one_line_error(result, "writing to standard output failed: no space left on the device",
+                              "where standard output goes (or redirect it elsewhere)")
+    assert snapshot(trained_run["workdir"]) == before

@@ -79,12 +79,16 @@ def test_another_hosts_lock_is_stale_once_its_heartbeat_is_old(tmp_path):
     taker.release()
 
 
-def test_a_damaged_lock_file_is_taken_over(tmp_path):
-    (tmp_path / layout.LOCK).write_text('{"host": "vm", "pi')
+@pytest.mark.parametrize("content", [b'{"host": "vm", "pi', b"\xff\x00garbage", b""])
+def test_a_damaged_lock_file_is_taken_over_saying_it_could_not_be_read(tmp_path, caplog, content):
+    (tmp_path / layout.LOCK).write_bytes(content)
     taker = RunLock(str(tmp_path))
-    taker.acquire()
+    with caplog.at_level(logging.WARNING):
+        taker.acquire()
     assert read_owner(str(tmp_path / layout.LOCK)) == taker.owner
     taker.release()
+    [line] = [record.getMessage() for record in caplog.records if "taking over" in record.getMessage()]
+    assert "its content could not be read" in line and "pid -1" not in line, line
 
 
 def test_the_heartbeat_renews_the_lock_and_release_leaves_another_jobs_lock(tmp_path, monkeypatch):

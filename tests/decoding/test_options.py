@@ -17,6 +17,8 @@ def test_defaults_are_the_papers():
 @pytest.mark.parametrize("field, value", [
     ("temperature", 0.0), ("temperature", -1.0), ("temperature", float("inf")), ("top_p", 0.0), ("top_p", 1.5), ("beam_size", 0),
     ("mode", "nucleus"), ("top_k", -1), ("alpha", -0.1), ("max_extra_length", 0),
+    # numbers that are 0 or inf once in float32, where decoding computes; seeds JAX cannot take
+    ("temperature", 1e-50), ("temperature", 1e-44), ("temperature", 1e300), ("top_p", 1e-50), ("alpha", 1e39), ("seed", -1), ("seed", 2**63),
 ])
 def test_a_bad_value_raises_a_config_error_naming_the_field(field, value):
     with pytest.raises(ConfigError, match=field):

@@ -25,7 +25,16 @@ def test_filter_logits_temperature_top_k_and_top_p():
     assert np.isfinite(filter_logits(log_probs, 1.0, top_p=0.75)).tolist() == [[False, True, False, True]]
     assert np.isfinite(filter_logits(log_probs, 1.0, top_p=0.5)).tolist() == [[False, True, False, False]]
     assert np.isfinite(filter_logits(log_probs, 1.0, top_p=0.85)).tolist() == [[False, True, True, True]]
-    np.testing.assert_array_equal(filter_logits(log_probs, 1.0, top_p=1.0), log_probs)
+    np.testing.assert_allclose(filter_logits(log_probs, 1.0, top_p=1.0), log_probs - jnp.log(0.5), rtol=1e-6)
+
+
+def test_any_temperature_float32_holds_gives_a_distribution():
+    """The best token is at 0 before dividing: the smallest temperature is greedy, the largest uniform, no NaN."""
+    log_probs = jnp.log(jnp.array([[0.05, 0.5, 0.15, 0.3]]))
+    coldest = jax.nn.softmax(filter_logits(log_probs, 1.2e-38))
+    np.testing.assert_array_equal(coldest, [[0.0, 1.0, 0.0, 0.0]])
+    hottest = jax.nn.softmax(filter_logits(log_probs, 3e38))
+    np.testing.assert_allclose(hottest, [[0.25] * 4])
 
 
 @functools.partial(jax.jit, static_argnames="top_k")

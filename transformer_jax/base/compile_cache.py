@@ -29,6 +29,7 @@ import os
 import jax
 
 from transformer_jax.base import workdir as layout
+from transformer_jax.errors import ConfigError
 
 WORKDIR_CHOICE = "workdir"  # --compilation_cache=workdir: <workdir>/compilation_cache
 
@@ -61,6 +62,9 @@ def use_compilation_cache(choice: str | None, workdir: str, multihost: bool = Fa
     """Load and store compiled programs where `--compilation_cache=choice` says (compilation_cache_dir);
     returns that directory ('' leaves JAX's cache off)."""
     directory = compilation_cache_dir(choice, workdir, multihost)
+    if directory and not is_remote(directory) and os.path.exists(directory) and not os.path.isdir(directory):
+        raise ConfigError(f"the compilation cache {directory} is not a directory; pass --compilation_cache=DIR "
+                          "naming a directory (made if missing), or --compilation_cache= to turn it off")
     jax.config.update("jax_compilation_cache_dir", directory or None)
     if is_remote(directory) and "JAX_PERSISTENT_CACHE_ENABLE_XLA_CACHES" not in os.environ:
         # JAX puts XLA's GPU autotuning cache inside the cache directory, and XLA's C++ file layer has no

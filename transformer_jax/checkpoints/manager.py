@@ -24,7 +24,15 @@ from typing import Any, Callable
 import jax
 import orbax.checkpoint as ocp
 
-from transformer_jax.base.files import DirectoryWatch, absolute, storage_errno, storage_error, storage_remedy
+from transformer_jax.base.files import (
+    DirectoryWatch,
+    absolute,
+    is_dir,
+    list_names,
+    storage_errno,
+    storage_error,
+    storage_remedy,
+)
 from transformer_jax.checkpoints.integrity import (
     check_shapes,
     check_record,
@@ -184,9 +192,20 @@ class Checkpointer:
                              self.resume_advice(storage_remedy(error)))
 
     def steps(self) -> list[int]:
-        """Complete checkpoints on disk, oldest first."""
+        """Complete checkpoints on disk, oldest first; a file named as a step (a bad copy, a hand-made mistake)
+        counts as one, which cannot be read back (Orbax lists only directories, and would save over it)."""
         self.manager.reload()
-        return sorted(self.manager.all_steps())
+        return sorted(set(self.manager.all_steps()) | set(self._files_named_as_steps()))
+
+    def _files_named_as_steps(self) -> list[int]:
+        if not is_dir(self.directory):
+            return []
+        return [int(name) for name in list_names(self.directory)
+                if name.isdigit() and not is_dir(os.path.join(self.directory, name))]
+
+    def _check_is_directory(self, step: int) -> None:
+        if step in self._files_named_as_steps():
+            raise CorruptCheckpointError(f"{self._where(step)} is a file, not a checkpoint directory")
 
     def latest_step(self) -> int | None:
         """The newest complete checkpoint, or None."""
@@ -196,6 +215,7 @@ class Checkpointer:
     def meta(self, step: int) -> dict[str, Any]:
         """The run metadata saved with `step` (config, metrics, ...)."""
         with reading(self._where(step)):
+            self._check_is_directory(step)
             return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
     def best_step(self) -> int | None:
@@ -217,6 +237,7 @@ class Checkpointer:
         meta)` finds malformed (it returns what is wrong, or None).
         """
         with reading(self._where(step)):
+            self._check_is_directory(step)
             self._check_shapes(step, abstract_state)
             restored = self.manager.restore(
                 step,
@@ -263,6 +284,7 @@ class Checkpointer:
         Raises CorruptCheckpointError (naming the step and how to choose another) when it cannot be read.
         """
         with reading(self._where(step), "; choose another with --checkpoint=STEP"):
+            self._check_is_directory(step)
             saved = self.manager.item_metadata(step)["state"]
             device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
             target = jax.tree.map(

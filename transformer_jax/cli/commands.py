@@ -11,7 +11,7 @@ import signal
 import sys
 import threading
 import traceback
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator, TextIO
 
 from absl import flags
 
@@ -52,6 +52,7 @@ def user_errors() -> Iterator[None]:
         print("error: standard output is closed, so what this command prints (scores, translations) would be "
               "lost; run it with standard output open (redirect it to a file: > out.txt)", file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)
+    sys.stdout = NamedOutput(sys.stdout)
     try:
         yield
     except UserError as error:
@@ -62,11 +63,44 @@ def user_errors() -> Iterator[None]:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes it
         sys.exit(BROKEN_PIPE_EXIT)
     except OSError as error:
-        named = storage_error(error, "a write (to a file, a log or standard output)")
+        named = storage_error(error, "a write (to a file or a log)")
         if named is None:
             raise
         print(f"error: {named}", file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)
+    finally:
+        if isinstance(sys.stdout, NamedOutput):
+            sys.stdout = sys.stdout.stream
+
+
+class NamedOutput:
+    """Standard output whose failing writes say so: a full device behind `> FILE` is one line naming it."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        with self._named():
+            return self.stream.write(text)
+
+    def flush(self) -> None:
+        with self._named():
+            self.stream.flush()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+    @contextlib.contextmanager
+    def _named(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as error:
+            named = storage_error(error, "writing to standard output", f"{storage_remedy(error)} where standard "
+                                  "output goes (or redirect it elsewhere) and run the same command again")
+            if named is None:
+                raise  # a reader that went away (BrokenPipeError) is not a fault of the storage
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self.stream.fileno())  # what is left cannot fail again
+            raise named from None
 
 
 def _config_path(argv: list[str]) -> str | None:
@@ -191,8 +225,9 @@ def native_output_to_stderr() -> None:
     sys.stdout.flush()
     data = os.dup(1)
     os.dup2(2, 1)
-    sys.stdout = os.fdopen(data, "w", buffering=1 if sys.stdout.line_buffering else -1,
-                           encoding=sys.stdout.encoding, errors=sys.stdout.errors)
+    stream = os.fdopen(data, "w", buffering=1 if sys.stdout.line_buffering else -1, encoding=sys.stdout.encoding,
+                       errors=sys.stdout.errors)
+    sys.stdout = NamedOutput(stream) if isinstance(sys.stdout, NamedOutput) else stream
 
 
 @dataclasses.dataclass(frozen=True)

@@ -112,6 +112,8 @@ class Owner:
                    _process_start(os.getpid()))
 
     def describe(self) -> str:
+        if self.pid == -1:
+            return "its content could not be read: cut short or written by something else"
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
         return f"host {self.host}, pid {self.pid}, started {started}"
 

@@ -16,7 +16,7 @@ from typing import Any
 import ml_collections
 
 from transformer_jax.data.shapes import TranslationBatching
-from transformer_jax.decoding.options import DecodeOptions
+from transformer_jax.decoding.options import MAX_SEED, DecodeOptions
 from transformer_jax.decoding.translate import DTYPES
 from transformer_jax.errors import CheckpointError, ConfigError
 from transformer_jax.model.config import TransformerConfig
@@ -104,8 +104,6 @@ def default_config() -> ml_collections.ConfigDict:
 # The most steps a run counts: its step counter is an int32 on the devices.
 MAX_STEP = 2**31 - 1
 
-# The largest training.seed: JAX's random keys and NumPy's generators take a 64-bit signed seed.
-MAX_SEED = 2**63 - 1
 
 # Run settings that must be positive (model sizes are checked by TransformerConfig itself).
 POSITIVE_SETTINGS = {

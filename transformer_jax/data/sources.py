@@ -27,9 +27,10 @@ TFDS_NAME = "wmt14_translate/de-en"
 
 
 
-def check_text_file(path: str) -> None:
-    """DataError unless `path` is a regular file: missing, a directory and a pipe or device each say so."""
-    if os.path.isfile(path):
+def check_text_file(path: str, read_once: bool = False) -> None:
+    """DataError unless `path` is a regular file (or, `read_once`, a pipe or device): missing, a directory
+    and a pipe or device each say so."""
+    if os.path.isfile(path) or (read_once and os.path.exists(path) and not os.path.isdir(path)):
         return
     if not os.path.lexists(path):
         raise DataError(f"{path} does not exist; check the data directory and file names")
@@ -41,10 +42,11 @@ def check_text_file(path: str) -> None:
                     "once, so write it to a regular file first")
 
 
-def read_lines(path: str, strip: bool = True) -> list[str]:
+def read_lines(path: str, strip: bool = True, read_once: bool = False) -> list[str]:
     """Lines of a UTF-8 text file (stripped, or with `strip=False` only their "\\r"; a final newline does not
-    add an empty line; a leading byte-order mark, which some editors write, is not part of the first sentence)."""
-    check_text_file(path)
+    add an empty line; a leading byte-order mark, which some editors write, is not part of the first sentence).
+    `read_once`: a named pipe or a device (`<(command)`, /dev/stdin) is read as well."""
+    check_text_file(path, read_once)
     with open(path, "rb") as f:
         data = f.read().removeprefix(codecs.BOM_UTF8)
     try:

@@ -10,16 +10,30 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
+import numpy as np
+
 from transformer_jax.errors import ConfigError
 
 DecodeMode = Literal["beam", "greedy", "sample"]
 MODES = ("beam", "greedy", "sample")
+# The largest seed (sampling; training.seed too): JAX's random keys and NumPy's generators take a 64-bit signed one.
+MAX_SEED = 2**63 - 1
+# The smallest normal float32: accelerators and XLA:CPU flush smaller (subnormal) numbers to zero.
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
 
 def require(condition: bool, message: str) -> None:
     """Raise ConfigError(message) unless `condition` holds."""
     if not condition:
         raise ConfigError(message)
+
+
+def as_float32(value: Any) -> float:
+    """`value` as float32 holds it (overflow to inf, underflow to 0); NaN for what is not a number."""
+    if not is_python_number(value):
+        return float("nan")
+    with np.errstate(over="ignore", under="ignore"):
+        return float(np.float32(value))
 
 
 def is_python_number(value: Any) -> bool:
@@ -59,12 +73,17 @@ class DecodeOptions:
                     f"{name}={value!r} must be a positive integer")
         require(isinstance(self.top_k, int) and self.top_k >= 0,
                 f"top_k={self.top_k!r} must be 0 (keep every token) or a positive integer")
-        require(is_python_number(self.alpha) and 0 <= self.alpha < float("inf"),
-                f"alpha={self.alpha!r} must be >= 0 and finite (0 turns the length penalty off)")
-        require(is_python_number(self.temperature) and 0 < self.temperature < float("inf"),
-                f"temperature={self.temperature!r} must be positive and finite (mode=greedy takes the most likely token)")
-        require(is_python_number(self.top_p) and 0 < self.top_p <= 1,
-                f"top_p={self.top_p!r} must be in (0, 1] (1 keeps every token)")
+        # Decoding computes in float32: a value is checked as it will be there (1e-50 is 0, 1e39 is inf).
+        alpha, temperature, top_p = (as_float32(value) for value in (self.alpha, self.temperature, self.top_p))
+        require(is_python_number(self.alpha) and 0 <= alpha < float("inf"),
+                f"alpha={self.alpha!r} must be >= 0 and finite in float32 (below 3.4e38; 0 turns the length penalty off)")
+        require(is_python_number(self.temperature) and FLOAT32_TINY <= temperature < float("inf"),
+                f"temperature={self.temperature!r} must be a normal positive float32 (1.2e-38 to 3.4e38; "
+                "mode=greedy takes the most likely token)")
+        require(is_python_number(self.top_p) and 0 < top_p <= 1,
+                f"top_p={self.top_p!r} must be in (0, 1] and not 0 in float32 (1 keeps every token)")
+        require(isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed <= MAX_SEED,
+                f"seed={self.seed!r} must be an integer in [0, 2**63 - 1]")
 
     def replace(self, **changes: Any) -> DecodeOptions:
         """A copy with some fields changed (None values are ignored; validated again)."""

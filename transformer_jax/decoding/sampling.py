@@ -27,7 +27,8 @@ def filter_logits(
     logits_BxV: jax.Array, temperature: float | jax.Array, top_k: int = 0, top_p: float | jax.Array = 1.0
 ) -> jax.Array:
     """Logits / temperature, with -inf outside the top_k tokens (0 = all) and the top_p nucleus."""
-    logits_BxV = logits_BxV / temperature
+    # Each row's best token at 0 before dividing: no temperature overflows the others past -inf into NaN.
+    logits_BxV = (logits_BxV - jnp.max(logits_BxV, axis=-1, keepdims=True)) / temperature
     if top_k > 0:
         kth_Bx1 = top_k_in_blocks(logits_BxV, top_k)[0][:, -1:]
         logits_BxV = jnp.where(logits_BxV < kth_Bx1, NEG_INF, logits_BxV)

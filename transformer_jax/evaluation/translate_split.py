@@ -258,9 +258,10 @@ def translate_file(run: Run, params: Any, path: str, options: DecodeOptions, *,
         return
     if os.path.isdir(path):
         raise DataError(f"--translate file {path} is a directory; pass a text file or -")
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise DataError(f"--translate file {path} does not exist; pass a text file or -")
-    yield from translate_lines(run, params, read_lines(path), options, batching=batching, dtype=dtype, mesh=mesh)
+    lines = read_lines(path, read_once=True)  # a pipe (`<(command)`) or a device is read once, as a file
+    yield from translate_lines(run, params, lines, options, batching=batching, dtype=dtype, mesh=mesh)
 
 
 def standard_input_lines() -> Iterator[str]:
