@@ -1,6 +1,7 @@
 """The log window: token-weighted summaries, throughput, and the lines written when a window closes."""
 
 import json
+import time
 
 import jax.numpy as jnp
 import numpy as np
@@ -46,6 +47,8 @@ def test_closing_a_resumed_window_logs_it_like_a_live_one(tmp_path):
         assert window.step_metrics == []
         window.finish()
         lines.append((tmp_path / name / "metrics.jsonl").read_text())
+        timing = json.loads((tmp_path / name / "timing.jsonl").read_text())
+        assert timing["step"] == 2 and abs(timing["time"] - time.time()) < 60  # the clock, to read progress by
     assert lines[0] == lines[1]
     record = json.loads(lines[0])
     assert record["step"] == 2 and record["split"] == "train" and record["loss"] == pytest.approx(1.5)

@@ -113,11 +113,15 @@ class MetricsLog:
         self._add_scalars(split, values, step)
 
     def write_timing(self, step: int, timing: Mapping[str, float]) -> None:
-        """Record wall-clock figures (not reproducible) in timing.jsonl and TensorBoard's `timing/`."""
+        """Record wall-clock figures (not reproducible) in timing.jsonl and TensorBoard's `timing/`.
+
+        The JSON record also holds `time`, the Unix time it was written (TensorBoard's events carry their own),
+        so a run's progress can be read against the clock: the step reached after N minutes.
+        """
         if not self.enabled:
             return
         values = {key: float(value) for key, value in timing.items()}
-        _append_record(self.timing_path, {"step": int(step), **values})
+        _append_record(self.timing_path, {"step": int(step), **values, "time": round(time.time(), 3)})
         self._add_scalars("timing", values, step)
 
     def _add_scalars(self, prefix: str, values: Mapping[str, float], step: int) -> None:
