@@ -11,16 +11,18 @@ built-in one (synthetic: its BLEU shows learning speed, not quality on language)
 of train/dev/test.en and .de files. fairseq's binarized data is made before its clock starts; ours prepares its
 corpus inside its clock (start-up counted), as train.py does. Each side trains for `--bleu_minutes` of wall
 time (fairseq: `--stop-time-hours`; ours: SIGTERM at that time after train.py starts, after which it saves and
-exits), then translates the test split with beam 4.
+exits). Both save a checkpoint every CHECKPOINT_EVERY updates; the test split is translated with beam 4 from the
+newest checkpoint saved by each of `--bleu_at` minutes (default 5, 10 and the end), timed by the checkpoint's
+file time from the process's launch, so one run gives BLEU against wall time.
 
 fairseq 0.12.2 (its last release) in its own virtualenv, not in CI: `python3 -m venv DIR && DIR/bin/pip install
 torch==2.13.0 fairseq==0.12.2`. On Python 3.11 its and hydra-core 1.0's config dataclasses have instances of
 other dataclasses as defaults, which 3.11 refuses; this section writes `DIR/.../site-packages/sitecustomize.py`,
 which makes those classes hashable (as Python 3.10 accepted them); fairseq-train then runs. fairseq-generate
-does not run on torch 2.13 (2026-11-26): reading its checkpoint needs TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 (it
-pickles an argparse.Namespace), then its encoder's fused inference path fails ("Mask Type should be defined"),
-and with that path off its attention's padding mask has the wrong shape. So fairseq's test BLEU is reported
-only where fairseq-generate succeeds; its updates and tokens are reported either way.
+on torch 2.13 needs two things this section gives it: TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 (its checkpoints
+pickle an argparse.Namespace), and its encoder's fused "BetterTransformer" inference path turned off (on
+torch 2.13 it fails, "Mask Type should be defined"): GENERATE runs fairseq_cli.generate with each encoder
+layer's `load_to_BT` left False, so it takes the layer's ordinary forward, the one it trains with.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import Any
 from benchmarks.workers import REPO
 
 VOCAB, WARMUP, PEAK_LR, MAX_TOKENS = 8_000, 300, 1e-3, 4_096
+CHECKPOINT_EVERY = 50  # updates between checkpoints, both sides: BLEU is read at --bleu_at minutes from them
 SHIM = '''# Written by benchmarks/sections/time_to_bleu.py: fairseq 0.12.2 and hydra-core 1.0.7 on Python 3.11.
 import dataclasses
 
@@ -85,7 +88,7 @@ def write_fairseq_data(pairs: dict[str, list[tuple[str, str]]], scratch: str, ve
 
 
 def fairseq_run(venv: str, binary: str, scratch: str, minutes: float) -> dict[str, Any]:
-    """fairseq-train for `minutes` of wall time, then fairseq-generate (beam 4) on the test split."""
+    """fairseq-train for `minutes` of wall time, a checkpoint every CHECKPOINT_EVERY updates."""
     save = os.path.join(scratch, "fairseq_checkpoints")
     model = ["--arch", "transformer", "--share-all-embeddings", "--encoder-layers", "3", "--decoder-layers", "3",
              "--encoder-embed-dim", "256", "--decoder-embed-dim", "256", "--encoder-ffn-embed-dim", "1024",
@@ -94,37 +97,62 @@ def fairseq_run(venv: str, binary: str, scratch: str, minutes: float) -> dict[st
     recipe = ["--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", str(PEAK_LR), "--lr-scheduler",
               "inverse_sqrt", "--warmup-updates", str(WARMUP), "--warmup-init-lr", "1e-7", "--criterion",
               "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", str(MAX_TOKENS)]
-    started = time.perf_counter()
+    launched = time.time()
     result = subprocess.run([os.path.join(venv, "bin", "fairseq-train"), binary, *model, *recipe, "--cpu",
                              "--save-dir", save, "--no-epoch-checkpoints", "--stop-time-hours", str(minutes / 60),
+                             "--save-interval-updates", str(CHECKPOINT_EVERY), "--keep-interval-updates", "-1",
                              "--log-format", "json", "--log-interval", "50", "--max-epoch", "1000",
                              "--disable-validation", "--seed", "0"], capture_output=True, text=True)
-    train_s = time.perf_counter() - started
+    train_s = time.time() - launched
     logs = [json.loads(line.split("|", 3)[-1].strip()) for line in result.stderr.splitlines() + result.stdout.splitlines()
             if '"num_updates"' in line and line.rstrip().endswith("}")]
     if not logs:
         raise RuntimeError(f"fairseq-train logged no updates:\n{result.stderr[-3000:]}")
-    last = logs[-1]
-    generated = subprocess.run([os.path.join(venv, "bin", "fairseq-generate"), binary, "--path",
-                                os.path.join(save, "checkpoint_last.pt"), "--cpu", "--beam", "4", "--lenpen", "0.6",
-                                "--max-len-a", "1", "--max-len-b", "50", "--batch-size", "128", "--gen-subset", "test"],
-                               capture_output=True, text=True,  # fairseq's checkpoints pickle argparse.Namespace
+    saved = [(os.path.getmtime(path) - launched, int(path.rsplit("_", 1)[1][:-3]), path)
+             for path in glob.glob(os.path.join(save, "checkpoint_*_*.pt"))]
+    final = os.path.join(save, "checkpoint_last.pt")  # saved when --stop-time-hours ends training
+    updates = int(subprocess.run(  # the log's last line is up to 50 updates old; the checkpoint knows
+        [os.path.join(venv, "bin", "python"), "-c", "import sys, torch; print(torch.load(sys.argv[1], "
+         "weights_only=False)['optimizer_history'][-1]['num_updates'])", final],
+        capture_output=True, text=True, check=True).stdout.split()[-1])
+    saved.append((os.path.getmtime(final) - launched, updates, final))
+    return {"updates": updates, "train_s": train_s, "log": logs, "saved": sorted(saved)}
+
+
+# fairseq_cli.generate with the encoder layers' fused inference path off (see the module docstring).
+GENERATE = """
+import sys
+from fairseq.modules import transformer_layer
+loaded = transformer_layer.TransformerEncoderLayerBase._load_from_state_dict
+def without_fused_path(self, *args, **kwargs):
+    loaded(self, *args, **kwargs)
+    self.load_to_BT = False
+transformer_layer.TransformerEncoderLayerBase._load_from_state_dict = without_fused_path
+from fairseq_cli.generate import cli_main
+sys.argv[0] = "fairseq-generate"
+cli_main()
+"""
+
+
+def fairseq_translate(venv: str, binary: str, checkpoint: str) -> list[str] | str:
+    """fairseq-generate's beam-4 test translations (SentencePiece pieces), or its error line."""
+    generated = subprocess.run([os.path.join(venv, "bin", "python"), "-c", GENERATE, binary, "--path", checkpoint,
+                                "--cpu", "--beam", "4", "--lenpen", "0.6", "--max-len-a", "1", "--max-len-b", "50",
+                                "--batch-size", "128", "--gen-subset", "test"], capture_output=True, text=True,
                                env=dict(os.environ, TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD="1"))
     if generated.returncode:
         error = [line for line in generated.stderr.splitlines() if "Error" in line]
-        return {"updates": int(last["num_updates"]), "train_s": train_s, "log": logs, "hypotheses_pieces": None,
-                "generate_error": error[-1] if error else generated.stderr[-300:]}
+        return error[-1] if error else generated.stderr[-300:]
     hypotheses = {}
     for line in generated.stdout.splitlines():
         if line.startswith("H-"):
             index, _, text = line[2:].split("\t", 2)
             hypotheses[int(index)] = text
-    return {"updates": int(last["num_updates"]), "train_s": train_s, "log": logs,
-            "hypotheses_pieces": [hypotheses[i] for i in sorted(hypotheses)]}
+    return [hypotheses[i] for i in sorted(hypotheses)]
 
 
 def our_run(corpus: str | None, scratch: str, minutes: float, tokenizer_model: str, vocab: int) -> dict[str, Any]:
-    """train.py for `minutes` of wall time from its start (SIGTERM then: it saves and exits), then eval.py."""
+    """train.py for `minutes` of wall time from its start (SIGTERM then: it saves and exits)."""
     config = os.path.join(scratch, "ours_config.py")
     with open(config, "w") as f:
         f.write(f'''from transformer_jax.config.schema import default_config
@@ -136,13 +164,14 @@ def get_config():
     c.data.vocab_size, c.data.tokens_per_batch, c.data.max_length = {vocab}, {MAX_TOKENS}, 128
     c.model.update(num_layers=3, d_model=256, d_ff=1024, num_heads=4, dropout_rate=0.1, max_len=256)
     c.training.update(num_train_steps=1_000_000, warmup_steps={WARMUP}, peak_learning_rate={PEAK_LR},
-                      log_every=50, eval_every=1_000_000, bleu_every=0, checkpoint_every=1_000_000)
+                      log_every=50, eval_every=1_000_000, bleu_every=0, checkpoint_every={CHECKPOINT_EVERY},
+                      keep_checkpoints=100_000)
     return c
 ''')
     workdir = os.path.join(scratch, "ours")
     os.makedirs(workdir)
     os.link(tokenizer_model, os.path.join(workdir, "tokenizer.model"))  # the same SentencePiece model as fairseq's
-    started = time.perf_counter()
+    launched = time.time()
     process = subprocess.Popen([sys.executable, "train.py", f"--config={config}", f"--workdir={workdir}"], cwd=REPO,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -150,18 +179,24 @@ def get_config():
     except subprocess.TimeoutExpired:
         process.send_signal(signal.SIGTERM)
         process.wait()
-    train_s = time.perf_counter() - started
-    scored = subprocess.run([sys.executable, "eval.py", f"--workdir={workdir}", "--beam_size=4"], cwd=REPO,
-                            capture_output=True, text=True, check=True)
+    train_s = time.time() - launched
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         metrics = [json.loads(line) for line in f if '"train"' in line]
     with open(os.path.join(workdir, "timing.jsonl")) as f:
         timing = [json.loads(line) for line in f]
-    hypotheses = glob.glob(os.path.join(workdir, "eval", "test.*.hyp"))[0]
-    with open(hypotheses, encoding="utf-8") as f:
-        lines = f.read().splitlines()
+    checkpoints = os.path.join(workdir, "checkpoints")
+    saved = sorted((os.path.getmtime(os.path.join(checkpoints, name)) - launched, int(name), name)
+                   for name in os.listdir(checkpoints) if name.isdigit())
     return {"updates": metrics[-1]["step"] if metrics else 0, "train_s": train_s, "timing": timing,
-            "hypotheses": lines, "eval_stdout": scored.stdout}
+            "saved": saved, "workdir": workdir, "launched": launched}
+
+
+def our_translate(workdir: str, step: int) -> list[str]:
+    """eval.py's beam-4 test translations of checkpoint `step`."""
+    subprocess.run([sys.executable, "eval.py", f"--workdir={workdir}", f"--checkpoint={step}", "--beam_size=4"],
+                   cwd=REPO, capture_output=True, text=True, check=True)
+    with open(glob.glob(os.path.join(workdir, "eval", f"test.*{step}.hyp"))[0], encoding="utf-8") as f:
+        return f.read().splitlines()
 
 
 def prepare_venv(venv: str) -> None:
@@ -171,29 +206,54 @@ def prepare_venv(venv: str) -> None:
         f.write(SHIM)
 
 
-def compare(venv: str, corpus: str | None, minutes: float) -> dict[str, Any]:
+def at_minutes(saved: list[tuple[float, int, Any]], minutes: list[float]) -> list[tuple[float, float, int, Any]]:
+    """For each of `minutes`, the newest checkpoint saved by then: (minute, seconds since launch, update, its id)."""
+    chosen = []
+    for minute in minutes:
+        before = [entry for entry in saved if entry[0] <= minute * 60 + 5] or saved[:1]  # 5 s: the final save
+        chosen.append((minute, *before[-1]))
+    return chosen
+
+
+def scored(hypotheses: list[str] | str, references: list[str]) -> dict[str, Any]:
+    """SacreBLEU of `hypotheses` (or the error that kept them from being made)."""
     import sacrebleu
 
+    if isinstance(hypotheses, str):
+        return {"bleu": None, "error": hypotheses}
+    metric = sacrebleu.BLEU()
+    return {"bleu": round(metric.corpus_score(hypotheses, [references]).score, 2),
+            "signature": str(metric.get_signature())}
+
+
+def compare(venv: str, corpus: str | None, minutes: float, bleu_at: list[float]) -> dict[str, Any]:
     prepare_venv(venv)
     pairs = splits(corpus)
     references = [target for _, target in pairs["test"]]
+    marks = sorted({m for m in bleu_at if m < minutes} | {minutes})
+    result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as scratch:
         binary, tokenizer = write_fairseq_data(pairs, scratch, venv)
+        result["vocab_size"] = tokenizer.vocab_size
         theirs = fairseq_run(venv, binary, scratch, minutes)
-        pieces = theirs.pop("hypotheses_pieces")
-        theirs["hypotheses"] = None if pieces is None else [tokenizer._processor.decode_pieces(line.split())
-                                                             for line in pieces]
         ours = our_run(corpus, scratch, minutes, os.path.join(scratch, "spm.model"), tokenizer.vocab_size)
-    result: dict[str, Any] = {"vocab_size": tokenizer.vocab_size}
-    for name, run in (("fairseq", theirs), ("ours", ours)):
-        metric = sacrebleu.BLEU()
-        bleu = metric.corpus_score(run["hypotheses"], [references]).score if run["hypotheses"] else None
-        result[name] = {"updates": run["updates"], "train_s": round(run["train_s"], 1), "test_bleu": bleu,
-                        "signature": str(metric.get_signature()) if bleu is not None else None,
-                        "generate_error": run.get("generate_error")}
+        for name, run, translate in (
+                ("fairseq", theirs, lambda path: fairseq_translate(venv, binary, path)),
+                ("ours", ours, lambda step: our_translate(ours["workdir"], step))):
+            points = []
+            for minute, elapsed, update, ident in at_minutes(run["saved"], marks):
+                hypotheses = translate(ident)
+                if name == "fairseq" and not isinstance(hypotheses, str):
+                    hypotheses = [tokenizer._processor.decode_pieces(line.split()) for line in hypotheses]
+                points.append({"minute": minute, "saved_at_s": round(elapsed, 1), "update": update,
+                               **scored(hypotheses, references)})
+                print(f"  {name:8s} at {minute:4.0f} min: update {update:5d} (saved {elapsed / 60:5.1f} min after "
+                      f"launch), test SacreBLEU {points[-1]['bleu']}", flush=True)
+            result[name] = {"updates": run["updates"], "train_s": round(run["train_s"], 1), "bleu_at": points}
     wpb = [float(entry["wpb"]) for entry in theirs["log"] if "wpb" in entry]
     result["fairseq"]["target_tokens_per_update"] = sum(wpb) / len(wpb) if wpb else None
-    result["fairseq"]["target_tokens_per_s"] = (float(theirs["log"][-1].get("wps", 0.0)))
+    wps = [float(entry["wps"]) for entry in theirs["log"][1:] if "wps" in entry]  # the first window: start-up
+    result["fairseq"]["target_tokens_per_s"] = sorted(wps)[len(wps) // 2] if wps else None
     timing = ours["timing"][1:] or [{"tokens_per_second": 0.0, "seconds_per_step": 0.0}]  # the first: compiling
     middle = sorted(timing, key=lambda entry: entry["tokens_per_second"])[len(timing) // 2]
     result["ours"]["target_tokens_per_s"] = middle["tokens_per_second"]
@@ -206,11 +266,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print("  skipped: pass --fairseq_venv DIR (a virtualenv with fairseq 0.12.2; see the section's docstring)")
         return {}
     minutes = 2.0 if args.quick else args.bleu_minutes
-    result = compare(os.path.abspath(args.fairseq_venv), args.bleu_corpus, minutes)
+    bleu_at = [float(m) for m in args.bleu_at.split(",") if m]
+    result = compare(os.path.abspath(args.fairseq_venv), args.bleu_corpus, minutes, bleu_at)
     for name in ("fairseq", "ours"):
         row = result[name]
-        bleu = f"{row['test_bleu']:.2f}" if row["test_bleu"] is not None else f"not measured ({row['generate_error']})"
         print(f"  {name:8s} {row['updates']:6d} updates in {row['train_s']:.0f} s, {row['target_tokens_per_s'] or 0:8.0f} "
-              f"target tokens/s, {row['target_tokens_per_update'] or 0:6.0f} target tokens/update, test SacreBLEU "
-              f"{bleu}", flush=True)
+              f"target tokens/s (median log window), {row['target_tokens_per_update'] or 0:6.0f} target tokens/update",
+              flush=True)
     return {"minutes": minutes, "corpus": args.bleu_corpus or "builtin", **result}
