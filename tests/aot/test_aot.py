@@ -135,6 +135,9 @@ def test_on_a_prepared_corpus_the_preflight_compiles_its_widths_and_times_one_ho
     assert "ms per update to build one of 4 host processes' rows" in line, line
     assert HostInput(0.010, 4).line(0.005).endswith("(data.tokens_per_batch, accumulation)")  # slower than the chips
     assert "keeps input ahead" in HostInput(0.001, 4).line(0.005)
+    [line] = [line for line in result.stdout.splitlines() if line.startswith("batch content")]
+    assert "real target tokens per update (data.tokens_per_batch=8192 slots a side)" in line, line
+    assert "fairseq's --max-tokens 8192 holds" in line and "holds as many as ours" in line, line
 
 
 def test_a_tiny_memory_does_not_fit_and_names_what_to_change(tmp_path):

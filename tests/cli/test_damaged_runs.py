@@ -136,8 +136,14 @@ def results(tmp_path_factory, trained_run):
     command_lines.append([f"--config={trained_run['config']}", f"--workdir={directory / 'diverged'}",
                           "--config.training.learning_rate_scale=1e10"])
     command_lines.append([f"--config={trained_run['config']}", f"--workdir={cut}"])
+    unlogged = copy_run(trained_run, directory / "unlogged")
+    (unlogged / "metrics.jsonl").unlink()
+    command_lines.append([f"--config={trained_run['config']}", f"--workdir={unlogged}",
+                          "--config.training.num_train_steps=8"])
     done = run_rows("train.py", command_lines, directory)
+    unlogged_result = done.pop()
     return {"rows": dict(zip([row[0] for row in ROWS], done)), "resumed": done[-1], "cut": cut,
+            "unlogged": (unlogged_result, unlogged),
             "records": dict(zip([row[0] for row in DAMAGED_RECORDS], done[len(ROWS):])), "diverged": done[-2],
             "before": dict(zip([row[0] for row in ROWS], before)),
             "after": dict(zip([row[0] for row in ROWS], [tree(workdir) for workdir in workdirs]))}
@@ -199,3 +205,12 @@ def test_eval_py_on_a_file_where_the_newest_checkpoint_belongs_names_it(trained_
     assert_one_line_error(result, "checkpoints/6 is a file, not a checkpoint directory",
                           "choose another with --checkpoint=STEP")
     assert tree(workdir) == before
+
+
+def test_a_missing_metrics_log_is_one_warning_and_the_log_goes_on(results):
+    resumed, workdir = results["unlogged"]
+    assert resumed.returncode == 0 and "Traceback" not in resumed.stderr, resumed.stderr[-3000:]
+    [line] = [line for line in resumed.stderr.splitlines() if "metrics.jsonl" in line]
+    assert "is missing: the records of steps 1 to 6 are lost" in line, line
+    steps = [json.loads(record)["step"] for record in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert steps and min(steps) == 7 and max(steps) == 8, steps

@@ -6,6 +6,7 @@ import ml_collections
 
 from transformer_jax.aot.compile import compile_run, run_data, run_shapes
 from transformer_jax.aot.host_input import host_input
+from transformer_jax.data.batch_content import describe as describe_batches
 from transformer_jax.training.programs import build_run_for
 from transformer_jax.aot.report import advice, table, verdict
 from transformer_jax.aot.topology import describe, mesh_for
@@ -39,6 +40,7 @@ def plan_run(config: ml_collections.ConfigDict, topology_name: str, num_slices: 
                    "python -m transformer_jax.cli.prepare)")
     else:
         report += "\nhost input      " + host_input(data.train, topology.hosts, accumulation).line(result.step_seconds)
+        report += "\nbatch content   " + describe_batches(data.train)
     if result.fits:
         return report + "\nfits", True
     return (report + f"\ndoes not fit: {result.peak_bytes / 1e9:.2f} GB per device needed, "

@@ -4,7 +4,8 @@
 `encoded` (the tokenized corpus as flat arrays) -> `prepared` (the training split tokenized once into
 token shards and a length index, read by row) -> `shapes` (every batch-shape rule: widths, rows,
 training, dev-loss and translation shapes) -> `batching` (token-budget batches, packed or
-length-bucketed, host shards, the resumable iterator) -> `row_width` (packed row widths chosen from
+length-bucketed, host shards, the resumable iterator) -> `batch_content` (an update's real tokens,
+and fairseq's --max-tokens batches on the same corpus) -> `row_width` (packed row widths chosen from
 the corpus) -> `translation_batches` (a split's sentences in batches by source length) -> `pipeline`
 (from a run config to its prepared corpus, the tokenizer, the training iterator, the dev/test sets and their batch shapes).
 """

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import time
 import uuid
@@ -99,6 +100,9 @@ class MetricsLog:
         self._events: ScalarEvents | None = None
         if not enabled:
             return
+        if resume_step > 0 and not exists(self.path):
+            logging.warning("%s is missing: the records of steps 1 to %d are lost (restore the file to keep them); "
+                            "the log goes on from step %d", self.path, resume_step, resume_step + 1)
         for path in (self.path, self.timing_path):
             _truncate_after(path, resume_step)
         # purge_step drops events an earlier attempt logged after the restored step (or after step 0).
