@@ -172,13 +172,15 @@ def get_config():
     os.makedirs(workdir)
     os.link(tokenizer_model, os.path.join(workdir, "tokenizer.model"))  # the same SentencePiece model as fairseq's
     launched = time.time()
-    process = subprocess.Popen([sys.executable, "train.py", f"--config={config}", f"--workdir={workdir}"], cwd=REPO,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        process.wait(timeout=minutes * 60)
-    except subprocess.TimeoutExpired:
-        process.send_signal(signal.SIGTERM)
-        process.wait()
+    # Its output goes to a file: a pipe nobody reads fills up (the progress bar) and stalls train.py.
+    with open(os.path.join(scratch, "ours.log"), "w") as log:
+        process = subprocess.Popen([sys.executable, "train.py", f"--config={config}", f"--workdir={workdir}"],
+                                   cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            process.wait(timeout=minutes * 60)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGTERM)
+            process.wait()
     train_s = time.time() - launched
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         metrics = [json.loads(line) for line in f if '"train"' in line]
