@@ -123,7 +123,7 @@ def test_every_train_and_eval_flag_in_the_docs_exists():
     aot = script_flags("transformer_jax/aot/__main__.py")  # python -m transformer_jax.aot
     aot |= script_flags("transformer_jax/cli/prepare.py")  # python -m transformer_jax.cli.prepare
     aot |= script_flags("transformer_jax/cli/import_marian.py")  # python -m transformer_jax.cli.import_marian
-    others |= {"local"}  # huggingface-cli download --local-dir
+    others |= {"local", "max"}  # huggingface-cli download --local-dir; fairseq-train --max-tokens
     # python -m benchmarks.run: its argparse options.
     bench = set(re.findall(r"add_argument\(\s*\"--(\w+)\"", (ROOT / "benchmarks" / "run.py").read_text()))
     assert "sections" in bench
