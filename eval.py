@@ -18,7 +18,8 @@ import signal
 
 ARRIVED: list[int] = []  # SIGTERM/SIGINT during the imports below (seconds), acted on by interrupts_reported
 for _stop in (signal.SIGTERM, signal.SIGINT):
-    signal.signal(_stop, lambda number, frame: ARRIVED.append(number))
+    if signal.getsignal(_stop) is not signal.SIG_IGN:  # a background job's ignored SIGINT stays ignored
+        signal.signal(_stop, lambda number, frame: ARRIVED.append(number))
 
 
 import contextlib

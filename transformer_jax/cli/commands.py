@@ -393,7 +393,9 @@ def interrupts_reported(finished: Callable[[], str], terminated_exit: int = TERM
     `arrived`: SIGTERM/SIGINT that a script's first lines recorded while its imports ran (they take
     seconds): the command stops here with its line, as if they had arrived now.
     """
-    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    # A signal the command was started ignoring stays ignored (a shell's background job ignores SIGINT).
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)
+                if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         for number in arrived or ():
             _raise_stop(number, None)
