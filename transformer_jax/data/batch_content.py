@@ -31,11 +31,8 @@ FAIRSEQ_MULTIPLE = 8
 
 def real_tokens_per_update(train: BatchIterator, batches: int = SAMPLED_BATCHES) -> tuple[float, float]:
     """Mean real (non-pad) source and target tokens of one global batch of `train`'s plan, EOS counted."""
-    plan = BatchIterator(train.corpus, train.tokens_per_batch, train.max_length, train.pack, train.buckets,
-                         train.row_multiple, seed=train.seed, row_width=train.row_width,
-                         rows_per_width=train.rows_per_width, width_multiple=train.width_multiple)
     source, target = [], []
-    for batch in itertools.islice(plan, batches):
+    for batch in itertools.islice(train.for_process(0, 1), batches):  # whole batches, from the start
         source.append(int(np.sum(batch["inputs"] != PAD_ID)))
         target.append(int(np.sum(batch["targets"] != PAD_ID)))
     return float(np.mean(source)), float(np.mean(target))
