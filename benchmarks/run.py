@@ -97,6 +97,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bleu_minutes", type=float, default=30.0, help="time_to_bleu: wall time each side trains")
     parser.add_argument("--bleu_at", default="5,10",
                         help="time_to_bleu: minutes (comma-separated) at which test BLEU is also read (and at the end)")
+    parser.add_argument("--our_tokens_per_batch", type=int, default=4096,
+                        help="time_to_bleu: our data.tokens_per_batch (fairseq's --max-tokens stays 4096)")
     parser.add_argument("--bleu_corpus", default=None,
                         help="time_to_bleu: train/dev/test.en/.de files (default: the built-in corpus)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)

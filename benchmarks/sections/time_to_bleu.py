@@ -6,7 +6,8 @@ the other on this machine, scored by the same SacreBLEU on the same test set.
 The recipe (issue 31's): d_model 256, 3 + 3 layers, 4 heads, d_ff 1024, dropout 0.1, one joint SentencePiece
 vocabulary of 8,000 pieces (ours, trained once and given to both), Adam (0.9, 0.98) with the inverse square root
 schedule peaking at 1e-3 after 300 updates, label smoothing 0.1, batches of 4,096 tokens (fairseq's
-`--max-tokens 4096`; ours `data.tokens_per_batch=4096`), beam 4 for the test translation. The corpus is the
+`--max-tokens 4096`; ours `data.tokens_per_batch=4096`, or `--our_tokens_per_batch N`: the preflight's
+`batch content` line gives the N whose updates hold as many real tokens as fairseq's), beam 4 for the test translation. The corpus is the
 built-in one (synthetic: its BLEU shows learning speed, not quality on language) or `--bleu_corpus`, a directory
 of train/dev/test.en and .de files. fairseq's binarized data is made before its clock starts; ours prepares its
 corpus inside its clock (start-up counted), as train.py does. Each side trains for `--bleu_minutes` of wall
@@ -151,7 +152,8 @@ def fairseq_translate(venv: str, binary: str, checkpoint: str) -> list[str] | st
     return [hypotheses[i] for i in sorted(hypotheses)]
 
 
-def our_run(corpus: str | None, scratch: str, minutes: float, tokenizer_model: str, vocab: int) -> dict[str, Any]:
+def our_run(corpus: str | None, scratch: str, minutes: float, tokenizer_model: str, vocab: int,
+            tokens_per_batch: int = MAX_TOKENS) -> dict[str, Any]:
     """train.py for `minutes` of wall time from its start (SIGTERM then: it saves and exits)."""
     config = os.path.join(scratch, "ours_config.py")
     with open(config, "w") as f:
@@ -161,7 +163,7 @@ def our_run(corpus: str | None, scratch: str, minutes: float, tokenizer_model: s
 def get_config():
     c = default_config()
     c.data.source, c.data.path = {"'text'" if corpus else "'builtin'"}, {corpus or ""!r}
-    c.data.vocab_size, c.data.tokens_per_batch, c.data.max_length = {vocab}, {MAX_TOKENS}, 128
+    c.data.vocab_size, c.data.tokens_per_batch, c.data.max_length = {vocab}, {tokens_per_batch}, 128
     c.model.update(num_layers=3, d_model=256, d_ff=1024, num_heads=4, dropout_rate=0.1, max_len=256)
     c.training.update(num_train_steps=1_000_000, warmup_steps={WARMUP}, peak_learning_rate={PEAK_LR},
                       log_every=50, eval_every=1_000_000, bleu_every=0, checkpoint_every={CHECKPOINT_EVERY},
@@ -228,7 +230,8 @@ def scored(hypotheses: list[str] | str, references: list[str]) -> dict[str, Any]
             "signature": str(metric.get_signature())}
 
 
-def compare(venv: str, corpus: str | None, minutes: float, bleu_at: list[float]) -> dict[str, Any]:
+def compare(venv: str, corpus: str | None, minutes: float, bleu_at: list[float],
+            tokens_per_batch: int = MAX_TOKENS) -> dict[str, Any]:
     prepare_venv(venv)
     pairs = splits(corpus)
     references = [target for _, target in pairs["test"]]
@@ -238,7 +241,8 @@ def compare(venv: str, corpus: str | None, minutes: float, bleu_at: list[float])
         binary, tokenizer = write_fairseq_data(pairs, scratch, venv)
         result["vocab_size"] = tokenizer.vocab_size
         theirs = fairseq_run(venv, binary, scratch, minutes)
-        ours = our_run(corpus, scratch, minutes, os.path.join(scratch, "spm.model"), tokenizer.vocab_size)
+        ours = our_run(corpus, scratch, minutes, os.path.join(scratch, "spm.model"), tokenizer.vocab_size,
+                       tokens_per_batch)
         for name, run, translate in (
                 ("fairseq", theirs, lambda path: fairseq_translate(venv, binary, path)),
                 ("ours", ours, lambda step: our_translate(ours["workdir"], step))):
@@ -269,10 +273,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return {}
     minutes = 2.0 if args.quick else args.bleu_minutes
     bleu_at = [float(m) for m in args.bleu_at.split(",") if m]
-    result = compare(os.path.abspath(args.fairseq_venv), args.bleu_corpus, minutes, bleu_at)
+    result = compare(os.path.abspath(args.fairseq_venv), args.bleu_corpus, minutes, bleu_at, args.our_tokens_per_batch)
     for name in ("fairseq", "ours"):
         row = result[name]
         print(f"  {name:8s} {row['updates']:6d} updates in {row['train_s']:.0f} s, {row['target_tokens_per_s'] or 0:8.0f} "
               f"target tokens/s (median log window), {row['target_tokens_per_update'] or 0:6.0f} target tokens/update",
               flush=True)
-    return {"minutes": minutes, "corpus": args.bleu_corpus or "builtin", **result}
+    return {"minutes": minutes, "corpus": args.bleu_corpus or "builtin", "fairseq_max_tokens": MAX_TOKENS,
+            "our_tokens_per_batch": args.our_tokens_per_batch, **result}
