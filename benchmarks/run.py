@@ -38,6 +38,8 @@ SECTIONS = {
              "prepared pairs; preparing pairs/s",
     "tile_widths": "packed row widths around the TPU's 128 lanes: the base train step's HBM bytes per slot (libtpu)",
     "aot": "the paper's models compiled for TPU topologies and H100s on this host: memory, FLOPs, rooflines",
+    "loop": "host time of train.py's loop on real batches against the compiled step alone, part by part "
+            "(--loop_corpus DIR: train/dev/test.en/.de files; default the built-in corpus)",
     "preemption": "what the per-step stop agreement costs a 2-process run, ms per update with and without it",
     "opus_mt": "an OPUS-MT-sized Marian model translating 1,000 sentences: ours (float32, bfloat16) against transformers' "
                "generate and CTranslate2 on the same weights; the compiled search's roofline on v5e-8 and an H100",
@@ -93,6 +95,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="accelerators: model@topology compiled ('' for none: the device timings alone)")
     parser.add_argument("--accel_timed_rows", default="12,96",
                         help="accelerators: rows of 256 tokens per update timed on this host's GPU/TPU")
+    parser.add_argument("--loop_corpus", default=None, help="loop: train/dev/test.en/.de files (default: built-in)")
+    parser.add_argument("--loop_steps", type=int, default=100, help="loop: updates timed per model")
     parser.add_argument("--fairseq_venv", default=None, help="time_to_bleu: a virtualenv with fairseq 0.12.2")
     parser.add_argument("--bleu_minutes", type=float, default=30.0, help="time_to_bleu: wall time each side trains")
     parser.add_argument("--bleu_at", default="5,10",

@@ -6,6 +6,9 @@ docs/scaling.md). For each, three train steps are compiled at the paper's batch 
 update: rows of 256 tokens per device) by libtpu, or the CUDA plugin for GPUs:
   * ours: the preflight's step (configs/wmt14_ende_<model>.py through the run builder): on TPUs splash
     attention and on GPUs cuDNN's ("auto"), the loss projected a chunk of tokens at a time;
+  * ours, fsdp (and with remat dots): the same step with the parameters and Adam's moments sharded over
+    the chips (`mesh.data=1, mesh.fsdp=-1`), and with `model.remat=dots` (each layer keeps its matmul
+    outputs for the backward pass and recomputes the rest); multi-chip topologies only;
   * ours before: the same with the einsum attention and the whole batch's float32 logits (the step as it was
     before these kernels, and as it still is on CPUs);
   * Flax: examples/wmt/models.py with the same sizes (benchmarks/peer_flax.py).
@@ -35,7 +38,10 @@ from typing import Any
 from benchmarks.workers import REPO, worker_command
 
 RUNS = "base@v5e-8,big@v5p-8,base@h100"
-CONTENDERS = ("ours", "ours before", "flax")
+CONTENDERS = ("ours", "ours, fsdp", "ours, fsdp, remat dots", "ours before", "flax")
+# Contenders that are ours with other run settings: (mesh.fsdp, model.remat). fsdp -1: parameters and Adam's
+# moments sharded over every chip (mesh.data=1), as `--config.mesh.data=1 --config.mesh.fsdp=-1` gives.
+SETTINGS = {"ours, fsdp": (-1, "none"), "ours, fsdp, remat dots": (-1, "dots")}
 WIDTH = 256
 
 
@@ -57,7 +63,9 @@ def lowered_step(contender: str, model: str, mesh: Any, rows: int, checkout: str
 
     config = _model(model)
     config.data.tokens_per_batch = rows * WIDTH
-    config.mesh.update(data=-1, fsdp=1)
+    fsdp, remat = SETTINGS.get(contender, (1, "none"))
+    config.mesh.update(data=1 if fsdp == -1 else -1, fsdp=fsdp)
+    config.model.remat = remat
     if contender == "ours before":
         config.model.attention_backend = "einsum"
         config.training.loss_chunk_tokens = 0
@@ -101,7 +109,8 @@ def compile_figures(contender: str, model: str, topology_name: str, rows_per_dev
     from transformer_jax.model.flops import attention_score_flops, train_step_flops
 
     topology = describe(topology_name)
-    mesh = mesh_for(topology, -1, 1)
+    fsdp = SETTINGS.get(contender, (1, "none"))[0]
+    mesh = mesh_for(topology, 1 if fsdp == -1 else -1, fsdp)
     rows = rows_per_device * mesh.size
     started = time.perf_counter()
     lowered, model_config = lowered_step(contender, model, mesh, rows, checkout)
@@ -173,13 +182,13 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     lines += ["", "| model @ topology | ours / Flax: bytes accessed | peak memory | largest rows | "
               "(XLA + kernel) FLOPs / analytic |", "|---|---|---|---|---|"]
     for r in rows:
-        if r["contender"] != "ours":
+        if not r["contender"].startswith("ours") or r["contender"] == "ours before":
             continue
         peer = next(p for p in rows if p["contender"] == "flax" and p["topology"] == r["topology"]
                     and p["model"] == r["model"])
         ratio = (f"{r['largest_rows'] / peer['largest_rows']:.2f}" if r.get("largest_rows") and peer.get("largest_rows")
                  else "-")
-        lines.append(f"| {r['model']} @ {r['topology']} | {r['bytes_gb'] / peer['bytes_gb']:.2f} "
+        lines.append(f"| {r['model']} @ {r['topology']} ({r['contender']}) | {r['bytes_gb'] / peer['bytes_gb']:.2f} "
                      f"| {r['peak_gb'] / peer['peak_gb']:.2f} | {ratio} "
                      f"| {(r['xla_tflop'] + r['kernel_tflop']) / r['analytic_tflop']:.3f} |")
     return "\n".join(lines)
@@ -192,8 +201,11 @@ def worker(spec: dict[str, Any]) -> None:
     rows = []
     for run in spec["runs"]:
         model, topology = run.split("@")
-        per_device = _rows_per_device(len(describe(topology).devices))
+        devices = len(describe(topology).devices)
+        per_device = _rows_per_device(devices)
         for contender in CONTENDERS:
+            if contender in SETTINGS and devices == 1:
+                continue  # one device: nothing to shard parameters over
             figures = compile_figures(contender, model, topology, per_device, spec["checkout"])
             if contender != "ours before":
                 doubled = compile_figures(contender, model, topology, 2 * per_device, spec["checkout"])

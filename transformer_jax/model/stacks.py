@@ -8,7 +8,9 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec
 
+from transformer_jax.base.sharding import BATCH_AXES, FSDP_AXIS
 from transformer_jax.model.attention import DECODE_STEP, ENCODER_CACHE, HYPOTHESIS_CACHE, SLOT_CACHE
 from transformer_jax.model.attention_kernels import SegmentedMask
 from transformer_jax.model.config import TransformerConfig
@@ -124,15 +126,32 @@ def layer_stack(
     return scanned(config, name="layers", **attributes)
 
 
+def rows_split(x: jax.Array) -> jax.Array:
+    """`x` kept split by rows over the context mesh's batch axes when that mesh shards the parameters (fsdp).
+
+    Without it, XLA's partitioner follows the parameters' sharding (d_model split over fsdp) into the
+    activations and splits them along d_model too, moving activations between chips at every matmul; kept
+    split by rows, each matmul gathers its (sharded) weights instead, as fully sharded data parallelism
+    intends. A no-op without a context mesh, on a mesh without fsdp, or for rows the mesh does not divide.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or FSDP_AXIS not in mesh.axis_names or mesh.shape[FSDP_AXIS] == 1 or x.shape[0] % mesh.size:
+        return x
+    return jax.lax.with_sharding_constraint(x, PartitionSpec(BATCH_AXES))
+
+
 def run_stack(
     stack: list[nn.Module] | nn.Module, x: jax.Array, inputs: EncoderStackInputs | DecoderStackInputs
 ) -> jax.Array:
-    """Apply the layers from `layer_stack` in order to `x`, each also given the shared `inputs`."""
+    """Apply the layers from `layer_stack` in order to `x`, each also given the shared `inputs`; between
+    layers the activations stay split by rows (`rows_split`)."""
+    x = rows_split(x)
     if isinstance(stack, list):
         for layer in stack:
             x, _ = layer(x, inputs)
+            x = rows_split(x)
         return x
-    return stack(x, inputs)[0]
+    return rows_split(stack(x, inputs)[0])
 
 
 def scanned_layout(params: Any) -> Any:
