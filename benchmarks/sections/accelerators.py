@@ -6,9 +6,10 @@ docs/scaling.md). For each, three train steps are compiled at the paper's batch 
 update: rows of 256 tokens per device) by libtpu, or the CUDA plugin for GPUs:
   * ours: the preflight's step (configs/wmt14_ende_<model>.py through the run builder): on TPUs splash
     attention and on GPUs cuDNN's ("auto"), the loss projected a chunk of tokens at a time;
-  * ours, fsdp (and with remat dots): the same step with the parameters and Adam's moments sharded over
-    the chips (`mesh.data=1, mesh.fsdp=-1`), and with `model.remat=dots` (each layer keeps its matmul
-    outputs for the backward pass and recomputes the rest); multi-chip topologies only;
+  * ours, remat dots: the same step with `model.remat=dots` (each layer keeps its matmul outputs for the
+    backward pass and recomputes the rest);
+  * ours, fsdp (and with remat dots): the parameters and Adam's moments sharded over the chips
+    (`mesh.data=1, mesh.fsdp=-1`); multi-chip topologies only;
   * ours before: the same with the einsum attention and the whole batch's float32 logits (the step as it was
     before these kernels, and as it still is on CPUs);
   * Flax: examples/wmt/models.py with the same sizes (benchmarks/peer_flax.py).
@@ -38,10 +39,10 @@ from typing import Any
 from benchmarks.workers import REPO, worker_command
 
 RUNS = "base@v5e-8,big@v5p-8,base@h100"
-CONTENDERS = ("ours", "ours, fsdp", "ours, fsdp, remat dots", "ours before", "flax")
+CONTENDERS = ("ours", "ours, remat dots", "ours, fsdp", "ours, fsdp, remat dots", "ours before", "flax")
 # Contenders that are ours with other run settings: (mesh.fsdp, model.remat). fsdp -1: parameters and Adam's
 # moments sharded over every chip (mesh.data=1), as `--config.mesh.data=1 --config.mesh.fsdp=-1` gives.
-SETTINGS = {"ours, fsdp": (-1, "none"), "ours, fsdp, remat dots": (-1, "dots")}
+SETTINGS = {"ours, remat dots": (1, "dots"), "ours, fsdp": (-1, "none"), "ours, fsdp, remat dots": (-1, "dots")}
 WIDTH = 256
 
 
@@ -204,7 +205,7 @@ def worker(spec: dict[str, Any]) -> None:
         devices = len(describe(topology).devices)
         per_device = _rows_per_device(devices)
         for contender in CONTENDERS:
-            if contender in SETTINGS and devices == 1:
+            if contender in SETTINGS and SETTINGS[contender][0] == -1 and devices == 1:
                 continue  # one device: nothing to shard parameters over
             figures = compile_figures(contender, model, topology, per_device, spec["checkout"])
             if contender != "ours before":

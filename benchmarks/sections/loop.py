@@ -122,7 +122,7 @@ def measure(corpus: str | None, model: dict[str, int], steps: int, tokens_per_ba
         trainer = loop.Trainer(config, workdir)
         prepared = time.perf_counter()
         trainer.compile_steps()
-        compiled = time.perf_counter()
+        compile_done = time.perf_counter()
         position = trainer.data.train.get_state()
         batches = [trainer._place(next(trainer.data.train)) for _ in range(steps)]
         before = step_alone(trainer, batches)
@@ -137,15 +137,18 @@ def measure(corpus: str | None, model: dict[str, int], steps: int, tokens_per_ba
             span["end"] = time.perf_counter()
             return reached
 
+        compiled = trainer.programs.train_step.jitted._cache_size()
         with parts.wrapping(), mock.patch.object(loop.Trainer, "_train", timed_train):
             trainer.run()
+        compiled_in_loop = trainer.programs.train_step.jitted._cache_size() - compiled
         trainer.close()
         after = step_alone(trainer, batches)
         real = sum(int((batch["targets"] > 0).sum()) for batch in jax.device_get(batches))
     per_update = (span["end"] - span["start"]) / steps
     alone = (before + after) / 2
     return {
-        "steps": steps, "prepare_s": prepared - started, "compile_s": compiled - prepared,
+        "steps": steps, "prepare_s": prepared - started, "compile_s": compile_done - prepared,
+        "shapes": len(trainer.programs.shapes.train), "compiles_in_loop": compiled_in_loop,
         "loop_ms": 1e3 * per_update, "alone_ms_before": 1e3 * before, "alone_ms_after": 1e3 * after,
         "host_overhead": per_update / alone - 1.0, "real_target_tokens_per_update": real / steps,
         "parts": {name: {"wall_ms": 1e3 * parts.wall[name] / steps, "cpu_ms": 1e3 * parts.cpu[name] / steps,
@@ -163,7 +166,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  {name}: start-up {result['prepare_s']:.1f} s preparing + {result['compile_s']:.1f} s compiling; "
               f"loop {result['loop_ms']:.1f} ms/update, step alone {result['alone_ms_before']:.1f} (before) / "
               f"{result['alone_ms_after']:.1f} (after) ms: host overhead {result['host_overhead']:+.1%}; "
-              f"{result['real_target_tokens_per_update']:.0f} real target tokens/update", flush=True)
+              f"{result['real_target_tokens_per_update']:.0f} real target tokens/update; {result['shapes']} batch shape(s), "
+              f"{result['compiles_in_loop']} compiled inside the loop", flush=True)
         for part, figures in result["parts"].items():
             print(f"    {part:<48} {figures['wall_ms']:8.2f} ms wall {figures['cpu_ms']:8.2f} ms CPU per update "
                   f"({figures['calls']} calls, {figures['wall_ms'] * steps / max(figures['calls'], 1):.2f} ms wall each)", flush=True)

@@ -132,10 +132,12 @@ def rows_split(x: jax.Array) -> jax.Array:
     Without it, XLA's partitioner follows the parameters' sharding (d_model split over fsdp) into the
     activations and splits them along d_model too, moving activations between chips at every matmul; kept
     split by rows, each matmul gathers its (sharded) weights instead, as fully sharded data parallelism
-    intends. A no-op without a context mesh, on a mesh without fsdp, or for rows the mesh does not divide.
+    intends. A no-op without a context mesh, on a mesh without fsdp, for rows the mesh does not divide, and
+    inside `shard_map` (manual axes: each device holds its own rows already).
     """
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or FSDP_AXIS not in mesh.axis_names or mesh.shape[FSDP_AXIS] == 1 or x.shape[0] % mesh.size:
+    if (mesh.empty or FSDP_AXIS not in mesh.axis_names or mesh.shape[FSDP_AXIS] == 1 or x.shape[0] % mesh.size
+            or any(kind != jax.sharding.AxisType.Auto for kind in mesh.axis_types)):
         return x
     return jax.lax.with_sharding_constraint(x, PartitionSpec(BATCH_AXES))
 
