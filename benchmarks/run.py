@@ -3,7 +3,7 @@
     python -m benchmarks.run [--sections train,e2e,...|all] [--quick] [--rounds N] [--json PATH]
 
 Run it from the repository root. The default sections run on a CPU host in about 10 minutes; `all`
-adds startup, input, aot and preemption (see SECTIONS). Each section is a module of benchmarks/sections/ whose
+adds the others (see SECTIONS). Each section is a module of benchmarks/sections/ whose
 docstring says what it times and how; BENCHMARKS.md holds the figures, benchmarks/results/INDEX.md the
 raw output behind them. Needs the `bench` extra for the train section's peer (PyTorch CPU wheel).
 """

@@ -166,9 +166,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  {name}: start-up {result['prepare_s']:.1f} s preparing + {result['compile_s']:.1f} s compiling; "
               f"loop {result['loop_ms']:.1f} ms/update, step alone {result['alone_ms_before']:.1f} (before) / "
               f"{result['alone_ms_after']:.1f} (after) ms: host overhead {result['host_overhead']:+.1%}; "
-              f"{result['real_target_tokens_per_update']:.0f} real target tokens/update; {result['shapes']} batch shape(s), "
-              f"{result['compiles_in_loop']} compiled inside the loop", flush=True)
+              f"{result['real_target_tokens_per_update']:.0f} real target tokens/update; "
+              f"{result['shapes']} batch shape(s), {result['compiles_in_loop']} compiled inside the loop", flush=True)
         for part, figures in result["parts"].items():
+            each = figures["wall_ms"] * steps / max(figures["calls"], 1)
             print(f"    {part:<48} {figures['wall_ms']:8.2f} ms wall {figures['cpu_ms']:8.2f} ms CPU per update "
-                  f"({figures['calls']} calls, {figures['wall_ms'] * steps / max(figures['calls'], 1):.2f} ms wall each)", flush=True)
+                  f"({figures['calls']} calls, {each:.2f} ms wall each)", flush=True)
     return {"corpus": corpus or "builtin", **results}

@@ -7,8 +7,8 @@ The recipe (issue 31's): d_model 256, 3 + 3 layers, 4 heads, d_ff 1024, dropout 
 vocabulary of 8,000 pieces (ours, trained once and given to both), Adam (0.9, 0.98) with the inverse square root
 schedule peaking at 1e-3 after 300 updates, label smoothing 0.1, batches of 4,096 tokens (fairseq's
 `--max-tokens 4096`; ours `data.tokens_per_batch=4096`, or `--our_tokens_per_batch N`: the preflight's
-`batch content` line gives the N whose updates hold as many real tokens as fairseq's), beam 4 for the test translation. The corpus is the
-built-in one (synthetic: its BLEU shows learning speed, not quality on language) or `--bleu_corpus`, a directory
+`batch content` line gives the N whose updates hold as many real tokens as fairseq's), beam 4 for the test
+translation. The corpus is the built-in one (synthetic: its BLEU shows learning speed, not quality on language) or `--bleu_corpus`, a directory
 of train/dev/test.en and .de files. fairseq's binarized data is made before its clock starts; ours prepares its
 corpus inside its clock (start-up counted), as train.py does. Each side trains for `--bleu_minutes` of wall
 time (fairseq: `--stop-time-hours`; ours: SIGTERM at that time after train.py starts, after which it saves and
@@ -273,7 +273,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         return {}
     minutes = 2.0 if args.quick else args.bleu_minutes
     bleu_at = [float(m) for m in args.bleu_at.split(",") if m]
-    result = compare(os.path.abspath(args.fairseq_venv), args.bleu_corpus, minutes, bleu_at, args.our_tokens_per_batch)
+    result = compare(os.path.abspath(args.fairseq_venv), args.bleu_corpus, minutes, bleu_at,
+                     args.our_tokens_per_batch)
     for name in ("fairseq", "ours"):
         row = result[name]
         print(f"  {name:8s} {row['updates']:6d} updates in {row['train_s']:.0f} s, {row['target_tokens_per_s'] or 0:8.0f} "
