@@ -5,16 +5,16 @@ the other on this machine, scored by the same SacreBLEU on the same test set.
 
 The recipe (issue 31's): d_model 256, 3 + 3 layers, 4 heads, d_ff 1024, dropout 0.1, one joint SentencePiece
 vocabulary of 8,000 pieces (ours, trained once and given to both), Adam (0.9, 0.98) with the inverse square root
-schedule peaking at 1e-3 after 300 updates, label smoothing 0.1, batches of 4,096 tokens (fairseq's
-`--max-tokens 4096`; ours `data.tokens_per_batch=4096`, or `--our_tokens_per_batch N`: the preflight's
-`batch content` line gives the N whose updates hold as many real tokens as fairseq's), beam 4 for the test
-translation. The corpus is the built-in one (synthetic: its BLEU shows learning speed, not quality on
-language) or `--bleu_corpus`, a directory of train/dev/test.en and .de files. fairseq's binarized data is
-made before its clock starts; ours prepares its corpus inside its clock (start-up counted), as train.py does. Each side trains for `--bleu_minutes` of wall
-time (fairseq: `--stop-time-hours`; ours: SIGTERM at that time after train.py starts, after which it saves and
-exits). Both save a checkpoint every CHECKPOINT_EVERY updates; the test split is translated with beam 4 from the
-newest checkpoint saved by each of `--bleu_at` minutes (default 5, 10 and the end), timed by the checkpoint's
-file time from the process's launch, so one run gives BLEU against wall time.
+schedule peaking at 1e-3 after 300 updates, label smoothing 0.1, batches of 4,096 tokens (fairseq's `--max-tokens
+4096`; ours `data.tokens_per_batch=4096`, or `--our_tokens_per_batch N`: the preflight's `batch content` line gives
+the N whose updates hold as many real tokens as fairseq's), beam 4 for the test translation. The corpus is the
+built-in one (synthetic: its BLEU shows learning speed, not quality on language) or `--bleu_corpus`, a directory of
+train/dev/test.en and .de files. fairseq's binarized data is made before its clock starts; ours prepares its corpus
+inside its clock (start-up counted), as train.py does. Each side trains for `--bleu_minutes` of wall time (fairseq:
+`--stop-time-hours`; ours: SIGTERM at that time after train.py starts, after which it saves and exits). Both save a
+checkpoint every CHECKPOINT_EVERY updates; the test split is translated with beam 4 from the newest checkpoint
+saved by each of `--bleu_at` minutes (default 5, 10 and the end), timed by the checkpoint's file time from the
+process's launch, so one run gives BLEU against wall time.
 
 fairseq 0.12.2 (its last release) in its own virtualenv, not in CI: `python3 -m venv DIR && DIR/bin/pip install
 torch==2.13.0 fairseq==0.12.2`. On Python 3.11 its and hydra-core 1.0's config dataclasses have instances of
