@@ -58,15 +58,20 @@ def _model(model: str) -> Any:
     return load_config(model)
 
 
+def mesh_axes(contender: str) -> tuple[int, int]:
+    """(mesh.data, mesh.fsdp) of a contender: every chip on the data axis, or on fsdp for SETTINGS' fsdp -1."""
+    fsdp = SETTINGS.get(contender, (1, "none"))[0]
+    return (1, fsdp) if fsdp == -1 else (-1, fsdp)
+
+
 def lowered_step(contender: str, model: str, mesh: Any, rows: int, checkout: str) -> tuple[Any, Any]:
     """(lowered train step, model config) of `contender` at `rows` (global) x WIDTH on `mesh`."""
     from transformer_jax.aot.compile import run_programs
 
     config = _model(model)
     config.data.tokens_per_batch = rows * WIDTH
-    fsdp, remat = SETTINGS.get(contender, (1, "none"))
-    config.mesh.update(data=1 if fsdp == -1 else -1, fsdp=fsdp)
-    config.model.remat = remat
+    config.mesh.data, config.mesh.fsdp = mesh_axes(contender)
+    config.model.remat = SETTINGS.get(contender, (1, "none"))[1]
     if contender == "ours before":
         config.model.attention_backend = "einsum"
         config.training.loss_chunk_tokens = 0
@@ -110,8 +115,7 @@ def compile_figures(contender: str, model: str, topology_name: str, rows_per_dev
     from transformer_jax.model.flops import attention_score_flops, train_step_flops
 
     topology = describe(topology_name)
-    fsdp = SETTINGS.get(contender, (1, "none"))[0]
-    mesh = mesh_for(topology, 1 if fsdp == -1 else -1, fsdp)
+    mesh = mesh_for(topology, *mesh_axes(contender))
     rows = rows_per_device * mesh.size
     started = time.perf_counter()
     lowered, model_config = lowered_step(contender, model, mesh, rows, checkout)
@@ -205,7 +209,7 @@ def worker(spec: dict[str, Any]) -> None:
         devices = len(describe(topology).devices)
         per_device = _rows_per_device(devices)
         for contender in CONTENDERS:
-            if contender in SETTINGS and SETTINGS[contender][0] == -1 and devices == 1:
+            if mesh_axes(contender)[1] == -1 and devices == 1:
                 continue  # one device: nothing to shard parameters over
             figures = compile_figures(contender, model, topology, per_device, spec["checkout"])
             if contender != "ours before":
