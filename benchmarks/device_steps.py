@@ -1,15 +1,20 @@
 """The accelerators section's timings on this host's GPU or TPU: our train step (with the platform's attention
-kernel and the projected loss, and as it was before them) and the Flax WMT example's, on the same packed
-batches, one after the other in this process. ms per update after warm-up (the mean of `steps` updates, each
-waited for), target token slots per second, and XLA's planned peak memory of each compiled step.
+kernel and the projected loss; with XLA's attention instead of the kernel; as it was before both) and the Flax
+WMT example's, on the same packed batches, one after the other in this process. ms per update after warm-up
+(the mean of `steps` updates, each waited for), target token slots per second, and XLA's planned peak memory
+of each compiled step. Then both beam searches (ours and the example's predict_step with decode.py) on the
+same random source batch with random parameters: ms per search and per output position, the output lengths,
+and the planned peak memory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 import jax
+import jax.stages
 import numpy as np
 
 WIDTH = 256
@@ -47,8 +52,9 @@ def time_ours(contender: str, rows: int, steps: int) -> dict[str, Any]:
 
     config = load_config("base")
     config.data.tokens_per_batch = rows * WIDTH
-    if contender == "ours before":
+    if contender in ("ours before", "ours, einsum attention"):
         config.model.attention_backend = "einsum"
+    if contender == "ours before":
         config.training.loss_chunk_tokens = 0
     programs = build_run_for(config, make_mesh())
     state = programs.init_state()
@@ -62,7 +68,7 @@ def time_ours(contender: str, rows: int, steps: int) -> dict[str, Any]:
         return (programs.train_step(state, batch)[0],)
 
     seconds, _ = _timed(step, (state,), batch, steps)
-    return _figures(contender, rows, seconds, compile_s, compiled)
+    return _printed(_figures(contender, rows, seconds, compile_s, compiled))
 
 
 def time_flax(checkout: str, rows: int, steps: int) -> dict[str, Any]:
@@ -90,7 +96,7 @@ def time_flax(checkout: str, rows: int, steps: int) -> dict[str, Any]:
         return jitted(params, opt_state, batch, rng)[:2]
 
     seconds, _ = _timed(one, (params, opt_state), batch, steps)
-    return _figures("flax", rows, seconds, compile_s, compiled)
+    return _printed(_figures("flax", rows, seconds, compile_s, compiled))
 
 
 def _figures(contender: str, rows: int, seconds: float, compile_s: float, compiled: Any) -> dict[str, Any]:
@@ -101,6 +107,10 @@ def _figures(contender: str, rows: int, seconds: float, compile_s: float, compil
     figures = {"contender": contender, "device": device.device_kind, "rows": rows, "ms_per_update": seconds * 1e3,
                "tokens_per_second": rows * WIDTH / seconds, "compiled_peak_gb": peak / 1e9,
                "temp_gb": memory.temp_size_in_bytes / 1e9, "compile_s": round(compile_s, 1)}
+    return figures
+
+
+def _printed(figures: dict[str, Any]) -> dict[str, Any]:
     print(figures, flush=True)
     return figures
 
@@ -109,11 +119,77 @@ def time_contenders(checkout: str, rows_list: str, steps: int) -> list[dict[str,
     """Every contender at every rows of `rows_list` (comma-separated)."""
     results = []
     for rows in (int(r) for r in rows_list.split(",")):
-        for contender in ("ours", "ours before"):
+        for contender in ("ours", "ours, einsum attention", "ours before"):
             results.append(time_ours(contender, rows, steps))
         results.append(time_flax(checkout, rows, steps))
-        ours, flax = results[-3], results[-1]
-        print(f"{rows} rows: ours {ours['ms_per_update']:.1f} ms, ours before {results[-2]['ms_per_update']:.1f} ms, "
-              f"Flax {flax['ms_per_update']:.1f} ms: ours / Flax {ours['ms_per_update'] / flax['ms_per_update']:.2f}",
-              flush=True)
+        ours, flax = results[-4], results[-1]
+        print(f"{rows} rows: " + ", ".join(f"{r['contender']} {r['ms_per_update']:.1f} ms" for r in results[-4:])
+              + f": ours / Flax {ours['ms_per_update'] / flax['ms_per_update']:.2f}", flush=True)
     return results
+
+
+def _concrete(tree: Any, vocab: int, seed: int) -> Any:
+    """Arrays for abstract arguments (placed with their shardings): keys, token ids in [4, vocab), small normals."""
+    rng = np.random.default_rng(seed)
+
+    def one(x: Any) -> Any:
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            value = jax.random.key(int(rng.integers(1 << 30)))
+        elif np.issubdtype(x.dtype, np.integer):
+            value = rng.integers(4, vocab, size=x.shape).astype(x.dtype)
+        else:
+            value = (rng.standard_normal(x.shape) * 0.05).astype(x.dtype)
+        return jax.device_put(value, x.sharding) if getattr(x, "sharding", None) is not None else value
+
+    return jax.tree.map(one, tree)
+
+
+def _timed_search(contender: str, lowered: Any, vocab: int, repeats: int) -> dict[str, Any]:
+    """A lowered search compiled, run once, then timed `repeats` times (the median) on random arguments."""
+    started = time.perf_counter()
+    compiled = lowered.compile()
+    compile_s = time.perf_counter() - started
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), lowered.args_info[0],
+                            compiled.input_shardings[0], is_leaf=lambda x: isinstance(x, jax.stages.ArgInfo))
+    args = _concrete(abstract, vocab, 0)
+    out = jax.block_until_ready(compiled(*args))
+    seconds = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        out = jax.block_until_ready(compiled(*args))
+        seconds.append(time.perf_counter() - started)
+    ids = np.asarray(out)
+    lengths = (ids > 0).sum(-1)
+    figures = _figures(contender, ids.shape[0], float(np.median(seconds)), compile_s, compiled)
+    for key in ("ms_per_update", "tokens_per_second"):
+        figures.pop(key)
+    figures.update(search="beam 4", ms_per_search=float(np.median(seconds)) * 1e3, output_width=ids.shape[1],
+                   mean_output_tokens=float(lengths.mean()),
+                   ms_per_output_position=float(np.median(seconds)) * 1e3 / ids.shape[1])
+    return _printed(figures)
+
+
+def time_searches(checkout: str, repeats: int = 3, translation: tuple[int, int] | None = None) -> list[dict[str, Any]]:
+    """Our beam search (the preflight's: beam 4, alpha 0.6, up to source + 50 tokens, the run's decoding
+    precision) and the example's, at the preflight's translation batch (or `translation`: rows, source width)."""
+    from benchmarks.peer_flax import lower_search
+    from benchmarks.sections.aot import load_config
+    from transformer_jax.base.sharding import make_mesh
+    from transformer_jax.config.schema import decode_options, decoding_dtype
+    from transformer_jax.training.programs import build_run_for
+
+    config = load_config("base")
+    programs = build_run_for(config, make_mesh())
+    if translation is not None:
+        programs = dataclasses.replace(programs, shapes=dataclasses.replace(programs.shapes, translation=translation))
+    rows, width = programs.shapes.translation
+    vocab = programs.model_config.vocab_size
+    ours = _timed_search("ours", programs.lower_search(decode_options(config), decoding_dtype(config))[1], vocab,
+                         repeats)
+    # Random parameters: ours ran every search to its full length on the H100; the example's stopped at once, so its
+    # end-of-sentence id is one no token has, and both searches make every output position.
+    flax = _timed_search("flax", lower_search(checkout, programs.model_config, programs.mesh, rows, width, eos_id=-1),
+                         vocab, repeats)
+    print(f"search {rows}x{width}: ours {ours['ms_per_search']:.0f} ms, Flax {flax['ms_per_search']:.0f} ms: "
+          f"ours / Flax {ours['ms_per_search'] / flax['ms_per_search']:.2f}", flush=True)
+    return [ours, flax]

@@ -117,10 +117,11 @@ def lower_train_step(models: ModuleType, model: TransformerConfig, mesh: Mesh, r
 
 
 def lower_search(checkout: str, model: TransformerConfig, mesh: Mesh, rows: int, width: int, extra: int = 50,
-                 beam_size: int = 4, alpha: float = 0.6) -> Any:
+                 beam_size: int = 4, alpha: float = 0.6, eos_id: int | None = None) -> Any:
     """The example's beam search (train.py's predict_step with decode.py's beam_search: its key/value cache in
     the compute dtype) lowered for `mesh`: `rows` sentences of `width` source tokens split over the devices,
-    outputs up to `width + extra` tokens, parameters replicated."""
+    outputs up to `width + extra` tokens, parameters replicated. `eos_id` (default: the example's) -1 makes
+    every search run to its full length (timings on random parameters)."""
     models, decode = load_example(checkout, "models"), load_example(checkout, "decode")
     max_decode_len = width + extra
     decoder_config = example_config(models, model, decode=True, max_len=max(width, max_decode_len))
@@ -145,7 +146,8 @@ def lower_search(checkout: str, model: TransformerConfig, mesh: Mesh, rows: int,
 
         zeros = jax.tree.map(lambda x: jnp.zeros((local,) + x.shape[1:] if x.ndim else x.shape, x.dtype), cache)
         sequences, _ = decode.beam_search(inputs, zeros, tokens_ids_to_logits, beam_size=beam_size, alpha=alpha,
-                                          eos_id=decode.EOS_ID, max_decode_len=max_decode_len)
+                                          eos_id=decode.EOS_ID if eos_id is None else eos_id,
+                                          max_decode_len=max_decode_len)
         return sequences[:, -1, 1:]
 
     replicated = NamedSharding(mesh, PartitionSpec())

@@ -20,8 +20,9 @@ instruction outside fusions is a buffer in HBM), and the largest rows per device
 compile at twice the rows; linear in rows). XLA gives no FLOPs for a Pallas kernel, so "kernel FLOPs"
 adds the attention's analytic count where splash runs.
 
-On a host whose JAX backend is a GPU or TPU, the section also times the three steps there (ms per update,
-after warm-up, real arrays; the device's peak memory).
+On a host whose JAX backend is a GPU or TPU, the section also times the steps there (ms per update, after
+warm-up, real arrays; ours also with XLA's attention in place of the kernel) and both beam searches
+(benchmarks/device_steps.py).
 """
 
 from __future__ import annotations
@@ -254,7 +255,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with open(path) as f:
                 result["compiled"] = json.load(f)
     if jax.default_backend() in ("gpu", "tpu"):
-        from benchmarks.device_steps import time_contenders
+        from benchmarks.device_steps import time_contenders, time_searches
 
         result["timed"] = time_contenders(args.flax_checkout, args.accel_timed_rows, 20)
+        result["searched"] = time_searches(args.flax_checkout)
     return result

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The checks that need a real NVIDIA GPU, in one call (a lent GPU machine; CI has none):
+#   bash benchmarks/on_gpu.sh FLAX_CHECKOUT OUTDIR
+# 1. the machine and versions; 2. the attention tests, whose cuDNN cases skip without a GPU (the cuDNN kernel
+# against the einsum path with packing, causal and padding masks); 3. the accelerators section on this GPU:
+# our train step (cuDNN attention, XLA's attention, as before both) and the Flax WMT example's, timed at the
+# paper's rows per device, and both beam searches. Each part is time-limited and writes its log to OUTDIR;
+# a failing part does not stop the next. Runs from the repository root with the machine's own JAX.
+set -u
+checkout=$1
+out=$2
+export PYTHONUNBUFFERED=1 PYTHONPATH="${PYTHONPATH:-}:$PWD"
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import sys, jax, flax, optax; print(sys.version.split()[0], 'jax', jax.__version__, 'flax', \
+flax.__version__, 'optax', optax.__version__, jax.devices())"
+} 2>&1 | tee "$out/env.txt"
+timeout "${TESTS_SECONDS:-150}" python3 -m pytest -q -p no:cacheprovider -rs tests/model/test_attention.py \
+  tests/model/test_attention_kernels.py 2>&1 | tee "$out/tests.txt"
+timeout "${SECTION_SECONDS:-330}" python3 -m benchmarks.run --sections accelerators --flax_checkout "$checkout" \
+  --accel_runs '' --accel_timed_rows "${TIMED_ROWS:-12}" --json "$out/accelerators.json" 2>&1 \
+  | tee "$out/accelerators.txt"
