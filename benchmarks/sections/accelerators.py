@@ -16,7 +16,8 @@ update: rows of 256 tokens per device) by libtpu, or the CUDA plugin for GPUs:
 And the beam search of each (ours, and the example's predict_step with decode.py), at the preflight's
 translation batch. Figures per device: peak memory (arguments + outputs - donated + temporaries + code), XLA's bytes accessed
 and FLOPs, the roofline, [B, H, T, T] buffers left in device memory (read from the compiled HLO: every
-instruction outside fusions is a buffer in HBM), and the largest rows per device that fit (a second
+instruction outside fusions is a buffer in HBM), the kernels the step runs (instructions outside fusions that
+launch: on GPUs each costs a launch, which small batches feel), and the largest rows per device that fit (a second
 compile at twice the rows; linear in rows). XLA gives no FLOPs for a Pallas kernel, so "kernel FLOPs"
 adds the attention's analytic count where splash runs.
 
@@ -84,20 +85,26 @@ def lowered_step(contender: str, model: str, mesh: Any, rows: int, checkout: str
     return programs.lower_train()[0][1], programs.model_config
 
 
+def unfused_instructions(hlo: str) -> list[str]:
+    """The lines of optimized HLO outside fusion computations (and the reducers' regions): the program's own
+    instructions, each a kernel, a copy or bookkeeping, each of its buffers in device memory."""
+    lines, computation = [], ""
+    for line in hlo.splitlines():
+        header = re.match(r"^(?:ENTRY )?%(\S+) ", line)
+        if header and line.rstrip().endswith("{"):
+            computation = header.group(1)
+        elif "fused" not in computation and "region" not in computation:
+            lines.append(line)
+    return lines
+
+
 def scores_in_memory(hlo: str, rows: int, heads: int, width: int = WIDTH) -> tuple[int, int]:
     """(count, bytes) of buffers holding [rows, heads, width, width] attention scores (any layout, any 4+ axes with
     `heads` and two of `width`) outside fusions in optimized HLO: each is written to and read from device memory."""
     from transformer_jax.aot.compile import _DTYPE_BYTES
 
     count = size = 0
-    computation = ""
-    for line in hlo.splitlines():
-        header = re.match(r"^(?:ENTRY )?%(\S+) ", line)
-        if header and line.rstrip().endswith("{"):
-            computation = header.group(1)
-            continue
-        if "fused" in computation or "region" in computation:
-            continue
+    for line in unfused_instructions(hlo):
         match = re.match(r"\s*(?:ROOT )?%\S+ = (pred|[suf]\d+|bf16)\[([\d,]+)\](\{[^}]*\})? (\S+)\(", line)
         if not match or match.group(4) == "bitcast" or "S(1)" in (match.group(3) or ""):
             continue  # a bitcast moves nothing; S(1) is the TPU core's own vector memory, not HBM
@@ -106,6 +113,22 @@ def scores_in_memory(hlo: str, rows: int, heads: int, width: int = WIDTH) -> tup
             count += 1
             size += _DTYPE_BYTES.get(match.group(1), 4) * math.prod(dims)
     return count, size
+
+
+# Instructions that launch nothing: they name, pick or alias buffers.
+BOOKKEEPING = ("parameter", "get-tuple-element", "tuple", "bitcast", "constant", "copy-start", "copy-done",
+               "after-all", "opt-barrier")
+
+
+def kernels_launched(hlo: str) -> int:
+    """Instructions of the program outside fusions that run as kernels of their own (fusions, matmuls, custom
+    calls, collectives, copies; a loop's body counted once): on GPUs each is at least one launch, which is
+    what small batches pay for."""
+    count = 0
+    for line in unfused_instructions(hlo):
+        match = re.match(r"\s*(?:ROOT )?%\S+ = .*?\s([a-z][a-z\-]*)\(", line)
+        count += bool(match) and match.group(1) not in BOOKKEEPING
+    return count
 
 
 def compile_figures(contender: str, model: str, topology_name: str, rows_per_device: int, checkout: str
@@ -136,7 +159,7 @@ def compile_figures(contender: str, model: str, topology_name: str, rows_per_dev
         "compute_ms": (program.flops + kernel_flops) / topology.peak_flops_per_device * 1e3,
         "memory_ms": program.bytes_accessed / topology.hbm_bandwidth_per_device * 1e3,
         "hbm_gb": topology.hbm_bytes_per_device / 1e9, "kernel_calls": kernels,
-        "score_buffers": scores[0], "score_buffer_gb": scores[1] / 1e9,
+        "score_buffers": scores[0], "score_buffer_gb": scores[1] / 1e9, "kernels": kernels_launched(hlo),
         "compile_s": round(time.perf_counter() - started, 1),
     }
 
@@ -176,15 +199,16 @@ def largest_rows(at: dict[str, Any], doubled: dict[str, Any]) -> int | None:
 def markdown(rows: list[dict[str, Any]]) -> str:
     """Each run's contenders, and ours against Flax as ratios."""
     lines = ["| model @ topology | step | peak GB/device | temporaries GB | XLA bytes accessed GB | XLA (+ kernel) "
-             "TFLOP / analytic | roofline ms (compute, memory) | [B,H,T,T] buffers in HBM | largest rows/device |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "TFLOP / analytic | roofline ms (compute, memory) | [B,H,T,T] buffers in HBM | kernels | largest rows/device |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         flops = f"{r['xla_tflop']:.3f}" + (f" (+{r['kernel_tflop']:.3f})" if r["kernel_tflop"] else "")
         lines.append(
             f"| {r['model']} @ {r['topology']} | {r['contender']} | {r['peak_gb']:.2f} | {r['temp_gb']:.2f} "
             f"| {r['bytes_gb']:.2f} | {flops} / {r['analytic_tflop']:.3f} "
             f"| {max(r['compute_ms'], r['memory_ms']):.1f} ({r['compute_ms']:.1f}, {r['memory_ms']:.1f}) "
-            f"| {r['score_buffers']} ({r['score_buffer_gb']:.2f} GB) | {r.get('largest_rows', '-')} |")
+            f"| {r['score_buffers']} ({r['score_buffer_gb']:.2f} GB) | {r.get('kernels', '-')} "
+            f"| {r.get('largest_rows', '-')} |")
     lines += ["", "| model @ topology | ours / Flax: bytes accessed | peak memory | largest rows | "
               "(XLA + kernel) FLOPs / analytic |", "|---|---|---|---|---|"]
     for r in rows:
