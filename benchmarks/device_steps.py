@@ -68,7 +68,7 @@ def time_ours(contender: str, rows: int, steps: int) -> dict[str, Any]:
         return (programs.train_step(state, batch)[0],)
 
     seconds, _ = _timed(step, (state,), batch, steps)
-    return _printed(_figures(contender, rows, seconds, compile_s, compiled))
+    return _step_figures(contender, rows, seconds, compile_s, compiled)
 
 
 def time_flax(checkout: str, rows: int, steps: int) -> dict[str, Any]:
@@ -96,21 +96,23 @@ def time_flax(checkout: str, rows: int, steps: int) -> dict[str, Any]:
         return jitted(params, opt_state, batch, rng)[:2]
 
     seconds, _ = _timed(one, (params, opt_state), batch, steps)
-    return _printed(_figures("flax", rows, seconds, compile_s, compiled))
+    return _step_figures("flax", rows, seconds, compile_s, compiled)
 
 
-def _figures(contender: str, rows: int, seconds: float, compile_s: float, compiled: Any) -> dict[str, Any]:
-    memory = compiled.memory_analysis()
-    peak = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
-            + memory.temp_size_in_bytes + memory.generated_code_size_in_bytes)
-    device = jax.devices()[0]
-    figures = {"contender": contender, "device": device.device_kind, "rows": rows, "ms_per_update": seconds * 1e3,
-               "tokens_per_second": rows * WIDTH / seconds, "compiled_peak_gb": peak / 1e9,
-               "temp_gb": memory.temp_size_in_bytes / 1e9, "compile_s": round(compile_s, 1)}
-    return figures
+def _compiled_figures(contender: str, rows: int, compile_s: float, compiled: Any) -> dict[str, Any]:
+    """Who ran where, and XLA's planned peak memory (arguments + outputs - donated + temporaries + code)."""
+    from transformer_jax.aot.compile import program_of
+
+    program = program_of(contender, compiled)
+    return {"contender": contender, "device": jax.devices()[0].device_kind, "rows": rows,
+            "compiled_peak_gb": program.total_bytes / 1e9, "temp_gb": program.temp_bytes / 1e9,
+            "compile_s": round(compile_s, 1)}
 
 
-def _printed(figures: dict[str, Any]) -> dict[str, Any]:
+def _step_figures(contender: str, rows: int, seconds: float, compile_s: float, compiled: Any) -> dict[str, Any]:
+    """A train step's figures (printed): ms per update and token slots per second, with the compiled ones."""
+    figures = {**_compiled_figures(contender, rows, compile_s, compiled), "ms_per_update": seconds * 1e3,
+               "tokens_per_second": rows * WIDTH / seconds}
     print(figures, flush=True)
     return figures
 
@@ -129,7 +131,7 @@ def time_contenders(checkout: str, rows_list: str, steps: int) -> list[dict[str,
 
 
 def _concrete(tree: Any, vocab: int, seed: int) -> Any:
-    """Arrays for abstract arguments (placed with their shardings): keys, token ids in [4, vocab), small normals."""
+    """Arrays for abstract arguments, placed with their shardings: keys, token ids in [4, vocab), small normals."""
     rng = np.random.default_rng(seed)
 
     def one(x: Any) -> Any:
@@ -139,7 +141,7 @@ def _concrete(tree: Any, vocab: int, seed: int) -> Any:
             value = rng.integers(4, vocab, size=x.shape).astype(x.dtype)
         else:
             value = (rng.standard_normal(x.shape) * 0.05).astype(x.dtype)
-        return jax.device_put(value, x.sharding) if getattr(x, "sharding", None) is not None else value
+        return jax.device_put(value, x.sharding)
 
     return jax.tree.map(one, tree)
 
@@ -160,13 +162,12 @@ def _timed_search(contender: str, lowered: Any, vocab: int, repeats: int) -> dic
         seconds.append(time.perf_counter() - started)
     ids = np.asarray(out)
     lengths = (ids > 0).sum(-1)
-    figures = _figures(contender, ids.shape[0], float(np.median(seconds)), compile_s, compiled)
-    for key in ("ms_per_update", "tokens_per_second"):
-        figures.pop(key)
-    figures.update(search="beam 4", ms_per_search=float(np.median(seconds)) * 1e3, output_width=ids.shape[1],
-                   mean_output_tokens=float(lengths.mean()),
-                   ms_per_output_position=float(np.median(seconds)) * 1e3 / ids.shape[1])
-    return _printed(figures)
+    median = float(np.median(seconds))
+    figures = {**_compiled_figures(contender, ids.shape[0], compile_s, compiled), "search": "beam 4",
+               "ms_per_search": median * 1e3, "output_width": ids.shape[1], "mean_output_tokens": float(lengths.mean()),
+               "ms_per_output_position": median * 1e3 / ids.shape[1]}
+    print(figures, flush=True)
+    return figures
 
 
 def time_searches(checkout: str, repeats: int = 3, translation: tuple[int, int] | None = None) -> list[dict[str, Any]]:
