@@ -60,8 +60,9 @@ def test_a_data_mesh_all_reduces_gradients_and_reports_memory():
     # attention_backend=auto on a TPU mesh: the train step calls the Pallas splash kernel (encoder self, decoder
     # self and cross attention, forward and backward), and the preflight's report says so.
     assert train.attention_kernels >= 3 * 2
+    assert train.loss_kernels == 2  # training.loss_kernel=auto: the fused loss (statistics, table gradient)
     report = table(topology, built_mesh(topology, data=4, fsdp=1), shapes, programs, result, 1)
-    assert "attention=auto (" in report and "attention kernel calls in the train step" in report
+    assert "attention=auto (" in report and "attention kernel calls in the train step; 2 fused loss" in report
 
 
 def test_an_fsdp_mesh_gathers_parameters():

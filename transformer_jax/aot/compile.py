@@ -46,6 +46,7 @@ class Program:
     bytes_accessed: float  # per device, HBM traffic from XLA's cost analysis
     collectives: dict[str, tuple[int, int]]  # op -> (count, bytes of their results)
     attention_kernels: int = 0  # calls of an attention kernel (TPU Pallas splash, cuDNN flash attention)
+    loss_kernels: int = 0  # calls of the fused loss kernels (training/loss_kernel.py)
 
     @property
     def total_bytes(self) -> int:
@@ -91,15 +92,28 @@ def program_of(name: str, compiled: Any) -> Program:
         name, memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.alias_size_in_bytes,
         memory.temp_size_in_bytes, memory.generated_code_size_in_bytes,
         float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)), collectives_in(text),
-        attention_kernels_in(text),
+        attention_kernels_in(text), loss_kernels_in(text),
     )
 
 
 def attention_kernels_in(hlo_text: str) -> int:
-    """How many attention-kernel calls optimized HLO text holds: Pallas TPU kernels (splash attention is the
-    one the model uses) and cuDNN's fused attention."""
+    """How many attention-kernel calls optimized HLO text holds: Pallas TPU kernels other than the loss's (splash
+    attention is the one the model uses) and cuDNN's fused attention."""
     return sum(1 for line in hlo_text.splitlines()
-               if 'custom_call_target="tpu_custom_call"' in line or 'custom_call_target="__cudnn$fmha' in line)
+               if ('custom_call_target="tpu_custom_call"' in line and not _is_loss_kernel(line))
+               or 'custom_call_target="__cudnn$fmha' in line)
+
+
+def loss_kernels_in(hlo_text: str) -> int:
+    """How many calls of the fused loss kernels optimized HLO text holds."""
+    return sum(1 for line in hlo_text.splitlines()
+               if 'custom_call_target="tpu_custom_call"' in line and _is_loss_kernel(line))
+
+
+def _is_loss_kernel(line: str) -> bool:
+    from transformer_jax.training.loss_kernel import KERNEL_NAMES
+
+    return any(name in line for name in KERNEL_NAMES)
 
 
 def host_cost_analysis(compiled: Any) -> dict[str, float]:

@@ -85,7 +85,9 @@ def _kernels(programs: list[Program]) -> str:
     if not train:
         return ""
     calls = max(p.attention_kernels for p in train)
-    return f" ({calls} attention kernel calls in the train step)" if calls else " (XLA's attention in the train step)"
+    loss = max(p.loss_kernels for p in train)
+    attention = f"{calls} attention kernel calls in the train step" if calls else "XLA's attention in the train step"
+    return f" ({attention}; {loss} fused loss kernel calls)" if loss else f" ({attention})"
 
 
 def _gb(size: float) -> str:

@@ -77,6 +77,7 @@ def default_config() -> ml_collections.ConfigDict:
     training.grad_clip_norm = 0.0  # global-norm clipping; 0 disables it
     training.accumulation_steps = 1  # micro-batches per update (to reach the paper's batch on fewer devices)
     training.loss_chunk_tokens = -1  # tokens per device projected to the vocabulary at once by the loss (0: the whole batch's logits; -1: 0 on CPUs, 1024 on TPUs/GPUs)
+    training.loss_kernel = "auto"  # the projected loss's logits: "pallas" (fused kernels, none in HBM; an interpreter off TPUs), "xla" (chunks of loss_chunk_tokens), "auto" (pallas on TPUs for a model without an output bias, else xla); unused with loss_chunk_tokens 0
     training.seed = 0  # parameters, dropout and data order
     training.log_every = 100  # steps between training-metric logs
     training.eval_every = 1_000  # steps between dev-loss evaluations
@@ -103,6 +104,7 @@ def default_config() -> ml_collections.ConfigDict:
 
 # The most steps a run counts: its step counter is an int32 on the devices.
 MAX_STEP = 2**31 - 1
+LOSS_KERNELS = ("auto", "pallas", "xla")  # training.loss_kernel
 
 
 # Run settings that must be positive (model sizes are checked by TransformerConfig itself).
@@ -134,6 +136,8 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
     if config.training.loss_chunk_tokens < -1:
         raise ConfigError(f"training.loss_chunk_tokens={config.training.loss_chunk_tokens} must be -1 (automatic), "
                           "0 (the whole batch's logits) or a positive number of tokens")
+    if config.training.loss_kernel not in LOSS_KERNELS:
+        raise ConfigError(f"training.loss_kernel={config.training.loss_kernel!r} must be one of {', '.join(LOSS_KERNELS)}")
     for limits, allowed, wording in ((POSITIVE_SETTINGS, lambda v: v > 0, "positive"),
                                      (NON_NEGATIVE_SETTINGS, lambda v: v >= 0, "zero or positive")):
         for section, keys in limits.items():

@@ -91,6 +91,7 @@ _smoothed_cross_entropy.defvjp(_smoothed_cross_entropy_forward, _smoothed_cross_
 def projected_cross_entropy_sums(
     hidden_BxTxD: jax.Array, table_VxD: jax.Array, targets_BxT: jax.Array, smoothing: float, *,
     bias_V: jax.Array | None = None, dtype: Any = jnp.float32, chunk_tokens: int = 2048, mesh: Mesh | None = None,
+    kernel: bool = False,
 ) -> dict[str, jax.Array]:
     """The pre-softmax projection and the label-smoothed loss together, a chunk of tokens at a time.
 
@@ -108,9 +109,14 @@ def projected_cross_entropy_sums(
     parameter dtype; its gradient comes back in that dtype. On a `mesh`, each device works on its own
     rows (the batch is split over `base.sharding.BATCH_AXES`) and the sums and the table's gradient are
     summed over the devices once, after the last chunk. Only "loss" is differentiable.
+
+    `kernel` (no `bias_V`): the fused Pallas kernels of training/loss_kernel.py in place of XLA's chunks, which
+    keep no logits in HBM at all (TPUs; elsewhere Pallas' interpreter); `chunk_tokens` is then unused.
     """
+    if kernel and bias_V is not None:
+        raise ValueError("the fused loss kernel has no output bias: pass kernel=False for a model with one")
     loss, nll, correct = _projected_loss(hidden_BxTxD, table_VxD, bias_V, targets_BxT, float(smoothing),
-                                         jnp.dtype(dtype), int(chunk_tokens), mesh)
+                                         jnp.dtype(dtype), int(chunk_tokens), mesh, bool(kernel))
     weights = (targets_BxT != PAD_ID).astype(jnp.float32)
     return {"loss": loss, "nll": jax.lax.stop_gradient(nll), "correct": jax.lax.stop_gradient(correct),
             "tokens": weights.sum()}
@@ -124,6 +130,7 @@ class ProjectedLoss:
     model: TransformerConfig
     chunk_tokens: int
     mesh: Mesh | None = None
+    kernel: bool = False
 
     def sums(self, params: Any, hidden_BxTxD: jax.Array, targets_BxT: jax.Array, smoothing: float
              ) -> dict[str, jax.Array]:
@@ -131,7 +138,7 @@ class ProjectedLoss:
         table_VxD, bias_V = output_weights(params, self.model)
         return projected_cross_entropy_sums(hidden_BxTxD, table_VxD, targets_BxT, smoothing, bias_V=bias_V,
                                             dtype=self.model.compute_dtype, chunk_tokens=self.chunk_tokens,
-                                            mesh=self.mesh)
+                                            mesh=self.mesh, kernel=self.kernel)
 
 
 # Tokens per device whose logits a TPU or GPU forms at once (training.loss_chunk_tokens=-1): with a 37k
@@ -139,13 +146,18 @@ class ProjectedLoss:
 ACCELERATOR_CHUNK_TOKENS = 1024
 
 
-def projected_loss_for(chunk_tokens: int, model: TransformerConfig, mesh: Mesh) -> ProjectedLoss | None:
-    """The loss a run's train step uses (training.loss_chunk_tokens): None for the whole batch's logits (0, and
-    -1 on CPUs, where that path is as fast and keeps earlier runs' numbers), else chunks of that many tokens
-    per device (-1: ACCELERATOR_CHUNK_TOKENS on TPUs and GPUs)."""
+def projected_loss_for(chunk_tokens: int, model: TransformerConfig, mesh: Mesh, kernel: str = "auto"
+                       ) -> ProjectedLoss | None:
+    """The loss a run's train step uses (training.loss_chunk_tokens, training.loss_kernel): None for the whole
+    batch's logits (0, and -1 on CPUs, where that path is as fast and keeps earlier runs' numbers), else the
+    projected loss: by the fused Pallas kernels ("pallas"; "auto" on TPUs for a model without an output bias) or
+    in chunks of that many tokens per device (-1: ACCELERATOR_CHUNK_TOKENS on TPUs and GPUs)."""
+    platform = mesh_platform(mesh)
     if chunk_tokens < 0:
-        chunk_tokens = 0 if mesh_platform(mesh) == "cpu" else ACCELERATOR_CHUNK_TOKENS
-    return ProjectedLoss(model, chunk_tokens, mesh) if chunk_tokens else None
+        chunk_tokens = 0 if platform == "cpu" and kernel != "pallas" else ACCELERATOR_CHUNK_TOKENS
+    bias = model.output_bias or not model.tie_output_embedding
+    fused = kernel == "pallas" or (kernel == "auto" and platform == "tpu" and not bias)
+    return ProjectedLoss(model, chunk_tokens, mesh, fused) if chunk_tokens else None
 
 
 def _chunks(tokens: int, chunk_tokens: int) -> int:
@@ -156,10 +168,15 @@ def _chunks(tokens: int, chunk_tokens: int) -> int:
     return chunks
 
 
-def _local_projected_loss(hidden_BxTxD, table_VxD, bias_V, targets_BxT, smoothing, dtype, chunk_tokens, grads):
-    """One device's sums and, with `grads`, gradients: ((loss, nll, correct), (dhidden, dtable, dbias)), unscaled."""
+def _local_projected_loss(hidden_BxTxD, table_VxD, bias_V, targets_BxT, smoothing, dtype, chunk_tokens, grads,
+                          kernel=False):
+    """One device's sums and, with `grads`, gradients: ((loss, nll, correct), (dhidden, dtable, dbias)), unscaled.
+
+    `kernel`: the fused Pallas kernels (training/loss_kernel.py; no output bias) in place of XLA's chunks."""
     vocab, width = table_VxD.shape
     extra, low = _smoothing_weights(vocab, smoothing)
+    if kernel:
+        return _kernel_projected_loss(hidden_BxTxD, table_VxD, targets_BxT, extra, low, dtype, grads)
     chunks = _chunks(targets_BxT.size, chunk_tokens)
     hidden_CxNxD = hidden_BxTxD.reshape(chunks, -1, width).astype(dtype)
     targets_CxN = targets_BxT.reshape(chunks, -1)
@@ -213,10 +230,30 @@ def _local_projected_loss(hidden_BxTxD, table_VxD, bias_V, targets_BxT, smoothin
     return tuple(sums), (dhidden_CxNxD.reshape(hidden_BxTxD.shape), dtable_VxD, dbias_V)
 
 
+def _kernel_projected_loss(hidden_BxTxD, table_VxD, targets_BxT, extra, low, dtype, grads):
+    """`_local_projected_loss` by the fused kernels: the same sums and unscaled gradients."""
+    from transformer_jax.model.attention_kernels import kernel_platform
+    from transformer_jax.training.loss_kernel import fused_projected_loss
+
+    width = table_VxD.shape[1]
+    targets_N = targets_BxT.reshape(-1)
+    (lse_N, reference_N, total_N, max_N), gradients = fused_projected_loss(
+        hidden_BxTxD.reshape(-1, width).astype(dtype), table_VxD.astype(dtype), targets_N, extra, low, grads,
+        interpret=kernel_platform() != "tpu")
+    weights_N = (targets_N != PAD_ID).astype(jnp.float32)
+    loss_N = lse_N - extra * reference_N - low * total_N
+    sums = ((loss_N * weights_N).sum(), ((lse_N - reference_N) * weights_N).sum(),
+            ((reference_N >= max_N) * weights_N).sum())
+    if not grads:
+        return sums, (None, None, None)
+    dhidden_NxD, dtable_VxD = gradients
+    return sums, (dhidden_NxD.reshape(hidden_BxTxD.shape).astype(hidden_BxTxD.dtype), dtable_VxD, None)
+
+
 def _projected_loss_forward(hidden_BxTxD, table_VxD, bias_V, targets_BxT, smoothing, dtype, chunk_tokens, mesh,
-                            grads=True):
+                            kernel, grads=True):
     local = functools.partial(_local_projected_loss, smoothing=smoothing, dtype=dtype, chunk_tokens=chunk_tokens,
-                              grads=grads)
+                              grads=grads, kernel=kernel)
     if mesh is None or mesh.size == 1:
         sums, (dhidden, dtable, dbias) = local(hidden_BxTxD, table_VxD, bias_V, targets_BxT)
     else:
@@ -234,13 +271,13 @@ def _projected_loss_forward(hidden_BxTxD, table_VxD, bias_V, targets_BxT, smooth
     return sums, (dhidden, dtable.astype(table_VxD.dtype), None if dbias is None else dbias.astype(bias_V.dtype))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def _projected_loss(hidden_BxTxD, table_VxD, bias_V, targets_BxT, smoothing, dtype, chunk_tokens, mesh):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
+def _projected_loss(hidden_BxTxD, table_VxD, bias_V, targets_BxT, smoothing, dtype, chunk_tokens, mesh, kernel):
     return _projected_loss_forward(hidden_BxTxD, table_VxD, bias_V, targets_BxT, smoothing, dtype, chunk_tokens,
-                                   mesh, grads=False)[0]
+                                   mesh, kernel, grads=False)[0]
 
 
-def _projected_loss_backward(smoothing, dtype, chunk_tokens, mesh, grads, cotangents):
+def _projected_loss_backward(smoothing, dtype, chunk_tokens, mesh, kernel, grads, cotangents):
     dhidden, dtable, dbias = grads
     g_loss = cotangents[0]  # nll and correct are not differentiable (stop_gradient above)
     scale = lambda x: None if x is None else (x * g_loss).astype(x.dtype)  # noqa: E731

@@ -219,7 +219,7 @@ def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
     shardings = state_shardings(mesh, jax.eval_shape(create_state))
     batch = batch_sharding(mesh)
     smoothing = training.label_smoothing
-    projected = projected_loss_for(training.loss_chunk_tokens, model_config, mesh)
+    projected = projected_loss_for(training.loss_chunk_tokens, model_config, mesh, training.loss_kernel)
     skip_by = skip_by_for(mesh_platform(mesh))
 
     def micro_gradients(state: TrainState, b: dict[str, jax.Array], micro_step: jax.Array) -> tuple[Any, Any]:

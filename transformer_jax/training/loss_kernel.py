@@ -1,0 +1,155 @@
+"""The pre-softmax projection and the label-smoothed loss fused in Pallas TPU kernels: no logits in HBM.
+
+`projected_cross_entropy_sums` (training/loss.py) forms each chunk's float32 logits with XLA, which writes them
+to HBM and reads them back for the softmax and both gradient matmuls. These two kernels keep every block of
+logits in the core's vector memory instead (as flash attention keeps its scores), with the output table as
+both "keys" and "values":
+  * `_statistics_kernel` (grid: token blocks x vocabulary blocks): the online logsumexp, the reference
+    token's logit, the sum of the logits (label smoothing), the maximum, and softmax(logits) @ table, from which
+    dloss/dhidden = softmax @ table - low * sum_v table_v - extra * table[reference];
+  * `_table_gradient_kernel` (grid: vocabulary blocks x token blocks): the logits again, transposed, and
+    dloss/dtable = (softmax - q)^T hidden, accumulated over the token blocks in float32.
+Four [tokens, vocabulary, d_model] matmuls where XLA's chunks run three (the table gradient recomputes the
+logits, as flash attention's backward pass does); HBM sees the hidden states, the table and the per-token
+statistics, not the logits. Each call carries its FLOPs and bytes as a cost estimate, so XLA's cost analysis
+counts the kernels' work. On other platforms the kernels run in Pallas' interpreter (the tests).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from transformer_jax.model.masks import PAD_ID
+
+TOKEN_BLOCK = 512  # tokens per block (sublanes): the statistics kernel reads the table once per block
+VOCAB_BLOCK = 1024  # vocabulary entries per block: the table gradient kernel reads the hidden states once per block
+LANES = 128  # the width of a TPU vector register: per-token statistics are kept one per lane row
+KERNEL_NAMES = ("fused_loss_statistics", "fused_loss_table_gradient")  # as the compiled HLO names the two calls
+VMEM_LIMIT = 48 * 2**20  # the kernels' working set is ~10 MB (d_model 512) to ~20 MB (1024), under every TPU's VMEM
+NEG_INF = -1e30  # a finite -inf, so that an all-masked block gives exp(0) * 0, never nan
+
+
+def _statistics_kernel(hidden_ref, table_ref, targets_ref, stats_ref, soft_ref, max_sc, sum_sc, ref_sc, total_sc,
+                       acc_sc, *, vocab: int, with_soft: bool):
+    j = pl.program_id(1)
+
+    @pl.when(j == 0)
+    def _start():
+        max_sc[...] = jnp.full(max_sc.shape, NEG_INF, jnp.float32)
+        for scratch in (sum_sc, ref_sc, total_sc):
+            scratch[...] = jnp.zeros(scratch.shape, jnp.float32)
+        if with_soft:
+            acc_sc[...] = jnp.zeros(acc_sc.shape, jnp.float32)
+
+    table = table_ref[...]
+    logits = jax.lax.dot_general(hidden_ref[...], table, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    ids = j * table.shape[0] + jax.lax.broadcasted_iota(jnp.int32, logits.shape, 1)
+    valid = ids < vocab
+    logits = jnp.where(valid, logits, NEG_INF)
+    max_prev = max_sc[:, :1]
+    max_new = jnp.maximum(max_prev, logits.max(-1, keepdims=True))
+    alpha = jnp.exp(max_prev - max_new)
+    exp = jnp.where(valid, jnp.exp(logits - max_new), 0.0)
+    sum_sc[...] = alpha * sum_sc[...] + exp.sum(-1, keepdims=True)
+    max_sc[...] = jnp.broadcast_to(max_new, max_sc.shape)
+    ref_sc[...] += jnp.where(ids == targets_ref[:, :1], logits, 0.0).sum(-1, keepdims=True)
+    total_sc[...] += jnp.where(valid, logits, 0.0).sum(-1, keepdims=True)
+    if with_soft:
+        acc_sc[...] = alpha * acc_sc[...] + jnp.dot(exp.astype(table.dtype), table, preferred_element_type=jnp.float32)
+
+    @pl.when(j == pl.num_programs(1) - 1)
+    def _finish():
+        total = sum_sc[:, :1]
+        lane = jax.lax.broadcasted_iota(jnp.int32, stats_ref.shape, 1)
+        stats_ref[...] = jnp.where(lane == 0, max_sc[:, :1] + jnp.log(total), jnp.where(
+            lane == 1, ref_sc[:, :1], jnp.where(lane == 2, total_sc[:, :1], max_sc[:, :1])))
+        if with_soft:
+            soft_ref[...] = acc_sc[...] / total
+
+
+def _table_gradient_kernel(hidden_ref, table_ref, lse_ref, targets_ref, dtable_ref, *, vocab: int, extra: float,
+                           low: float):
+    j, i = pl.program_id(0), pl.program_id(1)
+
+    @pl.when(i == 0)
+    def _start():
+        dtable_ref[...] = jnp.zeros(dtable_ref.shape, jnp.float32)
+
+    hidden = hidden_ref[...]
+    logits = jax.lax.dot_general(table_ref[...], hidden, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+    ids = j * logits.shape[0] + jax.lax.broadcasted_iota(jnp.int32, logits.shape, 0)
+    targets = targets_ref[...]
+    grad = jnp.exp(logits - lse_ref[...]) - low - jnp.where(ids == targets, extra, 0.0)
+    grad = jnp.where((ids < vocab) & (targets != PAD_ID), grad, 0.0)
+    dtable_ref[...] += jnp.dot(grad.astype(hidden.dtype), hidden, preferred_element_type=jnp.float32)
+
+
+def _padded(x: jax.Array, axis: int, multiple: int, value: int = 0) -> jax.Array:
+    pad = -x.shape[axis] % multiple
+    return x if not pad else jnp.pad(x, [(0, pad if a == axis else 0) for a in range(x.ndim)], constant_values=value)
+
+
+def fused_projected_loss(hidden_NxD: jax.Array, table_VxD: jax.Array, targets_N: jax.Array, extra: float,
+                         low: float, grads: bool, interpret: bool = False):
+    """One device's per-token (lse, reference logit, sum of logits, max logit) and, with `grads`, the unscaled
+    gradients of sum_n weight_n * loss_n: (dhidden [N, D] float32, dtable [V, D] float32).
+
+    `hidden_NxD` and `table_VxD` are in the compute dtype; loss_n = lse_n - extra * reference_n - low * sum_n.
+    """
+    (tokens, width), vocab = hidden_NxD.shape, table_VxD.shape[0]
+    hidden = _padded(hidden_NxD, 0, TOKEN_BLOCK)
+    table = _padded(table_VxD, 0, VOCAB_BLOCK)
+    targets = _padded(targets_N.astype(jnp.int32), 0, TOKEN_BLOCK, PAD_ID)
+    (padded_tokens, _), padded_vocab = hidden.shape, table.shape[0]
+    token_blocks, vocab_blocks = padded_tokens // TOKEN_BLOCK, padded_vocab // VOCAB_BLOCK
+    item = hidden.dtype.itemsize
+    matmul = 2 * padded_tokens * padded_vocab * width
+    params = pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"), vmem_limit_bytes=VMEM_LIMIT)
+    lanes = jax.ShapeDtypeStruct((padded_tokens, LANES), jnp.float32)
+    stats, soft = pl.pallas_call(
+        functools.partial(_statistics_kernel, vocab=vocab, with_soft=grads),
+        out_shape=(lanes, jax.ShapeDtypeStruct((padded_tokens, width) if grads else (8, LANES), jnp.float32)),
+        grid=(token_blocks, vocab_blocks),
+        in_specs=[pl.BlockSpec((TOKEN_BLOCK, width), lambda i, j: (i, 0)),
+                  pl.BlockSpec((VOCAB_BLOCK, width), lambda i, j: (j, 0)),
+                  pl.BlockSpec((TOKEN_BLOCK, LANES), lambda i, j: (i, 0))],
+        out_specs=(pl.BlockSpec((TOKEN_BLOCK, LANES), lambda i, j: (i, 0)),
+                   pl.BlockSpec((TOKEN_BLOCK, width), lambda i, j: (i, 0)) if grads
+                   else pl.BlockSpec((8, LANES), lambda i, j: (0, 0))),
+        scratch_shapes=[pltpu.VMEM((TOKEN_BLOCK, LANES), jnp.float32) for _ in range(4)]
+        + [pltpu.VMEM((TOKEN_BLOCK, width) if grads else (8, LANES), jnp.float32)],
+        compiler_params=params,
+        cost_estimate=pl.CostEstimate(
+            flops=matmul * (2 if grads else 1), transcendentals=padded_tokens * padded_vocab,
+            bytes_accessed=token_blocks * padded_vocab * width * item + padded_tokens * (width * item + 3 * LANES * 4)
+            + (padded_tokens * width * 4 if grads else 0)),
+        interpret=interpret, name=KERNEL_NAMES[0],
+    )(hidden, table, jnp.broadcast_to(targets[:, None], (padded_tokens, LANES)))
+    lse, reference, total, maximum = (stats[:tokens, k] for k in range(4))
+    if not grads:
+        return (lse, reference, total, maximum), None
+    dtable = pl.pallas_call(
+        functools.partial(_table_gradient_kernel, vocab=vocab, extra=extra, low=low),
+        out_shape=jax.ShapeDtypeStruct((padded_vocab, width), jnp.float32),
+        grid=(vocab_blocks, token_blocks),
+        in_specs=[pl.BlockSpec((TOKEN_BLOCK, width), lambda j, i: (i, 0)),
+                  pl.BlockSpec((VOCAB_BLOCK, width), lambda j, i: (j, 0)),
+                  pl.BlockSpec((1, TOKEN_BLOCK), lambda j, i: (0, i)),
+                  pl.BlockSpec((1, TOKEN_BLOCK), lambda j, i: (0, i))],
+        out_specs=pl.BlockSpec((VOCAB_BLOCK, width), lambda j, i: (j, 0)),
+        compiler_params=params,
+        cost_estimate=pl.CostEstimate(
+            flops=2 * matmul, transcendentals=padded_tokens * padded_vocab,
+            bytes_accessed=vocab_blocks * padded_tokens * (width * item + 8) + padded_vocab * width * (item + 4)),
+        interpret=interpret, name=KERNEL_NAMES[1],
+    )(hidden, table, stats[:, :1].reshape(1, padded_tokens), targets[None, :])[:vocab]
+    weights = (targets_N != PAD_ID).astype(jnp.float32)[:, None]
+    reference_rows = jnp.take(table_VxD, targets_N, axis=0).astype(jnp.float32)
+    table_sum = table_VxD.astype(jnp.float32).sum(0)
+    dhidden = weights * (soft[:tokens] - low * table_sum - extra * reference_rows)
+    return (lse, reference, total, maximum), (dhidden, dtable)
