@@ -68,3 +68,22 @@ def test_deterministic_and_rate_zero_are_the_identity_and_seeds_differ():
 def test_dtype_is_preserved():
     x = jnp.ones((4, 8, 32), jnp.bfloat16)
     assert _apply(0.1, x).dtype == jnp.bfloat16
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_the_accelerator_draws_keep_the_same_probability_and_the_gradient_follows_the_mask(rate, monkeypatch):
+    """On TPUs and GPUs each element draws one 32-bit word and the mask is not stored for the backward pass."""
+    import transformer_jax.model.dropout as dropout
+
+    monkeypatch.setattr(dropout, "kernel_platform", lambda: "tpu")
+    x = jax.random.normal(jax.random.key(6), (64, 128, 257))
+    y, vjp = jax.vjp(jax.jit(lambda v: _apply(rate, v, seed=7)), x)
+    (grad,) = vjp(jnp.ones_like(y))
+    kept = np.asarray(y) != 0
+    assert abs(kept.mean() - keep_threshold(rate) / DRAW_LEVELS) < 2e-3
+    np.testing.assert_allclose(np.asarray(y)[kept], np.asarray(x)[kept] * DRAW_LEVELS / keep_threshold(rate),
+                               rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(grad), np.where(kept, DRAW_LEVELS / keep_threshold(rate), 0.0), rtol=1e-6)
+    # Not the CPU's split 16-bit draws: a different mask from the same key.
+    monkeypatch.setattr(dropout, "kernel_platform", lambda: "cpu")
+    assert not np.array_equal(np.asarray(_apply(rate, x, seed=7)) != 0, kept)
