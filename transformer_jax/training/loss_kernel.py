@@ -27,7 +27,8 @@ from jax.experimental.pallas import tpu as pltpu
 from transformer_jax.model.masks import PAD_ID
 
 TOKEN_BLOCK = 512  # tokens per block (sublanes): the statistics kernel reads the table once per block
-VOCAB_BLOCK = 1024  # vocabulary entries per block: the table gradient kernel reads the hidden states once per block
+VOCAB_BLOCK = 1024  # vocabulary entries per block (when none of VOCAB_BLOCKS divides the vocabulary: padded to it)
+VOCAB_BLOCKS = range(2048, 511, -128)  # blocks that take a vocabulary unpadded (32,000: 1,280), largest first
 LANES = 128  # the width of a TPU vector register: per-token statistics are kept one per lane row
 KERNEL_NAMES = ("fused_loss_statistics", "fused_loss_table_gradient")  # as the compiled HLO names the two calls
 VMEM_LIMIT = 48 * 2**20  # the kernels' working set is ~10 MB (d_model 512) to ~20 MB (1024), under every TPU's VMEM
@@ -89,6 +90,12 @@ def _table_gradient_kernel(hidden_ref, table_ref, lse_ref, targets_ref, dtable_r
     dtable_ref[...] += jnp.dot(grad.astype(hidden.dtype), hidden, preferred_element_type=jnp.float32)
 
 
+def vocab_block(vocab: int) -> int:
+    """Vocabulary entries per block: the largest of VOCAB_BLOCKS that divides `vocab` (no padded copy of the table,
+    no slice of its gradient), else VOCAB_BLOCK (the vocabulary padded to a multiple of it)."""
+    return next((block for block in VOCAB_BLOCKS if vocab % block == 0), VOCAB_BLOCK)
+
+
 def _padded(x: jax.Array, axis: int, multiple: int, value: int = 0) -> jax.Array:
     pad = -x.shape[axis] % multiple
     return x if not pad else jnp.pad(x, [(0, pad if a == axis else 0) for a in range(x.ndim)], constant_values=value)
@@ -103,10 +110,11 @@ def fused_projected_loss(hidden_NxD: jax.Array, table_VxD: jax.Array, targets_N:
     """
     (tokens, width), vocab = hidden_NxD.shape, table_VxD.shape[0]
     hidden = _padded(hidden_NxD, 0, TOKEN_BLOCK)
-    table = _padded(table_VxD, 0, VOCAB_BLOCK)
+    block = vocab_block(vocab)
+    table = _padded(table_VxD, 0, block)
     targets = _padded(targets_N.astype(jnp.int32), 0, TOKEN_BLOCK, PAD_ID)
     (padded_tokens, _), padded_vocab = hidden.shape, table.shape[0]
-    token_blocks, vocab_blocks = padded_tokens // TOKEN_BLOCK, padded_vocab // VOCAB_BLOCK
+    token_blocks, vocab_blocks = padded_tokens // TOKEN_BLOCK, padded_vocab // block
     item = hidden.dtype.itemsize
     matmul = 2 * padded_tokens * padded_vocab * width
     params = pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"), vmem_limit_bytes=VMEM_LIMIT)
@@ -116,7 +124,7 @@ def fused_projected_loss(hidden_NxD: jax.Array, table_VxD: jax.Array, targets_N:
         out_shape=(lanes, jax.ShapeDtypeStruct((padded_tokens, width) if grads else (8, LANES), jnp.float32)),
         grid=(token_blocks, vocab_blocks),
         in_specs=[pl.BlockSpec((TOKEN_BLOCK, width), lambda i, j: (i, 0)),
-                  pl.BlockSpec((VOCAB_BLOCK, width), lambda i, j: (j, 0)),
+                  pl.BlockSpec((block, width), lambda i, j: (j, 0)),
                   pl.BlockSpec((TOKEN_BLOCK, LANES), lambda i, j: (i, 0))],
         out_specs=(pl.BlockSpec((TOKEN_BLOCK, LANES), lambda i, j: (i, 0)),
                    pl.BlockSpec((TOKEN_BLOCK, width), lambda i, j: (i, 0)) if grads
@@ -138,16 +146,17 @@ def fused_projected_loss(hidden_NxD: jax.Array, table_VxD: jax.Array, targets_N:
         out_shape=jax.ShapeDtypeStruct((padded_vocab, width), jnp.float32),
         grid=(vocab_blocks, token_blocks),
         in_specs=[pl.BlockSpec((TOKEN_BLOCK, width), lambda j, i: (i, 0)),
-                  pl.BlockSpec((VOCAB_BLOCK, width), lambda j, i: (j, 0)),
+                  pl.BlockSpec((block, width), lambda j, i: (j, 0)),
                   pl.BlockSpec((1, TOKEN_BLOCK), lambda j, i: (0, i)),
                   pl.BlockSpec((1, TOKEN_BLOCK), lambda j, i: (0, i))],
-        out_specs=pl.BlockSpec((VOCAB_BLOCK, width), lambda j, i: (j, 0)),
+        out_specs=pl.BlockSpec((block, width), lambda j, i: (j, 0)),
         compiler_params=params,
         cost_estimate=pl.CostEstimate(
             flops=2 * matmul, transcendentals=padded_tokens * padded_vocab,
             bytes_accessed=vocab_blocks * padded_tokens * (width * item + 8) + padded_vocab * width * (item + 4)),
         interpret=interpret, name=KERNEL_NAMES[1],
-    )(hidden, table, stats[:, :1].reshape(1, padded_tokens), targets[None, :])[:vocab]
+    )(hidden, table, stats[:, :1].reshape(1, padded_tokens), targets[None, :])
+    dtable = dtable if padded_vocab == vocab else dtable[:vocab]
     weights = (targets_N != PAD_ID).astype(jnp.float32)[:, None]
     reference_rows = jnp.take(table_VxD, targets_N, axis=0).astype(jnp.float32)
     table_sum = table_VxD.astype(jnp.float32).sum(0)
