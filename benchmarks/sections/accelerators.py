@@ -5,13 +5,14 @@ Each run is `model@topology` (default base@v5e-8, big@v5p-8, base@h100; h100 nee
 docs/scaling.md). For each, three train steps are compiled at the paper's batch (~25,000 target tokens per
 update: rows of 256 tokens per device) by libtpu, or the CUDA plugin for GPUs:
   * ours: the preflight's step (configs/wmt14_ende_<model>.py through the run builder): on TPUs splash
-    attention and on GPUs cuDNN's ("auto"), the loss projected a chunk of tokens at a time;
+    attention and on GPUs cuDNN's ("auto"); the loss by the fused Pallas kernels on TPUs (training/loss_kernel.py,
+    no logits in HBM), projected a chunk of tokens at a time on GPUs;
   * ours, remat dots: the same step with `model.remat=dots` (each layer keeps its matmul outputs for the
     backward pass and recomputes the rest);
   * ours, fsdp (and with remat dots): the parameters and Adam's moments sharded over the chips
     (`mesh.data=1, mesh.fsdp=-1`); multi-chip topologies only;
   * ours before: the same with the einsum attention and the whole batch's float32 logits (the step as it was
-    before these kernels, and as it still is on CPUs);
+    before these kernels, and as it still is on CPUs, but for the accelerators' dropout draws);
   * Flax: examples/wmt/models.py with the same sizes (benchmarks/peer_flax.py).
 And the beam search of each (ours, and the example's predict_step with decode.py), at the preflight's
 translation batch. Figures per device: peak memory (arguments + outputs - donated + temporaries + code), XLA's bytes accessed
@@ -115,6 +116,26 @@ def scores_in_memory(hlo: str, rows: int, heads: int, width: int = WIDTH) -> tup
     return count, size
 
 
+def logits_in_memory(hlo: str, vocab: int, d_model: int) -> tuple[int, int]:
+    """(count, bytes) of buffers outside fusions with a vocabulary-sized axis (or one padded to a multiple of 128)
+    that are not [vocabulary, d_model] tables or their gradients: logits, or arrays derived from them, written to
+    device memory."""
+    from transformer_jax.aot.compile import _DTYPE_BYTES
+
+    sizes = {vocab, -(-vocab // 128) * 128}
+    count = size = 0
+    for line in unfused_instructions(hlo):
+        match = re.match(r"\s*(?:ROOT )?%\S+ = (pred|[suf]\d+|bf16)\[([\d,]+)\](\{[^}]*\})? (\S+)\(", line)
+        if not match or match.group(4) == "bitcast" or "S(1)" in (match.group(3) or ""):
+            continue
+        dims = [int(d) for d in match.group(2).split(",")]
+        others = math.prod(dims) // max(dims)
+        if max(dims) in sizes and others >= 128 and others != d_model:
+            count += 1
+            size += _DTYPE_BYTES.get(match.group(1), 4) * math.prod(dims)
+    return count, size
+
+
 # Instructions that launch nothing: they name, pick or alias buffers.
 BOOKKEEPING = ("parameter", "get-tuple-element", "tuple", "bitcast", "constant", "copy-start", "copy-done",
                "after-all", "opt-barrier")
@@ -135,7 +156,7 @@ def compile_figures(contender: str, model: str, topology_name: str, rows_per_dev
                     ) -> dict[str, Any]:
     """One contender's compiled train step on a topology: per-device memory, bytes, FLOPs, roofline."""
     from transformer_jax.aot import describe, mesh_for
-    from transformer_jax.aot.compile import program_of
+    from transformer_jax.aot.compile import attention_kernels_in, program_of
     from transformer_jax.model.flops import attention_score_flops, train_step_flops
 
     topology = describe(topology_name)
@@ -147,8 +168,11 @@ def compile_figures(contender: str, model: str, topology_name: str, rows_per_dev
     program = program_of(contender, compiled)
     hlo = compiled.as_text()
     kernels = hlo.count("tpu_custom_call") + hlo.count("__cudnn$fmha")
-    kernel_flops = attention_score_flops(model_config, rows, WIDTH, WIDTH) / mesh.size if "tpu_custom_call" in hlo else 0
+    # Splash gives XLA no cost estimate; the fused loss kernels do (XLA's FLOPs count them already).
+    splash = "tpu_custom_call" in hlo and attention_kernels_in(hlo)
+    kernel_flops = attention_score_flops(model_config, rows, WIDTH, WIDTH) / mesh.size if splash else 0
     scores = scores_in_memory(hlo, rows_per_device, model_config.num_heads)
+    logits = logits_in_memory(hlo, model_config.vocab_size, model_config.d_model)
     chip = topology.chip
     return {
         "contender": contender, "model": model, "topology": topology_name, "chip": chip.name,
@@ -160,6 +184,7 @@ def compile_figures(contender: str, model: str, topology_name: str, rows_per_dev
         "memory_ms": program.bytes_accessed / topology.hbm_bandwidth_per_device * 1e3,
         "hbm_gb": topology.hbm_bytes_per_device / 1e9, "kernel_calls": kernels,
         "score_buffers": scores[0], "score_buffer_gb": scores[1] / 1e9, "kernels": kernels_launched(hlo),
+        "logits_buffers": logits[0], "logits_buffer_gb": logits[1] / 1e9,
         "compile_s": round(time.perf_counter() - started, 1),
     }
 
@@ -199,15 +224,16 @@ def largest_rows(at: dict[str, Any], doubled: dict[str, Any]) -> int | None:
 def markdown(rows: list[dict[str, Any]]) -> str:
     """Each run's contenders, and ours against Flax as ratios."""
     lines = ["| model @ topology | step | peak GB/device | temporaries GB | XLA bytes accessed GB | XLA (+ kernel) "
-             "TFLOP / analytic | roofline ms (compute, memory) | [B,H,T,T] buffers in HBM | kernels | largest rows/device |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "TFLOP / analytic | roofline ms (compute, memory) | [B,H,T,T] buffers in HBM | logits buffers in HBM | kernels "
+             "| largest rows/device |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         flops = f"{r['xla_tflop']:.3f}" + (f" (+{r['kernel_tflop']:.3f})" if r["kernel_tflop"] else "")
         lines.append(
             f"| {r['model']} @ {r['topology']} | {r['contender']} | {r['peak_gb']:.2f} | {r['temp_gb']:.2f} "
             f"| {r['bytes_gb']:.2f} | {flops} / {r['analytic_tflop']:.3f} "
             f"| {max(r['compute_ms'], r['memory_ms']):.1f} ({r['compute_ms']:.1f}, {r['memory_ms']:.1f}) "
-            f"| {r['score_buffers']} ({r['score_buffer_gb']:.2f} GB) | {r.get('kernels', '-')} "
+            f"| {r['score_buffers']} ({r['score_buffer_gb']:.2f} GB) "
+            f"| {r.get('logits_buffers', '-')} ({r.get('logits_buffer_gb', 0):.2f} GB) | {r.get('kernels', '-')} "
             f"| {r.get('largest_rows', '-')} |")
     lines += ["", "| model @ topology | ours / Flax: bytes accessed | peak memory | largest rows | "
               "(XLA + kernel) FLOPs / analytic |", "|---|---|---|---|---|"]
