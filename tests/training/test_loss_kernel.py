@@ -1,6 +1,10 @@
 """The fused Pallas loss kernels (training/loss_kernel.py), run by Pallas' interpreter on this CPU, against the
 whole batch's logits; and which loss a run's platform and settings pick."""
 
+import os
+import subprocess
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,3 +67,31 @@ def test_a_run_picks_the_kernel_on_tpus_only_and_where_it_is_asked_for():
     assert projected_loss_for(-1, tied, tpu, "auto").kernel
     assert not projected_loss_for(-1, biased, tpu, "auto").kernel  # the kernels have no output bias
     assert not projected_loss_for(-1, tied, tpu, "xla").kernel
+
+
+MESH_SCRIPT = """
+import jax, jax.numpy as jnp, numpy as np, sys
+sys.path.insert(0, sys.argv[1])
+from test_projected_loss import problem, logits_path_sums
+from transformer_jax.base.sharding import make_mesh, batch_sharding
+from transformer_jax.training.loss import projected_cross_entropy_sums
+mesh = make_mesh(data=2, fsdp=2)
+hidden, table, _, targets = problem(rows=8)
+hidden, targets = (jax.device_put(x, batch_sharding(mesh)) for x in (hidden, targets))
+fn = jax.jit(jax.value_and_grad(lambda h, t: projected_cross_entropy_sums(
+    h, t, targets, 0.1, mesh=mesh, kernel=True)["loss"], argnums=(0, 1)))
+ref = jax.value_and_grad(lambda h, t: logits_path_sums(h, t, targets, 0.1)["loss"], argnums=(0, 1))
+(loss, grads), (ref_loss, ref_grads) = fn(hidden, table), ref(hidden, table)
+np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+for a, b in zip(grads, ref_grads):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+print("ok")
+"""
+
+
+def test_on_a_mesh_each_device_runs_the_kernels_on_its_rows_and_the_table_gradients_meet():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    run = subprocess.run([sys.executable, "-c", MESH_SCRIPT, os.path.dirname(__file__)], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.strip().endswith("ok"), run.stdout
