@@ -60,11 +60,12 @@ def test_sums_and_gradients_equal_the_logits_path_in_float32(chunk_tokens, smoot
     assert not np.any(np.asarray(ours_grads[0])[3, 2:])
 
 
-def test_bfloat16_matmuls_stay_close_and_the_table_gradient_keeps_its_dtype():
+@pytest.mark.parametrize("kernel", [False, True])  # XLA's chunks; the fused kernels (training/loss_kernel.py)
+def test_bfloat16_matmuls_stay_close_and_the_table_gradient_keeps_its_dtype(kernel):
     hidden, table, _, targets = problem(seed=1, d=32, vocab=101)
     hidden = hidden.astype(jnp.bfloat16)
-    grads = jax.grad(lambda h, t: projected_cross_entropy_sums(h, t, targets, 0.1, dtype=jnp.bfloat16,
-                                                               chunk_tokens=8)["loss"], argnums=(0, 1))(hidden, table)
+    grads = jax.grad(lambda h, t: projected_cross_entropy_sums(h, t, targets, 0.1, dtype=jnp.bfloat16, chunk_tokens=8,
+                                                               kernel=kernel)["loss"], argnums=(0, 1))(hidden, table)
     reference = jax.grad(lambda h, t: logits_path_sums(h, t, targets, 0.1, dtype=jnp.bfloat16)["loss"],
                          argnums=(0, 1))(hidden, table)
     assert grads[0].dtype == jnp.bfloat16 and grads[1].dtype == jnp.float32
@@ -87,24 +88,28 @@ sys.path.insert(0, sys.argv[1])
 from test_projected_loss import problem, logits_path_sums
 from transformer_jax.base.sharding import make_mesh, batch_sharding
 from transformer_jax.training.loss import projected_cross_entropy_sums
+kernel = sys.argv[2] == "kernel"  # the fused kernels (no output bias), else XLA's chunks
 mesh = make_mesh(data=2, fsdp=2)
 hidden, table, bias, targets = problem(rows=8)
+bias = None if kernel else bias
 hidden, targets = (jax.device_put(x, batch_sharding(mesh)) for x in (hidden, targets))
 fn = jax.jit(jax.value_and_grad(lambda h, t, b: projected_cross_entropy_sums(
-    h, t, targets, 0.1, bias_V=b, chunk_tokens=8, mesh=mesh)["loss"], argnums=(0, 1, 2)))
+    h, t, targets, 0.1, bias_V=b, chunk_tokens=8, mesh=mesh, kernel=kernel)["loss"], argnums=(0, 1, 2)))
 ref = jax.value_and_grad(lambda h, t, b: logits_path_sums(h, t, targets, 0.1, b)["loss"], argnums=(0, 1, 2))
 (loss, grads), (ref_loss, ref_grads) = fn(hidden, table, bias), ref(hidden, table, bias)
 np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
 for a, b in zip(grads, ref_grads):
-    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    if b is not None:
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 text = fn.lower(hidden, table, bias).compile().as_text()
 print("all-reduces", text.count(" all-reduce("), "ok")
 """
 
 
-def test_on_a_mesh_each_device_takes_its_rows_and_the_sums_meet_once():
+@pytest.mark.parametrize("path", ["chunks", "kernel"])
+def test_on_a_mesh_each_device_takes_its_rows_and_the_sums_meet_once(path):
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    run = subprocess.run([sys.executable, "-c", MESH_SCRIPT, os.path.dirname(__file__)], env=env,
+    run = subprocess.run([sys.executable, "-c", MESH_SCRIPT, os.path.dirname(__file__), path], env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip().endswith("ok"), run.stdout
