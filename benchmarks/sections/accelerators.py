@@ -7,6 +7,8 @@ update: rows of 256 tokens per device) by libtpu, or the CUDA plugin for GPUs:
   * ours: the preflight's step (configs/wmt14_ende_<model>.py through the run builder): on TPUs splash
     attention and on GPUs cuDNN's ("auto"); the loss by the fused Pallas kernels on TPUs (training/loss_kernel.py,
     no logits in HBM), projected a chunk of tokens at a time on GPUs;
+  * ours, remat full: the same step with `model.remat=full` (each layer keeps only its input and recomputes
+    its forward pass in the backward pass);
   * ours, remat dots: the same step with `model.remat=dots` (each layer keeps its matmul outputs for the
     backward pass and recomputes the rest);
   * ours, fsdp (and with remat dots): the parameters and Adam's moments sharded over the chips
@@ -42,10 +44,12 @@ from typing import Any
 from benchmarks.workers import REPO, worker_command
 
 RUNS = "base@v5e-8,big@v5p-8,base@h100"
-CONTENDERS = ("ours", "ours, remat dots", "ours, fsdp", "ours, fsdp, remat dots", "ours before", "flax")
+CONTENDERS = ("ours", "ours, remat dots", "ours, remat full", "ours, fsdp", "ours, fsdp, remat dots", "ours before",
+              "flax")
 # Contenders that are ours with other run settings: (mesh.fsdp, model.remat). fsdp -1: parameters and Adam's
 # moments sharded over every chip (mesh.data=1), as `--config.mesh.data=1 --config.mesh.fsdp=-1` gives.
-SETTINGS = {"ours, remat dots": (1, "dots"), "ours, fsdp": (-1, "none"), "ours, fsdp, remat dots": (-1, "dots")}
+SETTINGS = {"ours, remat dots": (1, "dots"), "ours, remat full": (1, "full"), "ours, fsdp": (-1, "none"),
+            "ours, fsdp, remat dots": (-1, "dots")}
 WIDTH = 256
 
 
@@ -259,7 +263,7 @@ def worker(spec: dict[str, Any]) -> None:
         model, topology = run.split("@")
         devices = len(describe(topology).devices)
         per_device = _rows_per_device(devices)
-        for contender in CONTENDERS:
+        for contender in spec.get("contenders") or CONTENDERS:
             if mesh_axes(contender)[1] == -1 and devices == 1:
                 continue  # one device: nothing to shard parameters over
             figures = compile_figures(contender, model, topology, per_device, spec["checkout"])
@@ -269,8 +273,8 @@ def worker(spec: dict[str, Any]) -> None:
                 figures["doubled"] = doubled
             print(json.dumps(figures), flush=True)
             rows.append(figures)
-    searches = [search_figures(contender, *run.split("@"), spec["checkout"]) for run in spec["runs"]
-                for contender in ("ours", "flax")]
+    searches = [] if spec.get("contenders") else [
+        search_figures(contender, *run.split("@"), spec["checkout"]) for run in spec["runs"] for contender in ("ours", "flax")]
     print(markdown(rows) + "\n\n" + search_markdown(searches), flush=True)
     with open(spec["json"], "w") as f:
         json.dump({"train": rows, "search": searches}, f)
@@ -300,7 +304,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_SKIP_CUDA_CONSTRAINTS_CHECK="1")
         with tempfile.TemporaryDirectory() as scratch:
             path = os.path.join(scratch, "accelerators.json")
-            spec = {"runs": args.accel_runs.split(","), "checkout": args.flax_checkout, "json": path}
+            chosen = [c.strip() for c in args.accel_contenders.split(";") if c.strip()]
+            unknown = sorted(set(chosen) - set(CONTENDERS))
+            if unknown:
+                raise SystemExit(f"--accel_contenders: unknown {', '.join(unknown)}; choose from {', '.join(CONTENDERS)}")
+            contenders = [c for c in CONTENDERS if c in chosen or c == "flax"] if chosen else []
+            spec = {"runs": args.accel_runs.split(","), "checkout": args.flax_checkout, "json": path,
+                    "contenders": contenders}
             subprocess.run(worker_command("accelerators", spec), cwd=REPO, env=env, check=True)
             with open(path) as f:
                 result["compiled"] = json.load(f)
