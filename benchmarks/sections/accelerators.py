@@ -122,8 +122,8 @@ def scores_in_memory(hlo: str, rows: int, heads: int, width: int = WIDTH) -> tup
 
 def logits_in_memory(hlo: str, vocab: int, d_model: int) -> tuple[int, int]:
     """(count, bytes) of buffers outside fusions with a vocabulary-sized axis (or one padded to a multiple of 128)
-    that are not [vocabulary, d_model] tables or their gradients: logits, or arrays derived from them, written to
-    device memory."""
+    that are not [vocabulary, d_model] tables, their gradients or their shards: logits, or arrays derived from them,
+    written to device memory."""
     from transformer_jax.aot.compile import _DTYPE_BYTES
 
     sizes = {vocab, -(-vocab // 128) * 128}
@@ -134,7 +134,7 @@ def logits_in_memory(hlo: str, vocab: int, d_model: int) -> tuple[int, int]:
             continue
         dims = [int(d) for d in match.group(2).split(",")]
         others = math.prod(dims) // max(dims)
-        if max(dims) in sizes and others >= 128 and others != d_model:
+        if max(dims) in sizes and others >= 128 and d_model % others:  # not a table nor a shard of one (fsdp)
             count += 1
             size += _DTYPE_BYTES.get(match.group(1), 4) * math.prod(dims)
     return count, size
