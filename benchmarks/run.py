@@ -94,8 +94,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--accel_runs", default="base@v5e-8,big@v5p-8,base@h100",
                         help="accelerators: model@topology compiled ('' for none: the device timings alone)")
     parser.add_argument("--accel_contenders", default="",
-                        help="accelerators: the train steps compiled, separated by ';' (default: all; the Flax "
-                             "example's is always compiled, for the ratios; the beam searches only with all)")
+                        help="accelerators: the train steps compiled, separated by ';' (default: all; the ratios need "
+                             "'flax'; the beam searches are compiled only with all)")
     parser.add_argument("--accel_timed_rows", default="12,96",
                         help="accelerators: rows of 256 tokens per update timed on this host's GPU/TPU")
     parser.add_argument("--loop_corpus", default=None, help="loop: train/dev/test.en/.de files (default: built-in)")

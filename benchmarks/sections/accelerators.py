@@ -244,8 +244,10 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         if not r["contender"].startswith("ours") or r["contender"] == "ours before":
             continue
-        peer = next(p for p in rows if p["contender"] == "flax" and p["topology"] == r["topology"]
-                    and p["model"] == r["model"])
+        peer = next((p for p in rows if p["contender"] == "flax" and p["topology"] == r["topology"]
+                     and p["model"] == r["model"]), None)
+        if peer is None:
+            continue  # the Flax example was not compiled in this run (--accel_contenders)
         ratio = (f"{r['largest_rows'] / peer['largest_rows']:.2f}" if r.get("largest_rows") and peer.get("largest_rows")
                  else "-")
         lines.append(f"| {r['model']} @ {r['topology']} ({r['contender']}) | {r['bytes_gb'] / peer['bytes_gb']:.2f} "
@@ -308,7 +310,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             unknown = sorted(set(chosen) - set(CONTENDERS))
             if unknown:
                 raise SystemExit(f"--accel_contenders: unknown {', '.join(unknown)}; choose from {', '.join(CONTENDERS)}")
-            contenders = [c for c in CONTENDERS if c in chosen or c == "flax"] if chosen else []
+            contenders = [c for c in CONTENDERS if c in chosen] if chosen else []
             spec = {"runs": args.accel_runs.split(","), "checkout": args.flax_checkout, "json": path,
                     "contenders": contenders}
             subprocess.run(worker_command("accelerators", spec), cwd=REPO, env=env, check=True)
