@@ -239,6 +239,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"| {r['score_buffers']} ({r['score_buffer_gb']:.2f} GB) "
             f"| {r.get('logits_buffers', '-')} ({r.get('logits_buffer_gb', 0):.2f} GB) | {r.get('kernels', '-')} "
             f"| {r.get('largest_rows', '-')} |")
+    if not any(r["contender"] == "flax" for r in rows):
+        return "\n".join(lines)  # no ratios without the Flax example (--accel_contenders)
     lines += ["", "| model @ topology | ours / Flax: bytes accessed | peak memory | largest rows | "
               "(XLA + kernel) FLOPs / analytic |", "|---|---|---|---|---|"]
     for r in rows:
@@ -277,7 +279,7 @@ def worker(spec: dict[str, Any]) -> None:
             rows.append(figures)
     searches = [] if spec.get("contenders") else [
         search_figures(contender, *run.split("@"), spec["checkout"]) for run in spec["runs"] for contender in ("ours", "flax")]
-    print(markdown(rows) + "\n\n" + search_markdown(searches), flush=True)
+    print(markdown(rows) + ("\n\n" + search_markdown(searches) if searches else ""), flush=True)
     with open(spec["json"], "w") as f:
         json.dump({"train": rows, "search": searches}, f)
 
