@@ -228,8 +228,8 @@ def largest_rows(at: dict[str, Any], doubled: dict[str, Any]) -> int | None:
 def markdown(rows: list[dict[str, Any]]) -> str:
     """Each run's contenders, and ours against Flax as ratios."""
     lines = ["| model @ topology | step | peak GB/device | temporaries GB | XLA bytes accessed GB | XLA (+ kernel) "
-             "TFLOP / analytic | roofline ms (compute, memory) | [B,H,T,T] buffers in HBM | logits buffers in HBM | kernels "
-             "| largest rows/device |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "TFLOP / analytic | roofline ms (compute, memory) | [B,H,T,T] buffers in HBM | logits buffers in HBM "
+             "| kernels | largest rows/device |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         flops = f"{r['xla_tflop']:.3f}" + (f" (+{r['kernel_tflop']:.3f})" if r["kernel_tflop"] else "")
         lines.append(
@@ -277,8 +277,8 @@ def worker(spec: dict[str, Any]) -> None:
                 figures["doubled"] = doubled
             print(json.dumps(figures), flush=True)
             rows.append(figures)
-    searches = [] if spec.get("contenders") else [
-        search_figures(contender, *run.split("@"), spec["checkout"]) for run in spec["runs"] for contender in ("ours", "flax")]
+    searches = [] if spec.get("contenders") else [search_figures(contender, *run.split("@"), spec["checkout"])
+                                                   for run in spec["runs"] for contender in ("ours", "flax")]
     print(markdown(rows) + ("\n\n" + search_markdown(searches) if searches else ""), flush=True)
     with open(spec["json"], "w") as f:
         json.dump({"train": rows, "search": searches}, f)
@@ -311,7 +311,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             chosen = [c.strip() for c in args.accel_contenders.split(";") if c.strip()]
             unknown = sorted(set(chosen) - set(CONTENDERS))
             if unknown:
-                raise SystemExit(f"--accel_contenders: unknown {', '.join(unknown)}; choose from {', '.join(CONTENDERS)}")
+                raise SystemExit(f"--accel_contenders: unknown {', '.join(unknown)}; "
+                                 f"choose from {', '.join(CONTENDERS)}, separated by ';'")
             contenders = [c for c in CONTENDERS if c in chosen] if chosen else []
             spec = {"runs": args.accel_runs.split(","), "checkout": args.flax_checkout, "json": path,
                     "contenders": contenders}

@@ -89,3 +89,18 @@ def test_non_finite_settings_are_config_errors():
             config[section][key] = value
             with pytest.raises(ConfigError, match=f"{section}.{key}={value!r} must be a finite number"):
                 check_run_config(config)
+
+
+def test_an_unknown_loss_kernel_is_a_config_error():
+    import pytest
+
+    from transformer_jax.config.schema import check_run_config
+    from transformer_jax.errors import ConfigError
+
+    config = default_config()
+    config.training.loss_kernel = "triton"
+    with pytest.raises(ConfigError, match="training.loss_kernel='triton' must be one of auto, pallas, xla"):
+        check_run_config(config)
+    config.training.loss_kernel = "pallas"
+    check_run_config(config)
+    assert config.training.loss_kernel == "pallas"

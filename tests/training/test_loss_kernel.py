@@ -2,7 +2,6 @@
 whole batch's logits; and which loss a run's platform and settings pick."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -16,7 +15,8 @@ from transformer_jax.training.loss_kernel import TOKEN_BLOCK, VOCAB_BLOCK
 
 # Token and vocabulary counts off the kernels' blocks (padded inside), one over two blocks of each, and a vocabulary
 # that a block divides (no padding: 1,280 in one block).
-@pytest.mark.parametrize("rows, width, vocab", [(4, 12, 37), (4, TOKEN_BLOCK // 2 + 5, VOCAB_BLOCK + 300), (4, 40, 1280)])
+@pytest.mark.parametrize("rows, width, vocab",
+                         [(4, 12, 37), (4, TOKEN_BLOCK // 2 + 5, VOCAB_BLOCK + 300), (4, 40, 1280)])
 @pytest.mark.parametrize("smoothing", [0.1, 0.0])
 def test_sums_and_gradients_equal_the_logits_path_in_float32(rows, width, vocab, smoothing):
     hidden, table, _, targets = problem(rows=rows, width=width, vocab=vocab)

@@ -137,7 +137,8 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"training.loss_chunk_tokens={config.training.loss_chunk_tokens} must be -1 (automatic), "
                           "0 (the whole batch's logits) or a positive number of tokens")
     if config.training.loss_kernel not in LOSS_KERNELS:
-        raise ConfigError(f"training.loss_kernel={config.training.loss_kernel!r} must be one of {', '.join(LOSS_KERNELS)}")
+        raise ConfigError(f"training.loss_kernel={config.training.loss_kernel!r} must be one of "
+                          f"{', '.join(LOSS_KERNELS)}; set --config.training.loss_kernel")
     for limits, allowed, wording in ((POSITIVE_SETTINGS, lambda v: v > 0, "positive"),
                                      (NON_NEGATIVE_SETTINGS, lambda v: v >= 0, "zero or positive")):
         for section, keys in limits.items():
