@@ -51,3 +51,15 @@ def test_a_run_picks_the_kernel_on_tpus_only_and_where_it_is_asked_for():
     assert not projected_loss_for(-1, biased, tpu, "auto").kernel  # the kernels have no output bias
     assert not projected_loss_for(-1, tied, tpu, "xla").kernel
 
+
+
+def test_blocks_fit_the_chip_s_vector_memory():
+    from transformer_jax.training.loss_kernel import VMEM_BUDGET, _working_set, blocks
+
+    assert blocks(32000, 512, 2) == (TOKEN_BLOCK, 1280)  # v5e and later: the largest blocks, 1,280 divides 32,000
+    for vocab in (32000, 37000):
+        for width in (512, 1024):
+            token_block, vocab_block = blocks(vocab, width, 2, "small")  # TPU v2-v4: 16 MiB per core
+            assert _working_set(token_block, vocab_block, width, 2) <= VMEM_BUDGET["small"]
+            assert token_block % 128 == 0 and vocab_block % 128 == 0
+    assert blocks(32000, 1024, 2, "small") < blocks(32000, 1024, 2)

@@ -28,10 +28,14 @@ from transformer_jax.model.masks import PAD_ID
 
 TOKEN_BLOCK = 512  # tokens per block (sublanes): the statistics kernel reads the table once per block
 VOCAB_BLOCK = 1024  # vocabulary entries per block (when none of VOCAB_BLOCKS divides the vocabulary: padded to it)
-VOCAB_BLOCKS = range(2048, 511, -128)  # blocks that take a vocabulary unpadded (32,000: 1,280), largest first
+VOCAB_BLOCKS = range(2048, 255, -128)  # blocks that take a vocabulary unpadded (32,000: 1,280), largest first
+# The blocks' working set in the core's vector memory (VMEM), and the limit the kernels ask for: TPU v2-v4 cores
+# have 16 MiB of it (big's d_model of 1,024 at the largest blocks needs 23 MiB there), later chips 64 MiB or more.
+SMALL_VMEM_KINDS = ("TPU v2", "TPU v3", "TPU v4")
 LANES = 128  # the width of a TPU vector register: per-token statistics are kept one per lane row
 KERNEL_NAMES = ("fused_loss_statistics", "fused_loss_table_gradient")  # as the compiled HLO names the two calls
-VMEM_LIMIT = 48 * 2**20  # the kernels' working set is ~10 MB (d_model 512) to ~20 MB (1024), under every TPU's VMEM
+VMEM_LIMIT = {"small": 16 * 2**20, "large": 48 * 2**20}
+VMEM_BUDGET = {"small": 12 * 2**20, "large": 40 * 2**20}  # the blocks' estimated working set, under the limit
 NEG_INF = -1e30  # a finite -inf, so that an all-masked block gives exp(0) * 0, never nan
 
 
@@ -90,10 +94,36 @@ def _table_gradient_kernel(hidden_ref, table_ref, lse_ref, targets_ref, dtable_r
     dtable_ref[...] += jnp.dot(grad.astype(hidden.dtype), hidden, preferred_element_type=jnp.float32)
 
 
-def vocab_block(vocab: int) -> int:
-    """Vocabulary entries per block: the largest of VOCAB_BLOCKS that divides `vocab` (no padded copy of the table,
-    no slice of its gradient), else VOCAB_BLOCK (the vocabulary padded to a multiple of it)."""
-    return next((block for block in VOCAB_BLOCKS if vocab % block == 0), VOCAB_BLOCK)
+def vocab_block(vocab: int, largest: int = VOCAB_BLOCKS[0]) -> int:
+    """Vocabulary entries per block, at most `largest`: the largest of VOCAB_BLOCKS that divides `vocab` (no padded
+    copy of the table, no slice of its gradient), else VOCAB_BLOCK or `largest` (the vocabulary padded to it)."""
+    return next((block for block in VOCAB_BLOCKS if block <= largest and vocab % block == 0),
+                min(VOCAB_BLOCK, largest))
+
+
+def _working_set(tokens: int, vocab: int, width: int, item: int) -> int:
+    """Bytes of VMEM the blocks take, estimated: double-buffered hidden and table blocks and float32 outputs, the
+    accumulator, and float32 [tokens, vocab] block intermediates (logits, exponentials, ids, gradient)."""
+    return 2 * (tokens + vocab) * width * item + 3 * tokens * width * 4 + 4 * tokens * vocab * 4 + 6 * tokens * LANES * 4
+
+
+def _vmem() -> str:
+    """"small" for TPU cores with 16 MiB of VMEM (the context mesh's chip), else "large"."""
+    mesh = jax.sharding.get_abstract_mesh()
+    kind = getattr(mesh.abstract_device, "device_kind", "") if not mesh.empty and mesh.abstract_device else ""
+    if not kind and jax.default_backend() == "tpu":
+        kind = jax.devices()[0].device_kind
+    return "small" if kind.startswith(SMALL_VMEM_KINDS) else "large"
+
+
+def blocks(vocab: int, width: int, item: int, vmem: str = "large") -> tuple[int, int]:
+    """(tokens, vocabulary entries) per block: the largest whose working set fits the chip's VMEM budget."""
+    for token_block in (TOKEN_BLOCK, TOKEN_BLOCK // 2, TOKEN_BLOCK // 4):
+        for largest in (VOCAB_BLOCKS[0], 1024, 512, 256):
+            block = vocab_block(vocab, largest)
+            if _working_set(token_block, block, width, item) <= VMEM_BUDGET[vmem]:
+                return token_block, block
+    return TOKEN_BLOCK // 4, vocab_block(vocab, 256)
 
 
 def _padded(x: jax.Array, axis: int, multiple: int, value: int = 0) -> jax.Array:
@@ -109,28 +139,29 @@ def fused_projected_loss(hidden_NxD: jax.Array, table_VxD: jax.Array, targets_N:
     `hidden_NxD` and `table_VxD` are in the compute dtype; loss_n = lse_n - extra * reference_n - low * sum_n.
     """
     (tokens, width), vocab = hidden_NxD.shape, table_VxD.shape[0]
-    hidden = _padded(hidden_NxD, 0, TOKEN_BLOCK)
-    block = vocab_block(vocab)
+    vmem = _vmem()
+    token_block, block = blocks(vocab, width, hidden_NxD.dtype.itemsize, vmem)
+    hidden = _padded(hidden_NxD, 0, token_block)
     table = _padded(table_VxD, 0, block)
-    targets = _padded(targets_N.astype(jnp.int32), 0, TOKEN_BLOCK, PAD_ID)
+    targets = _padded(targets_N.astype(jnp.int32), 0, token_block, PAD_ID)
     (padded_tokens, _), padded_vocab = hidden.shape, table.shape[0]
-    token_blocks, vocab_blocks = padded_tokens // TOKEN_BLOCK, padded_vocab // block
+    token_blocks, vocab_blocks = padded_tokens // token_block, padded_vocab // block
     item = hidden.dtype.itemsize
     matmul = 2 * padded_tokens * padded_vocab * width
-    params = pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"), vmem_limit_bytes=VMEM_LIMIT)
+    params = pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"), vmem_limit_bytes=VMEM_LIMIT[vmem])
     lanes = jax.ShapeDtypeStruct((padded_tokens, LANES), jnp.float32)
     stats, soft = pl.pallas_call(
         functools.partial(_statistics_kernel, vocab=vocab, with_soft=grads),
         out_shape=(lanes, jax.ShapeDtypeStruct((padded_tokens, width) if grads else (8, LANES), jnp.float32)),
         grid=(token_blocks, vocab_blocks),
-        in_specs=[pl.BlockSpec((TOKEN_BLOCK, width), lambda i, j: (i, 0)),
+        in_specs=[pl.BlockSpec((token_block, width), lambda i, j: (i, 0)),
                   pl.BlockSpec((block, width), lambda i, j: (j, 0)),
-                  pl.BlockSpec((TOKEN_BLOCK, LANES), lambda i, j: (i, 0))],
-        out_specs=(pl.BlockSpec((TOKEN_BLOCK, LANES), lambda i, j: (i, 0)),
-                   pl.BlockSpec((TOKEN_BLOCK, width), lambda i, j: (i, 0)) if grads
+                  pl.BlockSpec((token_block, LANES), lambda i, j: (i, 0))],
+        out_specs=(pl.BlockSpec((token_block, LANES), lambda i, j: (i, 0)),
+                   pl.BlockSpec((token_block, width), lambda i, j: (i, 0)) if grads
                    else pl.BlockSpec((8, LANES), lambda i, j: (0, 0))),
-        scratch_shapes=[pltpu.VMEM((TOKEN_BLOCK, LANES), jnp.float32) for _ in range(4)]
-        + [pltpu.VMEM((TOKEN_BLOCK, width) if grads else (8, LANES), jnp.float32)],
+        scratch_shapes=[pltpu.VMEM((token_block, LANES), jnp.float32) for _ in range(4)]
+        + [pltpu.VMEM((token_block, width) if grads else (8, LANES), jnp.float32)],
         compiler_params=params,
         cost_estimate=pl.CostEstimate(
             flops=matmul * (2 if grads else 1), transcendentals=padded_tokens * padded_vocab,
@@ -145,10 +176,10 @@ def fused_projected_loss(hidden_NxD: jax.Array, table_VxD: jax.Array, targets_N:
         functools.partial(_table_gradient_kernel, vocab=vocab, extra=extra, low=low),
         out_shape=jax.ShapeDtypeStruct((padded_vocab, width), jnp.float32),
         grid=(vocab_blocks, token_blocks),
-        in_specs=[pl.BlockSpec((TOKEN_BLOCK, width), lambda j, i: (i, 0)),
+        in_specs=[pl.BlockSpec((token_block, width), lambda j, i: (i, 0)),
                   pl.BlockSpec((block, width), lambda j, i: (j, 0)),
-                  pl.BlockSpec((1, TOKEN_BLOCK), lambda j, i: (0, i)),
-                  pl.BlockSpec((1, TOKEN_BLOCK), lambda j, i: (0, i))],
+                  pl.BlockSpec((1, token_block), lambda j, i: (0, i)),
+                  pl.BlockSpec((1, token_block), lambda j, i: (0, i))],
         out_specs=pl.BlockSpec((block, width), lambda j, i: (j, 0)),
         compiler_params=params,
         cost_estimate=pl.CostEstimate(
