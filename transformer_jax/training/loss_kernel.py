@@ -104,7 +104,8 @@ def vocab_block(vocab: int, largest: int = VOCAB_BLOCKS[0]) -> int:
 def _working_set(tokens: int, vocab: int, width: int, item: int) -> int:
     """Bytes of VMEM the blocks take, estimated: double-buffered hidden and table blocks and float32 outputs, the
     accumulator, and float32 [tokens, vocab] block intermediates (logits, exponentials, ids, gradient)."""
-    return 2 * (tokens + vocab) * width * item + 3 * tokens * width * 4 + 4 * tokens * vocab * 4 + 6 * tokens * LANES * 4
+    return (2 * (tokens + vocab) * width * item + 3 * tokens * width * 4 + 4 * tokens * vocab * 4
+            + 6 * tokens * LANES * 4)
 
 
 def _vmem() -> str:
