@@ -21,8 +21,8 @@ translation batch. Figures per device: peak memory (arguments + outputs - donate
 and FLOPs, the roofline, [B, H, T, T] buffers left in device memory (read from the compiled HLO: every
 instruction outside fusions is a buffer in HBM), the kernels the step runs (instructions outside fusions that
 launch: on GPUs each costs a launch, which small batches feel), and the largest rows per device that fit (a second
-compile at twice the rows; linear in rows). XLA gives no FLOPs for a Pallas kernel, so "kernel FLOPs"
-adds the attention's analytic count where splash runs.
+compile at twice the rows; linear in rows). Splash gives XLA no FLOPs, so "kernel FLOPs" adds the attention's
+analytic count where it runs; the fused loss kernels carry a cost estimate, which XLA's figures include.
 
 On a host whose JAX backend is a GPU or TPU, the section also times the steps there (ms per update, after
 warm-up, real arrays; ours also with XLA's attention in place of the kernel) and both beam searches
@@ -103,41 +103,35 @@ def unfused_instructions(hlo: str) -> list[str]:
     return lines
 
 
-def scores_in_memory(hlo: str, rows: int, heads: int, width: int = WIDTH) -> tuple[int, int]:
-    """(count, bytes) of buffers holding [rows, heads, width, width] attention scores (any layout, any 4+ axes with
-    `heads` and two of `width`) outside fusions in optimized HLO: each is written to and read from device memory."""
+def hbm_buffers(hlo: str) -> list[tuple[list[int], int]]:
+    """(dims, bytes) of each array instruction outside fusions in optimized HLO that holds a buffer in device
+    memory (HBM): bitcasts move nothing, and S(1) is the TPU core's own vector memory."""
     from transformer_jax.aot.compile import _DTYPE_BYTES
 
-    count = size = 0
+    buffers = []
     for line in unfused_instructions(hlo):
         match = re.match(r"\s*(?:ROOT )?%\S+ = (pred|[suf]\d+|bf16)\[([\d,]+)\](\{[^}]*\})? (\S+)\(", line)
-        if not match or match.group(4) == "bitcast" or "S(1)" in (match.group(3) or ""):
-            continue  # a bitcast moves nothing; S(1) is the TPU core's own vector memory, not HBM
-        dims = [int(d) for d in match.group(2).split(",")]
-        if dims.count(width) >= 2 and heads in dims and len(dims) >= 4:
-            count += 1
-            size += _DTYPE_BYTES.get(match.group(1), 4) * math.prod(dims)
-    return count, size
+        if match and match.group(4) != "bitcast" and "S(1)" not in (match.group(3) or ""):
+            dims = [int(d) for d in match.group(2).split(",")]
+            buffers.append((dims, _DTYPE_BYTES.get(match.group(1), 4) * math.prod(dims)))
+    return buffers
+
+
+def scores_in_memory(hlo: str, rows: int, heads: int, width: int = WIDTH) -> tuple[int, int]:
+    """(count, bytes) of buffers holding [rows, heads, width, width] attention scores (any layout, any 4+ axes with
+    `heads` and two of `width`) in device memory: each is written there and read back."""
+    found = [size for dims, size in hbm_buffers(hlo) if dims.count(width) >= 2 and heads in dims and len(dims) >= 4]
+    return len(found), sum(found)
 
 
 def logits_in_memory(hlo: str, vocab: int, d_model: int) -> tuple[int, int]:
-    """(count, bytes) of buffers outside fusions with a vocabulary-sized axis (or one padded to a multiple of 128)
-    that are not [vocabulary, d_model] tables, their gradients or their shards: logits, or arrays derived from them,
-    written to device memory."""
-    from transformer_jax.aot.compile import _DTYPE_BYTES
-
+    """(count, bytes) of buffers in device memory with a vocabulary-sized axis (or one padded to a multiple of 128)
+    that are not [vocabulary, d_model] tables, their gradients or their shards (fsdp): logits, or arrays derived
+    from them."""
     sizes = {vocab, -(-vocab // 128) * 128}
-    count = size = 0
-    for line in unfused_instructions(hlo):
-        match = re.match(r"\s*(?:ROOT )?%\S+ = (pred|[suf]\d+|bf16)\[([\d,]+)\](\{[^}]*\})? (\S+)\(", line)
-        if not match or match.group(4) == "bitcast" or "S(1)" in (match.group(3) or ""):
-            continue
-        dims = [int(d) for d in match.group(2).split(",")]
-        others = math.prod(dims) // max(dims)
-        if max(dims) in sizes and others >= 128 and d_model % others:  # not a table nor a shard of one (fsdp)
-            count += 1
-            size += _DTYPE_BYTES.get(match.group(1), 4) * math.prod(dims)
-    return count, size
+    found = [size for dims, size in hbm_buffers(hlo)
+             if max(dims) in sizes and math.prod(dims) // max(dims) >= 128 and d_model % (math.prod(dims) // max(dims))]
+    return len(found), sum(found)
 
 
 # Instructions that launch nothing: they name, pick or alias buffers.
@@ -160,7 +154,7 @@ def compile_figures(contender: str, model: str, topology_name: str, rows_per_dev
                     ) -> dict[str, Any]:
     """One contender's compiled train step on a topology: per-device memory, bytes, FLOPs, roofline."""
     from transformer_jax.aot import describe, mesh_for
-    from transformer_jax.aot.compile import attention_kernels_in, program_of
+    from transformer_jax.aot.compile import program_of
     from transformer_jax.model.flops import attention_score_flops, train_step_flops
 
     topology = describe(topology_name)
@@ -173,7 +167,7 @@ def compile_figures(contender: str, model: str, topology_name: str, rows_per_dev
     hlo = compiled.as_text()
     kernels = hlo.count("tpu_custom_call") + hlo.count("__cudnn$fmha")
     # Splash gives XLA no cost estimate; the fused loss kernels do (XLA's FLOPs count them already).
-    splash = "tpu_custom_call" in hlo and attention_kernels_in(hlo)
+    splash = "tpu_custom_call" in hlo and program.attention_kernels
     kernel_flops = attention_score_flops(model_config, rows, WIDTH, WIDTH) / mesh.size if splash else 0
     scores = scores_in_memory(hlo, rows_per_device, model_config.num_heads)
     logits = logits_in_memory(hlo, model_config.vocab_size, model_config.d_model)

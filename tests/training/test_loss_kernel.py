@@ -63,3 +63,10 @@ def test_blocks_fit_the_chip_s_vector_memory():
             assert _working_set(token_block, vocab_block, width, 2) <= VMEM_BUDGET["small"]
             assert token_block % 128 == 0 and vocab_block % 128 == 0
     assert blocks(32000, 1024, 2, "small") < blocks(32000, 1024, 2)
+    # The chip compiled for (the context mesh's compile-only devices) picks the budget.
+    from transformer_jax.training.loss_kernel import _vmem
+
+    for topology, vmem in (("v4-8", "small"), ("v5e-8", "large")):
+        with jax.set_mesh(mesh_for(describe(topology), -1, 1)):
+            assert _vmem() == vmem, topology
+    assert _vmem() == "large"  # this CPU host

@@ -66,10 +66,20 @@ class SegmentedMask:
 
 def kernel_platform() -> str:
     """The platform attention is compiled for: the context mesh's (jax.set_mesh), else JAX's default backend."""
+    device = _context_device()
+    return device.platform if device is not None else jax.default_backend()
+
+
+def kernel_device_kind() -> str:
+    """The kind of chip kernels are compiled for ("TPU v5 lite", "cpu", ...): the context mesh's, else the first
+    device's."""
+    device = _context_device()
+    return device.device_kind if device is not None else jax.devices()[0].device_kind
+
+
+def _context_device() -> Any:
     mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty and mesh.abstract_device is not None:
-        return mesh.abstract_device.platform
-    return jax.default_backend()
+    return mesh.abstract_device if not mesh.empty else None
 
 
 def resolve_backend(backend: str, attention_dropout_rate: float, dtype: Any = jnp.bfloat16) -> str:

@@ -24,6 +24,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from transformer_jax.model.attention_kernels import kernel_device_kind
 from transformer_jax.model.masks import PAD_ID
 
 TOKEN_BLOCK = 512  # tokens per block (sublanes): the statistics kernel reads the table once per block
@@ -109,12 +110,8 @@ def _working_set(tokens: int, vocab: int, width: int, item: int) -> int:
 
 
 def _vmem() -> str:
-    """"small" for TPU cores with 16 MiB of VMEM (the context mesh's chip), else "large"."""
-    mesh = jax.sharding.get_abstract_mesh()
-    kind = getattr(mesh.abstract_device, "device_kind", "") if not mesh.empty and mesh.abstract_device else ""
-    if not kind and jax.default_backend() == "tpu":
-        kind = jax.devices()[0].device_kind
-    return "small" if kind.startswith(SMALL_VMEM_KINDS) else "large"
+    """"small" for TPU cores with 16 MiB of VMEM (the chip compiled for), else "large"."""
+    return "small" if kernel_device_kind().startswith(SMALL_VMEM_KINDS) else "large"
 
 
 def blocks(vocab: int, width: int, item: int, vmem: str = "large") -> tuple[int, int]:
