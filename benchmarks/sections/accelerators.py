@@ -21,8 +21,10 @@ translation batch. Figures per device: peak memory (arguments + outputs - donate
 and FLOPs, the roofline, [B, H, T, T] buffers left in device memory (read from the compiled HLO: every
 instruction outside fusions is a buffer in HBM), the kernels the step runs (instructions outside fusions that
 launch: on GPUs each costs a launch, which small batches feel), and the largest rows per device that fit (a second
-compile at twice the rows; linear in rows). Splash gives XLA no FLOPs, so "kernel FLOPs" adds the attention's
-analytic count where it runs; the fused loss kernels carry a cost estimate, which XLA's figures include.
+compile at twice the rows; linear in rows), and on TPUs the compiler's own estimated step time (aot/cycles.py: the
+cycles libtpu estimates for each instruction at the TensorCore clock, the Pallas kernels at their roofline,
+collectives left out). Splash gives XLA no FLOPs, so "kernel FLOPs" adds the attention's analytic count where it
+runs; the fused loss kernels carry a cost estimate, which XLA's figures include.
 
 On a host whose JAX backend is a GPU or TPU, the section also times the steps there (ms per update, after
 warm-up, real arrays; ours also with XLA's attention in place of the kernel) and both beam searches
@@ -172,6 +174,9 @@ def compile_figures(contender: str, model: str, topology_name: str, rows_per_dev
     scores = scores_in_memory(hlo, rows_per_device, model_config.num_heads)
     logits = logits_in_memory(hlo, model_config.vocab_size, model_config.d_model)
     chip = topology.chip
+    estimate = program.estimate
+    estimated_ms = (estimate.seconds(chip.clock_hz, topology.peak_flops_per_device, topology.hbm_bandwidth_per_device,
+                                     kernel_flops) * 1e3 if estimate else None)
     return {
         "contender": contender, "model": model, "topology": topology_name, "chip": chip.name,
         "rows_per_device": rows_per_device, "peak_gb": program.total_bytes / 1e9, "temp_gb": program.temp_bytes / 1e9,
@@ -183,6 +188,7 @@ def compile_figures(contender: str, model: str, topology_name: str, rows_per_dev
         "hbm_gb": topology.hbm_bytes_per_device / 1e9, "kernel_calls": kernels,
         "score_buffers": scores[0], "score_buffer_gb": scores[1] / 1e9, "kernels": kernels_launched(hlo),
         "logits_buffers": logits[0], "logits_buffer_gb": logits[1] / 1e9,
+        "estimated_mcycles": estimate.cycles / 1e6 if estimate else None, "estimated_ms": estimated_ms,
         "compile_s": round(time.perf_counter() - started, 1),
     }
 
@@ -223,7 +229,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     """Each run's contenders, and ours against Flax as ratios."""
     lines = ["| model @ topology | step | peak GB/device | temporaries GB | XLA bytes accessed GB | XLA (+ kernel) "
              "TFLOP / analytic | roofline ms (compute, memory) | [B,H,T,T] buffers in HBM | logits buffers in HBM "
-             "| kernels | largest rows/device |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| kernels | largest rows/device | TPU compiler's estimated ms |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         flops = f"{r['xla_tflop']:.3f}" + (f" (+{r['kernel_tflop']:.3f})" if r["kernel_tflop"] else "")
         lines.append(
@@ -232,11 +239,11 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"| {max(r['compute_ms'], r['memory_ms']):.1f} ({r['compute_ms']:.1f}, {r['memory_ms']:.1f}) "
             f"| {r['score_buffers']} ({r['score_buffer_gb']:.2f} GB) "
             f"| {r.get('logits_buffers', '-')} ({r.get('logits_buffer_gb', 0):.2f} GB) | {r.get('kernels', '-')} "
-            f"| {r.get('largest_rows', '-')} |")
+            f"| {r.get('largest_rows', '-')} | {_ms(r.get('estimated_ms'))} |")
     if not any(r["contender"] == "flax" for r in rows):
         return "\n".join(lines)  # no ratios without the Flax example (--accel_contenders)
-    lines += ["", "| model @ topology | ours / Flax: bytes accessed | peak memory | largest rows | "
-              "(XLA + kernel) FLOPs / analytic |", "|---|---|---|---|---|"]
+    lines += ["", "| model @ topology | ours / Flax: bytes accessed | peak memory | largest rows | estimated time "
+              "| (XLA + kernel) FLOPs / analytic |", "|---|---|---|---|---|---|"]
     for r in rows:
         if not r["contender"].startswith("ours") or r["contender"] == "ours before":
             continue
@@ -246,10 +253,16 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             continue  # the Flax example was not compiled in this run (--accel_contenders)
         ratio = (f"{r['largest_rows'] / peer['largest_rows']:.2f}" if r.get("largest_rows") and peer.get("largest_rows")
                  else "-")
+        time = (f"{r['estimated_ms'] / peer['estimated_ms']:.2f}" if r.get("estimated_ms") and peer.get("estimated_ms")
+                else "-")
         lines.append(f"| {r['model']} @ {r['topology']} ({r['contender']}) | {r['bytes_gb'] / peer['bytes_gb']:.2f} "
-                     f"| {r['peak_gb'] / peer['peak_gb']:.2f} | {ratio} "
+                     f"| {r['peak_gb'] / peer['peak_gb']:.2f} | {ratio} | {time} "
                      f"| {(r['xla_tflop'] + r['kernel_tflop']) / r['analytic_tflop']:.3f} |")
     return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 def worker(spec: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ import pytest
 
 from runs import ROOT, tiny_run_config
 from transformer_jax.aot.compile import collectives_in, compile_run
+from transformer_jax.aot.cycles import estimate_of
 from transformer_jax.aot.report import table, verdict
 from transformer_jax.aot.topology import CLOUD_TYPES, describe, mesh_for
 from transformer_jax.errors import ConfigError
@@ -63,6 +64,33 @@ def test_a_data_mesh_all_reduces_gradients_and_reports_memory():
     assert train.loss_kernels == 2  # training.loss_kernel=auto: the fused loss (statistics, table gradient)
     report = table(topology, built_mesh(topology, data=4, fsdp=1), shapes, programs, result, 1)
     assert "attention=auto (" in report and "attention kernel calls in the train step; 2 fused loss" in report
+    # libtpu's own cycle estimates: every kernel call found, the loss kernels' cost estimates read, splash's absent.
+    estimate = train.estimate
+    assert estimate.cycles > 0 and estimate.kernel_calls == train.attention_kernels + train.loss_kernels
+    assert estimate.unestimated_kernel_calls == train.attention_kernels and estimate.kernel_flops > 0
+    assert result.estimated_seconds > estimate.cycles / topology.chip.clock_hz
+    assert f"compiler's own  {result.estimated_seconds * 1e3:.1f} ms per update" in report
+
+
+def test_cycle_estimates_count_each_loop_trip_and_every_kernel():
+    hlo = "\n".join([
+        "%body (p: f32[]) -> f32[] {",
+        '  %f = f32[8] fusion(%p), kind=kLoop, backend_config={"estimated_cycles":"100"}',
+        "}",
+        "ENTRY %main (a: f32[]) -> f32[] {",
+        '  %w = f32[] while(%a), body=%body, backend_config={"known_trip_count":{"n":"3"}}',
+        '  %k = f32[8] custom-call(%a), custom_call_target="tpu_custom_call", backend_config={"custom_call_config":'
+        '{"cost_estimate":{"flops":"2000","transcendentals":"0","bytes_accessed":"40"}}}',
+        '  %s = f32[8] custom-call(%a), custom_call_target="tpu_custom_call", backend_config={}',
+        '  %g = f32[8] fusion(%k), kind=kLoop, backend_config={"estimated_cycles":"50"}',
+        "}",
+    ])
+    estimate = estimate_of(hlo)
+    assert (estimate.cycles, estimate.kernel_calls, estimate.unestimated_kernel_calls) == (350, 2, 1)
+    assert (estimate.kernel_flops, estimate.kernel_bytes) == (2000, 40)
+    # 350 cycles at 1 kHz, the kernel's FLOPs at 1000/s (its bytes at 1000/s take less), 500 more FLOPs for splash.
+    assert estimate.seconds(1e3, 1e3, 1e3, other_kernel_flops=500) == 0.35 + 2.0 + 0.5
+    assert estimate_of(hlo.replace("estimated_cycles", "other")) is None
 
 
 def test_an_fsdp_mesh_gathers_parameters():

@@ -8,6 +8,7 @@ import pytest
 from transformer_jax.model.dropout import (
     DRAW_LEVELS,
     Dropout,
+    hashed_words,
     keep_mask,
     keep_threshold,
 )
@@ -84,6 +85,55 @@ def test_the_accelerator_draws_keep_the_same_probability_and_the_gradient_follow
     np.testing.assert_allclose(np.asarray(y)[kept], np.asarray(x)[kept] * DRAW_LEVELS / keep_threshold(rate),
                                rtol=1e-6)
     np.testing.assert_allclose(np.asarray(grad), np.where(kept, DRAW_LEVELS / keep_threshold(rate), 0.0), rtol=1e-6)
-    # Not the CPU's split 16-bit draws: a different mask from the same key.
+    # Not the CPU's split 16-bit threefry draws: a different mask from the same key.
     monkeypatch.setattr(dropout, "kernel_platform", lambda: "cpu")
     assert not np.array_equal(np.asarray(_apply(rate, x, seed=7)) != 0, kept)
+
+
+def _agreement(a: np.ndarray, b: np.ndarray) -> float:
+    """How often two masks agree, minus what independent masks with their keep rates would give."""
+    pa, pb = a.mean(), b.mean()
+    return float((a == b).mean() - (pa * pb + (1 - pa) * (1 - pb)))
+
+
+def test_hashed_words_are_uniform_bit_by_bit():
+    words = np.asarray(hashed_words(jax.random.key(11), (256, 1024)))
+    bits = (words[..., None] >> np.arange(32, dtype=np.uint32)) & 1
+    # 262,144 words: each bit's mean has a standard error of 1e-3.
+    np.testing.assert_allclose(bits.mean(axis=(0, 1)), 0.5, atol=5e-3)
+    assert len(np.unique(words)) > 0.99 * words.size
+    # Each bit agrees with the same bit of the next word (and of the next row's) half of the time.
+    np.testing.assert_allclose((bits[:, :-1] == bits[:, 1:]).mean(axis=(0, 1)), 0.5, atol=5e-3)
+    np.testing.assert_allclose((bits[:-1] == bits[1:]).mean(axis=(0, 1)), 0.5, atol=5e-3)
+    # The top 4 bits of neighbouring words fall in the 256 cells evenly (chi-square, 255 degrees of freedom:
+    # 99.99% of independent draws stay below 360).
+    cells = np.bincount(((words[:, :-1] >> 28) * 16 + (words[:, 1:] >> 28)).ravel(), minlength=256)
+    expected = cells.sum() / 256
+    assert ((cells - expected) ** 2 / expected).sum() < 360
+
+
+def test_hashed_masks_are_independent_between_neighbours_rows_keys_and_steps():
+    threshold = np.uint32(keep_threshold(0.1) * DRAW_LEVELS)
+    key = jax.random.key(12)
+    mask = np.asarray(hashed_words(key, (512, 2048)) < threshold)
+    # Neighbouring features, neighbouring rows, a row and the one 8 further on.
+    assert abs(_agreement(mask[:, :-1], mask[:, 1:])) < 3e-3
+    assert abs(_agreement(mask[:-1], mask[1:])) < 3e-3
+    assert abs(_agreement(mask[:-8], mask[8:])) < 3e-3
+    # Another key, and the next step's key (the train step folds the step into the dropout key).
+    other = np.asarray(hashed_words(jax.random.key(13), (512, 2048)) < threshold)
+    step = np.asarray(hashed_words(jax.random.fold_in(key, 1), (512, 2048)) < threshold)
+    assert abs(_agreement(mask, other)) < 3e-3
+    assert abs(_agreement(mask, step)) < 3e-3
+    assert not np.array_equal(mask, step)
+
+
+def test_hashed_words_depend_on_the_position_alone():
+    """A tensor's words are those of the same positions in a reshaped tensor: no draw depends on the shape's
+    split, so the shards of a sharded tensor hash their own global positions."""
+    key = jax.random.key(14)
+    np.testing.assert_array_equal(np.asarray(hashed_words(key, (4, 6, 32))).reshape(24, 32),
+                                  np.asarray(hashed_words(key, (24, 32))))
+    np.testing.assert_array_equal(np.asarray(hashed_words(key, (24, 32)))[5:9],
+                                  np.asarray(jax.jit(lambda k: hashed_words(k, (24, 32))[5:9])(key)))
+    assert hashed_words(key, ()).shape == ()

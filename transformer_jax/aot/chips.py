@@ -30,6 +30,16 @@ class Chip:
     tensorcores: int  # TPU TensorCores per chip (1 for a GPU)
     source: str
     gpu_target_config: str = ""  # for a GPU: its GpuTargetConfig file under gpu_specs/
+    mxus_per_core: int = 0  # TPU: matrix units per TensorCore
+    mxu_width: int = 128  # TPU: a matrix unit multiplies mxu_width x mxu_width tiles
+
+    @property
+    def clock_hz(self) -> float:
+        """A TPU TensorCore's clock, from the published figures: peak = cores x MXUs x width^2 x 2 FLOPs per
+        cycle (v4: 1.05 GHz, as Google's v4 paper gives it; v5e: 1.50; v5p and v6e: 1.75); 0 for a GPU."""
+        if not self.mxus_per_core:
+            return 0.0
+        return self.peak_bf16_flops / (self.tensorcores * self.mxus_per_core * self.mxu_width**2 * 2)
 
     @property
     def is_gpu(self) -> bool:
@@ -38,10 +48,11 @@ class Chip:
 
 
 CHIPS: dict[str, Chip] = {
-    "v4": Chip("TPU v4", 32 * GIB, 275 * TFLOPS, 1200 * GB, 2, "Cloud TPU docs: TPU v4"),
-    "v5e": Chip("TPU v5e", 16 * GB, 197 * TFLOPS, 819 * GB, 1, "Cloud TPU docs: TPU v5e"),
-    "v5p": Chip("TPU v5p", 95 * GB, 459 * TFLOPS, 2765 * GB, 2, "Cloud TPU docs: TPU v5p"),
-    "v6e": Chip("TPU v6e (Trillium)", 32 * GB, 918 * TFLOPS, 1638 * GB, 1, "Cloud TPU docs: TPU v6e"),
+    "v4": Chip("TPU v4", 32 * GIB, 275 * TFLOPS, 1200 * GB, 2, "Cloud TPU docs: TPU v4", mxus_per_core=4),
+    "v5e": Chip("TPU v5e", 16 * GB, 197 * TFLOPS, 819 * GB, 1, "Cloud TPU docs: TPU v5e", mxus_per_core=4),
+    "v5p": Chip("TPU v5p", 95 * GB, 459 * TFLOPS, 2765 * GB, 2, "Cloud TPU docs: TPU v5p", mxus_per_core=4),
+    "v6e": Chip("TPU v6e (Trillium)", 32 * GB, 918 * TFLOPS, 1638 * GB, 1, "Cloud TPU docs: TPU v6e",
+                mxus_per_core=4, mxu_width=256),
     "h100": Chip("NVIDIA H100 SXM5", 80 * GB, 989 * TFLOPS, 3350 * GB, 1, "NVIDIA H100 datasheet (dense bf16)",
                  gpu_target_config="h100_sxm.txtpb"),
 }

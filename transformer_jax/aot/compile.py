@@ -18,6 +18,7 @@ import jax
 import ml_collections
 from jax.sharding import Mesh
 
+from transformer_jax.aot.cycles import Estimate, estimate_of
 from transformer_jax.base.sharding import mesh_platform
 from transformer_jax.cli.commands import training_workdir
 from transformer_jax.config.schema import decode_options, decoding_dtype
@@ -47,6 +48,7 @@ class Program:
     collectives: dict[str, tuple[int, int]]  # op -> (count, bytes of their results)
     attention_kernels: int = 0  # calls of an attention kernel (TPU Pallas splash, cuDNN flash attention)
     loss_kernels: int = 0  # calls of the fused loss kernels (training/loss_kernel.py)
+    estimate: Estimate | None = None  # libtpu's cycle estimates (aot/cycles.py); None off TPUs
 
     @property
     def total_bytes(self) -> int:
@@ -92,7 +94,7 @@ def program_of(name: str, compiled: Any) -> Program:
         name, memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.alias_size_in_bytes,
         memory.temp_size_in_bytes, memory.generated_code_size_in_bytes,
         float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)), collectives_in(text),
-        attention_kernels_in(text), loss_kernels_in(text),
+        attention_kernels_in(text), loss_kernels_in(text), estimate_of(text),
     )
 
 

@@ -15,7 +15,7 @@ from jax.sharding import Mesh
 
 from transformer_jax.aot.compile import Program, RunShapes
 from transformer_jax.aot.topology import Topology
-from transformer_jax.model.flops import train_step_flops
+from transformer_jax.model.flops import attention_score_flops, train_step_flops
 
 # The paper's base run: 100k updates of about 25k target tokens (section 5.2).
 PAPER_STEPS = 100_000
@@ -37,6 +37,7 @@ class Verdict:
     xla_flops: float  # all devices, one update
     analytic_flops: float  # model FLOPs of one update (transformer_jax.model.flops)
     assumed_mfu: float
+    estimated_seconds: float | None = None  # one update by libtpu's cycle estimates (aot/cycles.py); None off TPUs
 
     @property
     def fits(self) -> bool:
@@ -76,7 +77,23 @@ def verdict(shapes: RunShapes, programs: list[Program], topology: Topology, accu
     analytic = accumulation * train_step_flops(shapes.model, shapes.rows, shapes.width, shapes.width)
     tokens = accumulation * shapes.rows * shapes.width
     return Verdict(peak, hbm_bytes or topology.hbm_bytes_per_device, seconds, compute, memory, tokens / seconds,
-                   xla_flops, analytic, analytic / (seconds * devices * topology.peak_flops_per_device))
+                   xla_flops, analytic, analytic / (seconds * devices * topology.peak_flops_per_device),
+                   estimated_seconds(shapes, counts, topology))
+
+
+def estimated_seconds(shapes: RunShapes, counts: list[tuple[Program, int]], topology: Topology) -> float | None:
+    """One update by libtpu's cycle estimates at the chip's clock, the Pallas kernels at their roofline (splash
+    attention, which carries no cost estimate, at its analytic FLOPs), collectives left out; None off TPUs."""
+    if any(program.estimate is None for program, _ in counts) or not topology.chip.clock_hz:
+        return None
+    total = 0.0
+    for program, times in counts:
+        splash = program.estimate.unestimated_kernel_calls and program.attention_kernels
+        attention = (attention_score_flops(shapes.model, shapes.rows, shapes.width, shapes.width)
+                     / len(topology.devices) if splash else 0.0)
+        total += times * program.estimate.seconds(topology.chip.clock_hz, topology.peak_flops_per_device,
+                                                  topology.hbm_bandwidth_per_device, attention)
+    return total
 
 
 def _kernels(programs: list[Program]) -> str:
@@ -136,6 +153,12 @@ def table(topology: Topology, mesh: Mesh, shapes: RunShapes, programs: list[Prog
         f"predicted       {result.step_seconds * 1e3:.1f} ms per update, {result.tokens_per_second:,.0f} target "
         f"tokens/s (roofline at {topology.chip.name} peak {topology.chip.peak_bf16_flops / 1e12:.0f} TFLOP/s, "
         f"{topology.chip.hbm_bytes_per_second / 1e9:.0f} GB/s; assumes MFU {result.assumed_mfu:.0%})",
+    ]
+    if result.estimated_seconds:
+        lines.append(f"compiler's own  {result.estimated_seconds * 1e3:.1f} ms per update by libtpu's cycle estimates "
+                     f"at the {topology.chip.clock_hz / 1e9:.2f} GHz clock (Pallas kernels at their roofline, "
+                     "collectives left out)")
+    lines += [
         f"paper schedule  {PAPER_STEPS:,} steps x {PAPER_TOKENS_PER_STEP:,} tokens: {paper_days * 24:.1f} hours "
         "predicted (roofline: a lower bound)",
     ]

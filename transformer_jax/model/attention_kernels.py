@@ -152,7 +152,7 @@ def _splash_rows(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_segments_BxT, kv_segments_Bx
     head_mask = masks.CausalMask((q_len, kv_len)) if causal else masks.FullMask((q_len, kv_len))
     bq, bkv = _block(q_len), _block(kv_len)
     blocks = splash.BlockSizes(block_q=bq, block_kv=bkv, block_kv_compute=bkv, block_q_dkv=bq, block_kv_dkv=bkv,
-                               block_kv_dkv_compute=bkv, block_q_dq=bq, block_kv_dq=bkv)
+                               block_kv_dkv_compute=bkv, use_fused_bwd_kernel=True)
     kernel = splash.make_splash_mha(masks.MultiHeadMask([head_mask] * heads), block_sizes=blocks, head_shards=1,
                                     q_seq_shards=1, interpret=interpret)
     # The kernel takes [H, T, K] per row and no scale: the queries are scaled as the einsum path scales them.

@@ -1,15 +1,22 @@
-"""Dropout (paper section 5.4, "Residual Dropout"), with masks drawn 16 random bits per element on CPUs.
+"""Dropout (paper section 5.4, "Residual Dropout"): on CPUs from 16-bit threefry draws, on TPUs and GPUs from a
+keyed integer hash that XLA recomputes where the mask is used.
 
-Flax's `nn.Dropout` draws a 32-bit uniform per element. On CPUs each 32-bit random word here gives two
-16-bit draws, which halves the random-number work: the base model's CPU train step went from
-3.15 s with `nn.Dropout` to 3.00 s (2.83 s without dropout; BENCHMARKS.md), and the 1-byte mask is kept for
-the backward pass. On TPUs and GPUs, where the step is bound by memory traffic, the split words cost more
-than they save (XLA writes both halves to memory to concatenate them): there each element draws one 32-bit
-word, compared with the same threshold scaled by 2^16, and XLA recomputes the mask inside the backward
-pass's fusions instead of storing it (the base step on v5e-8: 17.27 -> 16.57 GB of memory traffic per
-update, BENCHMARKS.md). An element is kept when its draw is below `round((1 - rate) * 2^16)` (times 2^16 for
-a 32-bit draw), so the keep probability is that threshold / 2^16 (within 2^-17 of 1 - rate) on every
-platform, and kept values are divided by exactly that probability: the expected output equals the input.
+Flax's `nn.Dropout` draws a 32-bit uniform per element from threefry. On CPUs each 32-bit random word here gives
+two 16-bit draws, which halves the random-number work: the base model's CPU train step went from 3.15 s with
+`nn.Dropout` to 3.00 s (2.83 s without dropout; BENCHMARKS.md), and the 1-byte mask is kept for the backward pass.
+
+On TPUs and GPUs the step is bound by memory traffic, and a stored mask costs more than recomputing it: each
+element's 32-bit word there is a hash of its position in the tensor, keyed by two words drawn from the dropout
+key, so XLA recomputes the mask inside the backward pass's fusions and stores nothing. Threefry (20 rounds of
+adds, rotations and xors per word) made that recomputation the largest arithmetic cost outside the matmuls:
+4.5M of the base step's 25.9M cycles on v5e-8 by the TPU compiler's own estimates. Two rounds of a
+multiply-xorshift hash cost 0.4M (BENCHMARKS.md). The masks do not depend on how the tensor is sharded (the hash
+takes the element's global position), and are tested for the keep rate and for independence between neighbours,
+rows, keys and steps (tests/model/test_dropout.py).
+
+An element is kept when its draw is below `round((1 - rate) * 2^16)` (times 2^16 for a 32-bit draw), so the keep
+probability is that threshold / 2^16 (within 2^-17 of 1 - rate) on every platform, and kept values are divided by
+exactly that probability: the expected output equals the input.
 """
 
 from __future__ import annotations
@@ -28,15 +35,43 @@ def keep_threshold(rate: float) -> int:
     return round((1.0 - rate) * DRAW_LEVELS)
 
 
-def keep_mask(rng: jax.Array, shape: tuple[int, ...], threshold: int, split_words: bool = True) -> jax.Array:
-    """A boolean [*shape] mask, True with probability threshold / 2^16, from 16-bit draws (`split_words`) or
-    32-bit ones.
+def _mix(x: jax.Array) -> jax.Array:
+    """A bijective 32-bit integer hash with low bias (two xorshift-multiply rounds, "lowbias32")."""
+    x = (x ^ (x >> 16)) * jnp.uint32(0x7FEB352D)
+    x = (x ^ (x >> 15)) * jnp.uint32(0x846CA68B)
+    return x ^ (x >> 16)
 
-    The random words have the input's leading dimensions, so a batch-sharded input draws its bits
+
+def hashed_words(rng: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """uint32[*shape]: one word per element, a keyed hash of the element's position.
+
+    Two words drawn from `rng` key the hash; the element's flat position (modulo 2^32) goes through one round
+    and its row (the position over the leading dimensions) is mixed into the second, so tensors of more than
+    2^32 elements do not repeat. Every word is a function of its position alone, so XLA computes it inside
+    whichever fusion uses it, and a sharded tensor's shards hash their own positions.
+    """
+    if not shape:
+        return hashed_words(rng, (1,))[0]
+    keys = jax.random.bits(rng, (2,), jnp.uint32)
+    *leading, last = shape
+    row = jnp.zeros(shape, jnp.uint32)
+    stride = 1
+    for axis in reversed(range(len(leading))):
+        row = row + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(stride % 2**32)
+        stride *= leading[axis]
+    flat = row * jnp.uint32(last % 2**32) + jax.lax.broadcasted_iota(jnp.uint32, shape, len(shape) - 1)
+    return _mix(_mix(flat ^ keys[0]) ^ (row + keys[1]))
+
+
+def keep_mask(rng: jax.Array, shape: tuple[int, ...], threshold: int, split_words: bool = True) -> jax.Array:
+    """A boolean [*shape] mask, True with probability threshold / 2^16: from 16-bit threefry draws
+    (`split_words`, CPUs) or from 32-bit hashed words (`hashed_words`, TPUs and GPUs).
+
+    The threefry words have the input's leading dimensions, so a batch-sharded input draws its bits
     where it lives; split, the low halves serve the first ceil(last/2) features, the high halves the rest.
     """
     if not split_words:
-        return jax.random.bits(rng, shape, jnp.uint32) < jnp.uint32(threshold * DRAW_LEVELS)
+        return hashed_words(rng, shape) < jnp.uint32(threshold * DRAW_LEVELS)
     last = shape[-1]
     words = jax.random.bits(rng, (*shape[:-1], (last + 1) // 2), jnp.uint32)
     draws = jnp.concatenate([words & 0xFFFF, words >> 16], axis=-1)[..., :last]
