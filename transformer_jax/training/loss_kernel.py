@@ -129,6 +129,12 @@ def _padded(x: jax.Array, axis: int, multiple: int, value: int = 0) -> jax.Array
     return x if not pad else jnp.pad(x, [(0, pad if a == axis else 0) for a in range(x.ndim)], constant_values=value)
 
 
+def recomputed_flops(tokens: int, vocab: int, width: int) -> int:
+    """The FLOPs the kernels spend beyond the analytic count of the projection and its gradient: the table-gradient
+    kernel recomputes the [tokens, vocab] logits (one matmul) instead of reading them from HBM."""
+    return 2 * tokens * vocab * width
+
+
 def fused_projected_loss(hidden_NxD: jax.Array, table_VxD: jax.Array, targets_N: jax.Array, extra: float,
                          low: float, grads: bool, interpret: bool = False):
     """One device's per-token (lse, reference logit, sum of logits, max logit) and, with `grads`, the unscaled
