@@ -157,8 +157,9 @@ def compile_figures(contender: str, model: str, topology_name: str, rows_per_dev
     """One contender's compiled train step on a topology: per-device memory, bytes, FLOPs, roofline."""
     from transformer_jax.aot import describe, mesh_for
     from transformer_jax.aot.compile import program_of
+    from transformer_jax.aot.report import program_seconds
     from transformer_jax.model.flops import attention_score_flops, train_step_flops
-    from transformer_jax.training.loss_kernel import recomputed_flops
+    from transformer_jax.training.loss_kernel import logits_matmul_flops
 
     topology = describe(topology_name)
     mesh = mesh_for(topology, *mesh_axes(contender))
@@ -175,9 +176,7 @@ def compile_figures(contender: str, model: str, topology_name: str, rows_per_dev
     scores = scores_in_memory(hlo, rows_per_device, model_config.num_heads)
     logits = logits_in_memory(hlo, model_config.vocab_size, model_config.d_model)
     chip = topology.chip
-    estimate = program.estimate
-    estimated_ms = (estimate.seconds(chip.clock_hz, topology.peak_flops_per_device, topology.hbm_bandwidth_per_device,
-                                     kernel_flops) * 1e3 if estimate else None)
+    estimate, seconds = program.estimate, program_seconds(program, topology, kernel_flops)
     return {
         "contender": contender, "model": model, "topology": topology_name, "chip": chip.name,
         "rows_per_device": rows_per_device, "peak_gb": program.total_bytes / 1e9, "temp_gb": program.temp_bytes / 1e9,
@@ -189,9 +188,10 @@ def compile_figures(contender: str, model: str, topology_name: str, rows_per_dev
         "hbm_gb": topology.hbm_bytes_per_device / 1e9, "kernel_calls": kernels,
         "score_buffers": scores[0], "score_buffer_gb": scores[1] / 1e9, "kernels": kernels_launched(hlo),
         "logits_buffers": logits[0], "logits_buffer_gb": logits[1] / 1e9,
-        "estimated_mcycles": estimate.cycles / 1e6 if estimate else None, "estimated_ms": estimated_ms,
-        "recomputed_tflop": (recomputed_flops(rows_per_device * WIDTH, model_config.vocab_size, model_config.d_model)
-                             / 1e12 if program.loss_kernels else 0.0),
+        "estimated_mcycles": estimate.cycles / 1e6 if estimate else None,
+        "estimated_ms": seconds * 1e3 if seconds else None,
+        "recomputed_tflop": (logits_matmul_flops(rows_per_device * WIDTH, model_config.vocab_size,
+                                                 model_config.d_model) / 1e12 if program.loss_kernels else 0.0),
         "compile_s": round(time.perf_counter() - started, 1),
     }
 

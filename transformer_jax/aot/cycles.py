@@ -6,7 +6,7 @@ matmuls, copies, scatters), from its cost model of the chip: the figure it sched
 it is a step time that counts what XLA's bytes accessed and FLOPs each miss: the tiles a fusion re-reads, the
 arithmetic of elementwise work (a random-number hash is arithmetic, not bytes), a small fusion's fixed cost.
 
-What it leaves out: Pallas kernels (custom calls carry no estimate; `pallas_seconds` adds them by their cost
+What it leaves out: Pallas kernels (custom calls carry no estimate; `Estimate.seconds` adds them by their cost
 estimate's roofline, or by the FLOPs a caller supplies for those without one, such as splash attention) and
 collectives (which overlap compute on a pod). CUDA plugin programs carry no estimates: GPUs get None.
 """
@@ -34,14 +34,10 @@ class Estimate:
     unestimated_kernel_calls: int  # kernel calls with no cost estimate either (splash attention)
 
     def seconds(self, clock_hz: float, peak_flops: float, bandwidth: float, other_kernel_flops: float = 0.0) -> float:
-        """The estimated step time: the cycles at `clock_hz`, plus the kernels at their roofline (the ones with
-        no cost estimate at `other_kernel_flops` over the chip's peak)."""
-        return self.cycles / clock_hz + pallas_seconds(self, peak_flops, bandwidth, other_kernel_flops)
-
-
-def pallas_seconds(estimate: Estimate, peak_flops: float, bandwidth: float, other_kernel_flops: float = 0.0) -> float:
-    """The Pallas kernels' time by their cost estimates' roofline, and `other_kernel_flops` at the chip's peak."""
-    return max(estimate.kernel_flops / peak_flops, estimate.kernel_bytes / bandwidth) + other_kernel_flops / peak_flops
+        """The estimated step time: the cycles at `clock_hz`, plus the kernels with a cost estimate at its roofline
+        and those without one at `other_kernel_flops` over the chip's peak."""
+        kernels = max(self.kernel_flops / peak_flops, self.kernel_bytes / bandwidth)
+        return self.cycles / clock_hz + kernels + other_kernel_flops / peak_flops
 
 
 def _computations(hlo_text: str) -> tuple[dict[str, list[str]], str]:
@@ -92,6 +88,6 @@ def estimate_of(hlo_text: str) -> Estimate | None:
                     flops += times * float(figures.get("flops", 0))
                     accessed += times * float(figures.get("bytes_accessed", 0))
             estimated = _CYCLES.search(line)
-            if estimated and op != "while":
+            if estimated:
                 cycles += times * int(estimated.group(1))
     return Estimate(cycles, calls, flops, accessed, unestimated)

@@ -82,18 +82,21 @@ def verdict(shapes: RunShapes, programs: list[Program], topology: Topology, accu
 
 
 def estimated_seconds(shapes: RunShapes, counts: list[tuple[Program, int]], topology: Topology) -> float | None:
-    """One update by libtpu's cycle estimates at the chip's clock, the Pallas kernels at their roofline (splash
-    attention, which carries no cost estimate, at its analytic FLOPs), collectives left out; None off TPUs."""
-    if any(program.estimate is None for program, _ in counts) or not topology.chip.clock_hz:
+    """One update by libtpu's cycle estimates (`program_seconds` of each program, times its runs); None off TPUs."""
+    attention = attention_score_flops(shapes.model, shapes.rows, shapes.width, shapes.width) / len(topology.devices)
+    each = [(program_seconds(program, topology, attention), times) for program, times in counts]
+    return None if any(seconds is None for seconds, _ in each) else sum(seconds * times for seconds, times in each)
+
+
+def program_seconds(program: Program, topology: Topology, attention_flops: float) -> float | None:
+    """One run of `program` by libtpu's cycle estimates at the chip's clock, its Pallas kernels at their roofline
+    (splash attention, which carries no cost estimate, at `attention_flops` per device, the analytic count),
+    collectives left out; None off TPUs."""
+    if program.estimate is None or not topology.chip.clock_hz:
         return None
-    total = 0.0
-    for program, times in counts:
-        splash = program.estimate.unestimated_kernel_calls and program.attention_kernels
-        attention = (attention_score_flops(shapes.model, shapes.rows, shapes.width, shapes.width)
-                     / len(topology.devices) if splash else 0.0)
-        total += times * program.estimate.seconds(topology.chip.clock_hz, topology.peak_flops_per_device,
-                                                  topology.hbm_bandwidth_per_device, attention)
-    return total
+    splash = attention_flops if program.estimate.unestimated_kernel_calls and program.attention_kernels else 0.0
+    return program.estimate.seconds(topology.chip.clock_hz, topology.peak_flops_per_device,
+                                    topology.hbm_bandwidth_per_device, splash)
 
 
 def _kernels(programs: list[Program]) -> str:

@@ -129,9 +129,10 @@ def _padded(x: jax.Array, axis: int, multiple: int, value: int = 0) -> jax.Array
     return x if not pad else jnp.pad(x, [(0, pad if a == axis else 0) for a in range(x.ndim)], constant_values=value)
 
 
-def recomputed_flops(tokens: int, vocab: int, width: int) -> int:
-    """The FLOPs the kernels spend beyond the analytic count of the projection and its gradient: the table-gradient
-    kernel recomputes the [tokens, vocab] logits (one matmul) instead of reading them from HBM."""
+def logits_matmul_flops(tokens: int, vocab: int, width: int) -> int:
+    """FLOPs of one [tokens, width] x [width, vocab] matmul. The kernels run four (the statistics kernel's logits and
+    softmax @ table, the table-gradient kernel's logits again and its gradient), one more than the analytic count of
+    the projection and its gradient: the recomputed logits, in place of reading them from HBM."""
     return 2 * tokens * vocab * width
 
 
@@ -151,7 +152,7 @@ def fused_projected_loss(hidden_NxD: jax.Array, table_VxD: jax.Array, targets_N:
     (padded_tokens, _), padded_vocab = hidden.shape, table.shape[0]
     token_blocks, vocab_blocks = padded_tokens // token_block, padded_vocab // block
     item = hidden.dtype.itemsize
-    matmul = 2 * padded_tokens * padded_vocab * width
+    matmul = logits_matmul_flops(padded_tokens, padded_vocab, width)
     params = pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary"), vmem_limit_bytes=VMEM_LIMIT[vmem])
     lanes = jax.ShapeDtypeStruct((padded_tokens, LANES), jnp.float32)
     stats, soft = pl.pallas_call(
