@@ -24,7 +24,8 @@ launch: on GPUs each costs a launch, which small batches feel), and the largest 
 compile at twice the rows; linear in rows), and on TPUs the compiler's own estimated step time (aot/cycles.py: the
 cycles libtpu estimates for each instruction at the TensorCore clock, the Pallas kernels at their roofline,
 collectives left out). Splash gives XLA no FLOPs, so "kernel FLOPs" adds the attention's analytic count where it
-runs; the fused loss kernels carry a cost estimate, which XLA's figures include.
+runs, and one more forward for each splash forward call beyond the backward ones (remat runs a layer's attention
+again in the backward pass); the fused loss kernels carry a cost estimate, which XLA's figures include.
 
 On a host whose JAX backend is a GPU or TPU, the section also times the steps there (ms per update, after
 warm-up, real arrays; ours also with XLA's attention in place of the kernel) and both beam searches
@@ -157,7 +158,7 @@ def compile_figures(contender: str, model: str, topology_name: str, rows_per_dev
     """One contender's compiled train step on a topology: per-device memory, bytes, FLOPs, roofline."""
     from transformer_jax.aot import describe, mesh_for
     from transformer_jax.aot.compile import program_of
-    from transformer_jax.aot.report import program_seconds
+    from transformer_jax.aot.report import program_seconds, splash_flops
     from transformer_jax.model.flops import attention_score_flops, train_step_flops
     from transformer_jax.training.loss_kernel import logits_matmul_flops
 
@@ -170,13 +171,14 @@ def compile_figures(contender: str, model: str, topology_name: str, rows_per_dev
     program = program_of(contender, compiled)
     hlo = compiled.as_text()
     kernels = hlo.count("tpu_custom_call") + hlo.count("__cudnn$fmha")
-    # Splash gives XLA no cost estimate; the fused loss kernels do (XLA's FLOPs count them already).
-    splash = "tpu_custom_call" in hlo and program.attention_kernels
-    kernel_flops = attention_score_flops(model_config, rows, WIDTH, WIDTH) / mesh.size if splash else 0
+    # Splash gives XLA no cost estimate (its calls are counted, remat's second forward included); the fused loss
+    # kernels do (XLA's FLOPs count them already).
+    attention = attention_score_flops(model_config, rows, WIDTH, WIDTH) / mesh.size
+    kernel_flops = splash_flops(program, attention)
     scores = scores_in_memory(hlo, rows_per_device, model_config.num_heads)
     logits = logits_in_memory(hlo, model_config.vocab_size, model_config.d_model)
     chip = topology.chip
-    estimate, seconds = program.estimate, program_seconds(program, topology, kernel_flops)
+    estimate, seconds = program.estimate, program_seconds(program, topology, attention)
     return {
         "contender": contender, "model": model, "topology": topology_name, "chip": chip.name,
         "rows_per_device": rows_per_device, "peak_gb": program.total_bytes / 1e9, "temp_gb": program.temp_bytes / 1e9,

@@ -4,15 +4,16 @@ A reduced model keeps each compile to seconds; what is checked is that the figur
 TPU compiler (memory, collectives) and that the verdict and its command line behave.
 """
 
+import dataclasses
 import subprocess
 import sys
 
 import pytest
 
 from runs import ROOT, tiny_run_config
-from transformer_jax.aot.compile import collectives_in, compile_run
+from transformer_jax.aot.compile import Program, collectives_in, compile_run, splash_calls_in
 from transformer_jax.aot.cycles import estimate_of
-from transformer_jax.aot.report import table, verdict
+from transformer_jax.aot.report import splash_flops, table, verdict
 from transformer_jax.aot.topology import CLOUD_TYPES, describe, mesh_for
 from transformer_jax.errors import ConfigError
 
@@ -62,6 +63,8 @@ def test_a_data_mesh_all_reduces_gradients_and_reports_memory():
     # self and cross attention, forward and backward), and the preflight's report says so.
     assert train.attention_kernels >= 3 * 2
     assert train.loss_kernels == 2  # training.loss_kernel=auto: the fused loss (statistics, table gradient)
+    forward, backward = train.splash_calls  # one forward and one fused backward call per attention, no remat
+    assert forward == backward > 0 and forward + backward == train.attention_kernels
     report = table(topology, built_mesh(topology, data=4, fsdp=1), shapes, programs, result, 1)
     assert "attention=auto (" in report and "attention kernel calls in the train step; 2 fused loss" in report
     # libtpu's own cycle estimates: every kernel call found, the loss kernels' cost estimates read, splash's absent.
@@ -186,3 +189,19 @@ def test_an_unknown_topology_is_one_line(tmp_path):
 def test_zero_slices_is_a_config_error():
     with pytest.raises(ConfigError, match="--num_slices=0 must be at least 1"):
         describe("v5e-4", num_slices=0)
+
+
+def test_splash_flops_count_a_second_forward_under_remat():
+    def call(kernel):
+        return (f'  %c = bf16[8] custom-call(%q), custom_call_target="tpu_custom_call", '
+                f'metadata={{op_name="jit(f)/{kernel}/pallas_call"}}')
+    dq = "splash_mha_dq"  # an unfused dQ call is neither a forward nor a dK/dV call
+    hlo = "\n".join([call("splash_mha_fwd_segmented_residuals")] * 4 + [call("splash_mha_dkv_segmented")] * 2
+                    + [call(dq), '  %d = f32[8] fusion(%c), kind=kLoop'])
+    assert splash_calls_in(hlo) == (4, 2)
+    program = Program("train step", 0, 0, 0, 0, 0, 1.0, 1.0, {}, attention_kernels=7, splash_calls=(4, 2))
+    # Two attentions: the analytic count is 2 x (forward + backward at twice the forward); remat adds 2 forwards.
+    assert splash_flops(program, 600.0) == pytest.approx(800.0)
+    assert splash_flops(dataclasses.replace(program, splash_calls=(2, 2)), 600.0) == pytest.approx(600.0)
+    assert splash_flops(dataclasses.replace(program, splash_calls=(0, 0)), 600.0) == 0.0  # XLA's attention, GPUs
+    assert splash_calls_in(hlo.replace("tpu_custom_call", "__cudnn$fmhaSoftmax")) == (0, 0)

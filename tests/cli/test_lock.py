@@ -100,7 +100,10 @@ def test_the_heartbeat_renews_the_lock_and_release_leaves_another_jobs_lock(tmp_
     while read_owner(str(tmp_path / layout.LOCK)).heartbeat == taken and time.time() < deadline:
         time.sleep(0.05)
     assert read_owner(str(tmp_path / layout.LOCK)).heartbeat > taken
-    # Another job took the workdir over (this one looked dead): releasing must not remove its lock.
+    # Another job took the workdir over (this one looked dead): releasing must not remove its lock. The renewals
+    # stop first, so that none is halfway between reading this job's lock and rewriting it when the other's lands.
+    holder._stop.set()
+    holder._heartbeat.join()
     other = dataclasses.replace(Owner.this_process(), host="another-host", token="other")
     write_lock(tmp_path, other)
     holder.release()

@@ -49,6 +49,7 @@ class Program:
     attention_kernels: int = 0  # calls of an attention kernel (TPU Pallas splash, cuDNN flash attention)
     loss_kernels: int = 0  # calls of the fused loss kernels (training/loss_kernel.py)
     estimate: Estimate | None = None  # libtpu's cycle estimates (aot/cycles.py); None off TPUs
+    splash_calls: tuple[int, int] = (0, 0)  # (forward, backward) splash kernel calls (splash_calls_in)
 
     @property
     def total_bytes(self) -> int:
@@ -94,8 +95,17 @@ def program_of(name: str, compiled: Any) -> Program:
         name, memory.argument_size_in_bytes, memory.output_size_in_bytes, memory.alias_size_in_bytes,
         memory.temp_size_in_bytes, memory.generated_code_size_in_bytes,
         float(cost.get("flops", 0.0)), float(cost.get("bytes accessed", 0.0)), collectives_in(text),
-        attention_kernels_in(text), loss_kernels_in(text), estimate_of(text),
+        attention_kernels_in(text), loss_kernels_in(text), estimate_of(text), splash_calls_in(text),
     )
+
+
+def splash_calls_in(hlo_text: str) -> tuple[int, int]:
+    """(forward, backward) calls of TPU splash attention in optimized HLO text: its forward kernel, and its
+    dK/dV kernel (which also computes dQ when fused), one of each per attention a train step differentiates.
+    More forward calls than backward ones mean layers that run their attention again in the backward pass
+    (model.remat)."""
+    calls = [line for line in hlo_text.splitlines() if 'custom_call_target="tpu_custom_call"' in line]
+    return (sum("splash_mha_fwd" in line for line in calls), sum("splash_mha_dkv" in line for line in calls))
 
 
 def attention_kernels_in(hlo_text: str) -> int:

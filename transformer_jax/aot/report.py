@@ -94,9 +94,19 @@ def program_seconds(program: Program, topology: Topology, attention_flops: float
     collectives left out; None off TPUs."""
     if program.estimate is None or not topology.chip.clock_hz:
         return None
-    splash = attention_flops if program.estimate.unestimated_kernel_calls and program.attention_kernels else 0.0
     return program.estimate.seconds(topology.chip.clock_hz, topology.peak_flops_per_device,
-                                    topology.hbm_bandwidth_per_device, splash)
+                                    topology.hbm_bandwidth_per_device, splash_flops(program, attention_flops))
+
+
+def splash_flops(program: Program, attention_flops: float) -> float:
+    """The FLOPs of a train step's splash attention calls, which XLA's cost analysis does not see: none without
+    them; else `attention_flops` (the analytic count: each attention's forward once and its backward at twice
+    that) plus another forward for every forward call beyond the backward ones (a layer under remat runs its
+    attention's forward again in the backward pass)."""
+    forward, backward = program.splash_calls
+    if not forward:
+        return 0.0
+    return attention_flops * (forward + 2 * backward) / (3 * backward) if backward else attention_flops / 3
 
 
 def _kernels(programs: list[Program]) -> str:
