@@ -99,10 +99,11 @@ def program_seconds(program: Program, topology: Topology, attention_flops: float
 
 
 def splash_flops(program: Program, attention_flops: float) -> float:
-    """The FLOPs of a train step's splash attention calls, which XLA's cost analysis does not see: none without
-    them; else `attention_flops` (the analytic count: each attention's forward once and its backward at twice
-    that) plus another forward for every forward call beyond the backward ones (a layer under remat runs its
-    attention's forward again in the backward pass)."""
+    """The FLOPs of a program's splash attention calls, which XLA's cost analysis does not see, given a train
+    step's analytic `attention_flops` (each attention's forward once and its backward at twice that): none
+    without calls; that count plus another forward for every forward call beyond the backward ones (a layer
+    under remat runs its attention's forward again in the backward pass); its forward third for a program
+    with no backward calls."""
     forward, backward = program.splash_calls
     if not forward:
         return 0.0
