@@ -187,7 +187,8 @@ def get_config():
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         metrics = [json.loads(line) for line in f if '"train"' in line]
     with open(os.path.join(workdir, "timing.jsonl")) as f:
-        timing = [json.loads(line) for line in f]
+        # The log windows' records (the others are start-up, evaluation and checkpoint-stall records).
+        timing = [record for record in map(json.loads, f) if "tokens_per_second" in record]
     checkpoints = os.path.join(workdir, "checkpoints")
     saved = sorted((os.path.getmtime(os.path.join(checkpoints, name)) - launched, int(name), name)
                    for name in os.listdir(checkpoints) if name.isdigit())

@@ -32,6 +32,15 @@ def test_timing_counts_tokens_per_wall_clock_second():
     assert timing == {"tokens_per_second": 10.0, "seconds_per_step": 2.0}
 
 
+def test_timing_says_how_much_of_the_window_the_host_was_busy():
+    """The wait for the device at the window's close is the host's idle time: 1 s of 4 leaves a share of 0.75."""
+    host = {"input_seconds": 0.5, "dispatch_seconds": 1.5}
+    timing = window_timing([step_metrics(1.0, 30.0), step_metrics(1.0, 10.0)], 4.0, host, sync_seconds=1.0)
+    assert timing == {"tokens_per_second": 10.0, "seconds_per_step": 2.0, "input_seconds": 0.5,
+                      "dispatch_seconds": 1.5, "sync_seconds": 1.0, "host_share": 0.75}
+    assert window_timing([step_metrics(1.0, 30.0)], 4.0, host, sync_seconds=0.0)["host_share"] == 1.0
+
+
 def test_closing_a_resumed_window_logs_it_like_a_live_one(tmp_path):
     """A window restored from a checkpoint (Python floats) gives the same line as one of device values."""
     schedule = lambda count: 0.001 * (count + 1)

@@ -35,7 +35,23 @@ def test_run_logs_checkpoints_and_keeps_the_last_k(run_config, tmp_path):
     # Wall-clock throughput stays out of metrics.jsonl (not reproducible) and goes to timing.jsonl.
     assert not any("tokens_per_second" in r for r in records)
     timing = [json.loads(line) for line in (tmp_path / "timing.jsonl").read_text().splitlines()]
-    assert [t["step"] for t in timing] == [1, 2, 3, 4, 5, 6] and all(t["tokens_per_second"] > 0 for t in timing)
+    windows = [t for t in timing if "tokens_per_second" in t]
+    assert [t["step"] for t in windows] == [1, 2, 3, 4, 5, 6] and all(t["tokens_per_second"] > 0 for t in windows)
+    for t in windows:  # where the host spent each window: its parts fit in the window, the share is a fraction
+        window_seconds = t["seconds_per_step"]  # one step per window here
+        assert 0 <= t["input_seconds"] and 0 < t["dispatch_seconds"] and 0 <= t["sync_seconds"]
+        assert t["input_seconds"] + t["dispatch_seconds"] + t["sync_seconds"] <= window_seconds * 1.01 + 1e-3
+        assert t["host_share"] == pytest.approx(1 - t["sync_seconds"] / window_seconds, abs=1e-6)
+    # The start-up record (step 0) comes first: its parts (restoring, compiling) within the whole start-up.
+    start = timing[0]
+    assert start["step"] == 0 and "tokens_per_second" not in start
+    assert 0 <= start["restore_seconds"] and 0 < start["compile_seconds"] < start["startup_seconds"]
+    # Each checkpoint written stalled the loop for a measured time; each dev evaluation is timed too.
+    stalls = [t["step"] for t in timing if "checkpoint_stall_seconds" in t]
+    assert stalls == sorted(set(stalls)) and stalls[-1] == 6
+    assert set(Checkpointer(str(tmp_path / "checkpoints")).steps()) <= set(stalls)
+    assert all(t["checkpoint_stall_seconds"] > 0 for t in timing if "checkpoint_stall_seconds" in t)
+    assert [t["step"] for t in timing if "eval_seconds" in t] == [3, 6]
     dev = [r for r in records if r["split"] == "dev"]
     assert [r["step"] for r in dev] == [3, 6]
     np.testing.assert_allclose(dev[0]["perplexity"], np.exp(dev[0]["nll"]), rtol=1e-5)

@@ -30,6 +30,10 @@ def summarize_window(fetched: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+# The host's seconds per log window that the loop measures (window_timing).
+HOST_KEYS = ("input_seconds", "dispatch_seconds")
+
+
 # What every step's metrics hold (what summarize_window and window_timing read).
 STEP_KEYS = ("loss", "nll", "accuracy", "grad_norm", "update_skipped", "tokens")
 
@@ -46,10 +50,23 @@ def open_window_problem(open_window: object) -> str | None:
     return None
 
 
-def window_timing(fetched: list[dict[str, Any]], seconds: float) -> dict[str, float]:
-    """Throughput of the log window: target tokens per second and seconds per step (wall clock)."""
+def window_timing(fetched: list[dict[str, Any]], seconds: float, host: dict[str, float] | None = None,
+                  sync_seconds: float = 0.0) -> dict[str, float]:
+    """Throughput of the log window: target tokens per second and seconds per step (wall clock), and where the
+    host spent the window.
+
+    `host` holds the seconds the loop spent getting batches (`input_seconds`: building or waiting for them, and
+    placing them) and dispatching the steps (`dispatch_seconds`); `sync_seconds` is the wait for the window's
+    steps to finish when it closes. JAX dispatches asynchronously, so that wait is the only time the host stood
+    idle for the device: `host_share` = (window - wait) / window is the share of the window the host was busy.
+    Near 1 the device waited for the host (input, Python, logging); near 0 the host waited for the device.
+    """
     tokens = float(np.sum([float(m["tokens"]) for m in fetched]))
-    return {"tokens_per_second": tokens / max(seconds, 1e-9), "seconds_per_step": seconds / max(len(fetched), 1)}
+    timing = {"tokens_per_second": tokens / max(seconds, 1e-9), "seconds_per_step": seconds / max(len(fetched), 1)}
+    if host is not None:
+        timing.update({key: value for key, value in host.items()},
+                      sync_seconds=sync_seconds, host_share=min(1.0, max(0.0, 1.0 - sync_seconds / max(seconds, 1e-9))))
+    return timing
 
 
 class LogWindow:
@@ -78,17 +95,23 @@ class LogWindow:
         self.schedule = schedule
         self.step_metrics = list(open_window)
         self.started = time.perf_counter()
+        self.host = dict.fromkeys(HOST_KEYS, 0.0)  # the loop's own seconds in this window (see window_timing)
 
-    def add(self, metrics: dict[str, jax.Array]) -> None:
-        """Record the metrics of one more (dispatched) step; the bar counts it once they are ready."""
+    def add(self, metrics: dict[str, jax.Array], input_seconds: float = 0.0, dispatch_seconds: float = 0.0) -> None:
+        """Record the metrics of one more (dispatched) step and the host's seconds getting its batches and
+        dispatching it; the bar counts the step once its metrics are ready."""
         self.step_metrics.append(metrics)
+        self.host["input_seconds"] += input_seconds
+        self.host["dispatch_seconds"] += dispatch_seconds
         self.progress.dispatched(metrics["loss"])
 
     def close(self, step: int, skipped_updates: jax.Array) -> None:
         """Write the window ending at `step` (train metrics, timing, progress bar) and start an empty one."""
+        waited = time.perf_counter()
         fetched = jax.device_get(self.step_metrics)  # waits for the window's steps to finish
+        sync_seconds = time.perf_counter() - waited
         self.progress.poll()
-        timing = window_timing(fetched, time.perf_counter() - self.started)
+        timing = window_timing(fetched, time.perf_counter() - self.started, self.host, sync_seconds)
         summary = summarize_window(fetched)
         # Optax counts only applied updates: skipped ones did not advance the schedule.
         skipped = int(jax.device_get(skipped_updates))
@@ -98,6 +121,7 @@ class LogWindow:
         self.progress.set_postfix(loss=f"{summary['loss']:.3f}", lr=f"{summary['learning_rate']:.2e}",
                                   tok_s=f"{timing['tokens_per_second']:.0f}")
         self.step_metrics = []
+        self.host = dict.fromkeys(HOST_KEYS, 0.0)
 
     def restart_clock(self) -> None:
         """Time the window from now (evaluating and saving are not training time)."""

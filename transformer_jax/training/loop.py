@@ -100,6 +100,7 @@ class Trainer:
     """Holds what one run needs; `run()` trains to `num_train_steps` (resuming if checkpoints exist)."""
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str, data: RunData | None = None) -> None:
+        self.created = time.perf_counter()  # the start-up's clock (timing.jsonl's startup_seconds)
         check_run_config(config)
         layout.check_layout(workdir)  # before anything is written: a refused start leaves the workdir as it was
         check_logs(workdir)
@@ -120,6 +121,7 @@ class Trainer:
         )
         self.workdir_watch = layout.RunWatch(workdir)  # to tell when it vanishes under the run
         self.failed = False  # whether `run` raised
+        self.step_host = (0.0, 0.0)  # the last update's host seconds: (getting its batches, dispatching it)
 
     def restore_latest(self) -> tuple[int, list[dict[str, Any]]]:
         """Resume from the newest checkpoint that restores intact (damaged newer ones are reported and set aside).
@@ -158,17 +160,25 @@ class Trainer:
         """
         accumulation = self.config.training.accumulation_steps
         with jax.transfer_guard("disallow"):
+            started = time.perf_counter()
             batches = [self._next_global_batch() for _ in range(accumulation)]
-            programs = self.programs
-            if accumulation == 1:
-                self.state, metrics = programs.train_step(self.state, batches[0])
-                return metrics
-            grads, sums = programs.micro_gradients(self.state, batches[0], self.micro_steps[0])
-            for index, batch in enumerate(batches[1:], start=1):
-                more_grads, more_sums = programs.micro_gradients(self.state, batch, self.micro_steps[index])
-                grads, sums = programs.add_trees(grads, more_grads), programs.add_trees(sums, more_sums)
-            self.state, metrics = programs.apply_gradients(self.state, grads, sums)
+            fetched = time.perf_counter()
+            metrics = self._dispatch(batches)
+            self.step_host = (fetched - started, time.perf_counter() - fetched)
             return metrics
+
+    def _dispatch(self, batches: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
+        """Dispatch one update on `batches` (its micro-batches) and return its metrics (on device)."""
+        programs = self.programs
+        if len(batches) == 1:
+            self.state, metrics = programs.train_step(self.state, batches[0])
+            return metrics
+        grads, sums = programs.micro_gradients(self.state, batches[0], self.micro_steps[0])
+        for index, batch in enumerate(batches[1:], start=1):
+            more_grads, more_sums = programs.micro_gradients(self.state, batch, self.micro_steps[index])
+            grads, sums = programs.add_trees(grads, more_grads), programs.add_trees(sums, more_sums)
+        self.state, metrics = programs.apply_gradients(self.state, grads, sums)
+        return metrics
 
     def _next_global_batch(self) -> dict[str, jax.Array]:
         """The next batch on the mesh: built and placed `data.prefetch_batches` ahead in the background (0:
@@ -219,8 +229,10 @@ class Trainer:
         return evaluate_loss(self.programs.dev_loss_step, params, self.data.dev.encoded, self.config.data.eval_batch_size,
                              self.mesh, row_width=self.data.train.row_width)
 
-    def save(self, step: int, window: list, metrics: dict[str, float] | None = None) -> None:
-        """Checkpoint the state, the data position, the open log window and what rebuilds the run.
+    def save(self, step: int, window: LogWindow, metrics: dict[str, float] | None = None) -> None:
+        """Checkpoint the state, the data position, the open log window and what rebuilds the run; the seconds
+        the loop stood still for it (Orbax writes the files in the background) go to timing.jsonl as
+        `checkpoint_stall_seconds`.
 
         Nothing is written while updates are being skipped for a non-finite loss: finite parameters
         that give a non-finite loss (e.g. after a too-large learning rate) must not push the last good
@@ -228,16 +240,24 @@ class Trainer:
         """
         if step == self.last_saved_step:
             return
+        started = time.perf_counter()
+        if self._save(step, window.step_metrics, metrics):
+            window.log.write_timing(step, {"checkpoint_stall_seconds": time.perf_counter() - started})
+
+    def _save(self, step: int, window: list, metrics: dict[str, float] | None) -> bool:
+        """Checkpoint (see save); returns whether a checkpoint was written."""
         self._check_workdir()  # Orbax would make a vanished workdir anew for the checkpoint
         if int(jax.device_get(self.state.consecutive_skipped)):
             logging.error("step %d: the last update was skipped (non-finite loss or gradient); "
                           "checkpoint not written", step)
-            return
+            return False
         self.last_saved_step = step
         open_window = [{k: float(v) for k, v in m.items()} for m in jax.device_get(window)]
         meta = {"model_config": dataclasses.asdict(self.model_config), "open_window": open_window}
         if not self.checkpointer.save(step, self.state, self.input_state(), meta, metrics):
             logging.error("parameters at step %d are not finite: checkpoint not written", step)
+            return False
+        return True
 
     def newest_checkpoint(self) -> int | None:
         """The newest checkpoint on disk once pending saves are written (None: there is none)."""
@@ -262,6 +282,7 @@ class Trainer:
         training = self.config.training
         say(f"run directory {self.workdir}: metrics.jsonl, checkpoints/, tensorboard/ (training to step "
             f"{training.num_train_steps})")
+        began = time.perf_counter()
         start, open_window = self.restore_latest()
         if start > training.num_train_steps:  # before config.json is rewritten with the smaller value
             raise ConfigError(
@@ -269,14 +290,19 @@ class Trainer:
                 f"{self.workdir} already is; pass --config.training.num_train_steps={start} or more to go on, "
                 "or use a new workdir"
             )
+        restored = time.perf_counter()
         self.last_saved_step = start
         if start < training.num_train_steps:
             self.compile_steps()
+        compiled = time.perf_counter()
         is_writer = jax.process_index() == 0
         if is_writer:
             write_run_config(self.config, self.workdir)
         self.workdir_watch.note_names()
         window = LogWindow(self.workdir, self.schedule, start, training.num_train_steps, open_window, is_writer)
+        # Where the start (or the resume) went: from the Trainer's creation to the first update.
+        window.log.write_timing(start, {"startup_seconds": time.perf_counter() - self.created,
+                                        "restore_seconds": restored - began, "compile_seconds": compiled - restored})
         evaluate = PeriodicEval(training.eval_every, training.bleu_every, self.dev_loss, dev_bleu)
         stop = StopFlag()
         stop.install()
@@ -295,27 +321,30 @@ class Trainer:
         must_stop = StopAgreement(stop, self.mesh)
         step = start
         while step < training.num_train_steps:
-            window.add(self.update())
+            window.add(self.update(), *self.step_host)
             step += 1
             closes_window = step % training.log_every == 0 or step == training.num_train_steps
             if closes_window:
                 self._check_workdir()
                 window.close(step, self.state.skipped_updates)
                 check_skip_streak(self.state, training.max_skipped_updates, self.newest_checkpoint)
+            evaluating = time.perf_counter()
             metrics = evaluate(step, self.state.params, window.log)
+            if metrics:
+                window.log.write_timing(step, {"eval_seconds": time.perf_counter() - evaluating})
             saves = step % training.checkpoint_every == 0 or bool(metrics)
             if saves:
-                self.save(step, window.step_metrics, metrics)
+                self.save(step, window, metrics)
             if closes_window:
                 window.restart_clock()  # evaluating and saving are not training time
             if closes_window or saves:
                 window.resume_progress()
             if must_stop():  # every step, the same answer on every process (see StopAgreement)
-                self.save(step, window.step_metrics)
+                self.save(step, window)
                 cause = f"signal {stop.signal_number}" if stop.raised else "a signal to another process"
                 logging.warning("stopped by %s at step %d; checkpoint saved", cause, step)
                 break
-        self.save(step, window.step_metrics)
+        self.save(step, window)
         return step
 
     def _wind_down(self, stop: StopFlag, window: LogWindow, quietly: bool) -> None:
