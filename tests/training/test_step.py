@@ -127,9 +127,29 @@ def test_bfloat16_parameters_train_and_keep_their_dtype_in_parameters_and_adam_m
     assert not np.array_equal(np.asarray(jax.tree.leaves(state.params)[0], np.float32), before)
 
 
-@pytest.mark.parametrize("skip_by", ["cond", "select"])  # CPUs branch, TPUs and GPUs select (step.SkipBy)
-def test_non_finite_gradients_skip_the_update(small_state, skip_by):
-    step = jax.jit(functools.partial(train_step, skip_by=skip_by), static_argnums=2)
+def test_the_gradient_norm_by_shape_groups_equals_the_norm_by_leaves():
+    """Both reductions of step.NormBy give the global norm (float32 rounding apart), also of mixed dtypes, and a
+    non-finite element makes both non-finite."""
+    from transformer_jax.training.step import global_norm, norm_by_for
+
+    rng = np.random.default_rng(0)
+    tree = {"a": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32), "b": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
+            "c": jnp.asarray(rng.normal(size=(5,)), jnp.bfloat16), "d": jnp.asarray(rng.normal(size=(5,)), jnp.float32)}
+    expected = np.sqrt(sum(np.sum(np.asarray(x, np.float64) ** 2) for x in tree.values()))
+    float32 = {key: value for key, value in tree.items() if key != "c"}
+    expected32 = np.sqrt(sum(np.sum(np.asarray(x, np.float64) ** 2) for x in float32.values()))
+    for norm_by in ("leaves", "shape_groups"):
+        norm = jax.jit(global_norm, static_argnums=1)
+        np.testing.assert_allclose(float(norm(float32, norm_by)), expected32, rtol=1e-6)
+        np.testing.assert_allclose(float(norm(tree, norm_by)), expected, rtol=1e-3)  # optax squares bfloat16 in bfloat16
+        poisoned = {**tree, "b": tree["b"].at[1, 2].set(jnp.inf)}
+        assert not np.isfinite(float(global_norm(poisoned, norm_by)))
+    assert [norm_by_for(p) for p in ("cpu", "tpu", "gpu")] == ["leaves", "leaves", "shape_groups"]
+
+
+@pytest.mark.parametrize("skip_by,norm_by", [("cond", "leaves"), ("select", "leaves"), ("select", "shape_groups")])
+def test_non_finite_gradients_skip_the_update(small_state, skip_by, norm_by):  # CPUs, TPUs, GPUs (SkipBy, NormBy)
+    step = jax.jit(functools.partial(train_step, skip_by=skip_by, norm_by=norm_by), static_argnums=2)
     batch = copy_task_batch(np.random.default_rng(0))
     poisoned = small_state.replace(
         params=jax.tree.map(lambda p: p.at[(0,) * p.ndim].set(jnp.nan) if p.ndim == 2 else p, small_state.params)

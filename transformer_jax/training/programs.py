@@ -35,6 +35,7 @@ from transformer_jax.training.step import (
     apply_gradients,
     compute_gradients,
     eval_step,
+    norm_by_for,
     skip_by_for,
     train_step,
 )
@@ -220,7 +221,7 @@ def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
     batch = batch_sharding(mesh)
     smoothing = training.label_smoothing
     projected = projected_loss_for(training.loss_chunk_tokens, model_config, mesh, training.loss_kernel)
-    skip_by = skip_by_for(mesh_platform(mesh))
+    skip_by, norm_by = skip_by_for(mesh_platform(mesh)), norm_by_for(mesh_platform(mesh))
 
     def micro_gradients(state: TrainState, b: dict[str, jax.Array], micro_step: jax.Array) -> tuple[Any, Any]:
         return compute_gradients(state, b, smoothing, micro_step, projected)
@@ -230,11 +231,11 @@ def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
         create_state=create_state, shardings=shardings,
         abstract_state=abstract_with_shardings(jax.eval_shape(create_state), shardings),
         train_step=OnMesh(jax.jit(  # a partial, not a lambda: compile logs and events name it train_step
-            functools.partial(train_step, smoothing=smoothing, projected=projected, skip_by=skip_by),
+            functools.partial(train_step, smoothing=smoothing, projected=projected, skip_by=skip_by, norm_by=norm_by),
             in_shardings=(shardings, batch), out_shardings=(shardings, None), donate_argnums=0), mesh),
         micro_gradients=OnMesh(jax.jit(micro_gradients, in_shardings=(shardings, batch, None),
                                        out_shardings=(shardings.params, None)), mesh),
-        apply_gradients=jax.jit(functools.partial(apply_gradients, skip_by=skip_by),
+        apply_gradients=jax.jit(functools.partial(apply_gradients, skip_by=skip_by, norm_by=norm_by),
                                 in_shardings=(shardings, shardings.params, None),
                                 out_shardings=(shardings, None), donate_argnums=0),
         add_trees=jax.jit(add_trees, donate_argnums=0),
