@@ -13,7 +13,9 @@ import dataclasses
 
 from jax.sharding import Mesh
 
+from transformer_jax.aot.chips import CHIPS
 from transformer_jax.aot.compile import Program, RunShapes
+from transformer_jax.aot.measured import measured_line
 from transformer_jax.aot.topology import Topology
 from transformer_jax.model.flops import attention_score_flops, train_step_flops
 
@@ -172,6 +174,10 @@ def table(topology: Topology, mesh: Mesh, shapes: RunShapes, programs: list[Prog
         lines.append(f"compiler's own  {result.estimated_seconds * 1e3:.1f} ms per update by libtpu's cycle estimates "
                      f"at the {topology.chip.clock_hz / 1e9:.2f} GHz clock (Pallas kernels at their roofline, "
                      "collectives left out)")
+    chip_key = next((key for key, chip in CHIPS.items() if chip == topology.chip), "")
+    measured = measured_line(chip_key, model, shapes.rows / devices, shapes.width, result.step_seconds * 1e3)
+    if measured and accumulation == 1:
+        lines.append(measured)
     lines += [
         f"paper schedule  {PAPER_STEPS:,} steps x {PAPER_TOKENS_PER_STEP:,} tokens: {paper_days * 24:.1f} hours "
         "predicted (roofline: a lower bound)",
