@@ -129,7 +129,7 @@ def compile_seconds(log: str) -> dict[str, float]:
     return programs
 
 
-def test_sources(lease: str, path: str, lines: int) -> int:
+def write_test_sources(lease: str, path: str, lines: int) -> int:
     """Write the first `lines` test sources of the prepared corpus to `path`; returns how many."""
     with open(os.path.join(lease, "corpus", "test.json")) as f:
         test = json.load(f)
@@ -228,7 +228,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     summary["resume"] = train_phase(args, workdir, out("resume.log"), args.resume_seconds, extra, peak_memory)
     summary["resume"].update(window_figures(timing_records(workdir)[records_after_first:]))
     summary["gpu_memory_peak_mb"] = max(peak_memory) if peak_memory else None
-    lines = test_sources(args.lease, out("translate.src"), TRANSLATE_LINES)
+    lines = write_test_sources(args.lease, out("translate.src"), TRANSLATE_LINES)
     summary["eval"] = eval_phase(args, workdir, out("eval.log"), [])
     summary["eval"]["bleu"] = bleu_of(out("eval.log"))
     # eval.py --translate prints the translations: they go to translate.log with its other lines.
