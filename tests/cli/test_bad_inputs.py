@@ -155,6 +155,18 @@ TRAIN_ROWS = [
     ("mesh larger than the devices", lambda s: ["--config.mesh.data=3"],
      ["mesh data=3 x fsdp=1 does not cover the 1 available devices", "--config.mesh.data"]),
     ("zero fsdp axis", lambda s: ["--config.mesh.fsdp=0"], ["mesh.fsdp=0 must be positive"]),
+    # Absurd sizes: refused by what an int32 holds before anything is read, or by what a device holds before the
+    # model is built (a billion layers would take minutes to trace).
+    ("a layer count no 32-bit integer holds", lambda s: ["--config.model.num_layers=99999999999999999999"],
+     ["model.num_layers=99999999999999999999 is larger than a run can hold", "--config.model.num_layers lower"]),
+    ("a d_ff no 32-bit integer holds", lambda s: ["--config.model.d_ff=99999999999999999999"],
+     ["model.d_ff=99999999999999999999 is larger than a run can hold (2**31 - 1"]),
+    ("a vocabulary no 32-bit integer holds", lambda s: ["--config.data.vocab_size=99999999999999999999"],
+     ["data.vocab_size=99999999999999999999 is larger than a run can hold", "--config.data.vocab_size lower"]),
+    ("a batch no 32-bit integer holds", lambda s: ["--config.data.tokens_per_batch=4294967296"],
+     ["data.tokens_per_batch=4294967296 is larger than a run can hold"]),
+    ("a model no device here holds", fresh("--config.model.num_layers=1000000"),
+     ["the train state (parameters and Adam moments of", "1000000 layers", "GB per device", "--config.mesh.fsdp"]),
     ("zero data axis", lambda s: ["--config.mesh.data=0"], ["mesh.data=0 must be positive, or -1"]),
     # Data settings of a new run (on the trained workdir they would be refused as other than its corpus's).
     ("unknown data source", fresh("--config.data.source=nonsense"),

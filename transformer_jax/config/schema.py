@@ -103,7 +103,12 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 # The most steps a run counts: its step counter is an int32 on the devices.
-MAX_STEP = 2**31 - 1
+MAX_INT32 = 2**31 - 1
+MAX_STEP = MAX_INT32
+# Settings counted in steps (the state's int32 step counter: checked with their own message) and the seed's own range.
+STEP_SETTINGS = (("training", "num_train_steps"), ("training", "warmup_steps"), ("training", "checkpoint_every"),
+                 ("training", "eval_every"), ("training", "bleu_every"), ("training", "log_every"))
+SEED = ("training", "seed")
 LOSS_KERNELS = ("auto", "pallas", "xla")  # training.loss_kernel
 
 
@@ -133,6 +138,10 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
     for section, key, value in _numbers(config):
         if isinstance(value, float) and not math.isfinite(value):  # inf passes every "> 0" check below
             raise ConfigError(f"{section}.{key}={value!r} must be a finite number; set --config.{section}.{key}")
+        # Sizes and counts become int32 on the devices (shapes, the step counter, token ids); the seed has its own range.
+        if isinstance(value, int) and abs(value) > MAX_INT32 and (section, key) not in (*STEP_SETTINGS, SEED):
+            raise ConfigError(f"{section}.{key}={value} is larger than a run can hold (2**31 - 1: sizes and counts are "
+                              f"32-bit on the devices); set --config.{section}.{key} lower")
     if config.training.loss_chunk_tokens < -1:
         raise ConfigError(f"training.loss_chunk_tokens={config.training.loss_chunk_tokens} must be -1 (automatic), "
                           "0 (the whole batch's logits) or a positive number of tokens")
@@ -157,8 +166,7 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
     if config.mesh.data != -1 and not (isinstance(config.mesh.data, int) and config.mesh.data > 0):
         raise ConfigError(f"mesh.data={config.mesh.data!r} must be positive, or -1 (all devices not used by "
                           "fsdp); set --config.mesh.data")
-    for section, key in (("training", "num_train_steps"), ("training", "warmup_steps"), ("training", "checkpoint_every"),
-                         ("training", "eval_every"), ("training", "bleu_every"), ("training", "log_every")):
+    for section, key in STEP_SETTINGS:
         if config[section][key] > MAX_STEP:  # the state's step counter is int32
             raise ConfigError(f"{section}.{key}={config[section][key]} is more steps than a run counts (2**31 - 1); "
                               f"set --config.{section}.{key} lower")

@@ -50,7 +50,7 @@ from transformer_jax.data.epoch_plan import first_fit
 from transformer_jax.data.encoded import EncodedPairs
 from transformer_jax.data.shapes import WIDTH_MULTIPLE, length_buckets, round_width
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.model.flops import train_step_flops
+from transformer_jax.model.flops import parameter_count, train_step_flops
 
 # FLOP-equivalents of the elementwise work per attention score (mask, softmax and its gradient); see above.
 SCORE_COST = 2000.0
@@ -62,14 +62,6 @@ SMALLEST_WIDTH = 16
 def score_elements(model: TransformerConfig, rows: int, width: int) -> int:
     """Attention scores of one batch: encoder self, decoder self and cross attention, every head and layer."""
     return rows * width * width * model.num_heads * model.num_layers * 3
-
-
-def parameter_count(model: TransformerConfig) -> int:
-    """About the number of parameters (shared embeddings, encoder and decoder stacks)."""
-    d, d_ff = model.d_model, model.d_ff
-    encoder_layer = 4 * d * d + 2 * d * d_ff
-    decoder_layer = 8 * d * d + 2 * d * d_ff
-    return model.vocab_size * d + model.num_layers * (encoder_layer + decoder_layer)
 
 
 def step_cost(model: TransformerConfig, rows: int, width: int) -> float:

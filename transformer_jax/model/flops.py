@@ -64,3 +64,12 @@ def attention_score_flops(config: TransformerConfig, rows: int, source_length: i
 def model_flops_utilization(flops_per_step: float, seconds_per_step: float, peak_flops_per_second: float) -> float:
     """Achieved FLOP rate over the device's (measured) peak matmul rate."""
     return flops_per_step / seconds_per_step / peak_flops_per_second
+
+
+def parameter_count(config: TransformerConfig) -> int:
+    """About the number of parameters (shared embeddings, encoder and decoder stacks; biases and LayerNorms left
+    out): a closed form, known before anything is built."""
+    d, d_ff = config.d_model, config.d_ff
+    encoder_layer = 4 * d * d + 2 * d * d_ff
+    decoder_layer = 8 * d * d + 2 * d * d_ff
+    return config.vocab_size * d + config.num_layers * (encoder_layer + decoder_layer)

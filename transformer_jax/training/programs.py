@@ -25,6 +25,7 @@ from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.errors import ConfigError
 from transformer_jax.decoding.translate import decoding_precision, translate_rows
 from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.flops import parameter_count
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training.loss import projected_loss_for
 from transformer_jax.training.memory import check_fits, compiled_bytes_per_device, state_bytes_per_device
@@ -98,11 +99,8 @@ class RunPrograms:
 
     def init_state(self) -> TrainState:
         """The initial state, each device materializing only its own shards (checked to fit them first)."""
-        model = self.model_config
-        check_fits(state_bytes_per_device(self.abstract_state), self.mesh,
-                   f"the train state (parameters and Adam moments of d_model={model.d_model}, d_ff={model.d_ff}, "
-                   f"{model.num_layers} layers, a vocabulary of {model.vocab_size})",
-                   "lower the model's sizes, or shard the state over more devices with --config.mesh.fsdp")
+        check_fits(state_bytes_per_device(self.abstract_state), self.mesh, train_state_description(self.model_config),
+                   STATE_FIX)
         return jax.jit(self.create_state, out_shardings=self.shardings)()
 
     def compile_train(self, state: Any = None, micro_step: Any = None) -> list[jax.stages.Compiled]:
@@ -197,6 +195,15 @@ def dev_loss_step(model_config: TransformerConfig, smoothing: float) -> Callable
     return jax.jit(lambda params, batch: eval_step(params, apply, batch, smoothing))
 
 
+STATE_FIX = "lower the model's sizes, or shard the state over more devices with --config.mesh.fsdp"
+
+
+def train_state_description(model: TransformerConfig) -> str:
+    """What the train state of `model` is, for a message saying it does not fit."""
+    return (f"the train state (parameters and Adam moments of d_model={model.d_model}, d_ff={model.d_ff}, "
+            f"{model.num_layers} layers, a vocabulary of {model.vocab_size})")
+
+
 def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
               shapes: BatchShapes | None = None) -> RunPrograms:
     """Build the run `config` describes on `mesh`, for a vocabulary of `vocab_size` and batches of `shapes`
@@ -217,6 +224,10 @@ def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
     def create_state() -> TrainState:
         return create_train_state(model, optimizer, training.seed)
 
+    # Before the model is traced (a layer count or width too large for any device would take minutes to build):
+    # the parameters and Adam's two moments, in the parameters' dtype, by the closed form, sharded over fsdp.
+    state_estimate = 3 * parameter_count(model_config) * np.dtype(model_config.params_dtype).itemsize
+    check_fits(state_estimate // mesh.shape["fsdp"], mesh, train_state_description(model_config), STATE_FIX)
     shardings = state_shardings(mesh, jax.eval_shape(create_state))
     batch = batch_sharding(mesh)
     smoothing = training.label_smoothing
