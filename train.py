@@ -89,7 +89,8 @@ def main(argv: list[str]) -> None:
         _CLUSTER.use_compilation_cache(_WORKDIR.value)
         config, workdir = _CONFIG.value, _WORKDIR.value
         check_run_config(config)  # before any work, so a bad value leaves no trace in the workdir
-        config = adopt_initial_model(config, workdir)  # fine-tuning: the architecture of training.init_from
+        # Fine-tuning: the architecture of training.init_from; the command line's own settings of it are checked.
+        config = adopt_initial_model(config, workdir, config_flags.get_override_values(flags.FLAGS["config"]))
         check_run_config(config)
         _CLUSTER.join()
         with training_workdir(workdir):  # one job owns the workdir (run.lock) until it returns

@@ -115,6 +115,11 @@ def fresh(*flags: str):
     return lambda s: [*flags, f"--workdir={s['dir'] / 'fresh'}"]
 
 
+def from_trained(*flags: str):
+    """Flags of a new run (see `fresh`) fine-tuned from the trained run."""
+    return lambda s: [f"--config.training.init_from={s['workdir']}", *flags, f"--workdir={s['dir'] / 'fresh'}"]
+
+
 def on_fresh(flags):
     """A row's flags given the setup, on a workdir that does not exist yet (see `fresh`)."""
     return lambda s: [*flags(s), f"--workdir={s['dir'] / 'fresh'}"]
@@ -165,6 +170,15 @@ TRAIN_ROWS = [
      ["data.vocab_size=99999999999999999999 is larger than a run can hold", "--config.data.vocab_size lower"]),
     ("a batch no 32-bit integer holds", lambda s: ["--config.data.tokens_per_batch=4294967296"],
      ["data.tokens_per_batch=4294967296 is larger than a run can hold"]),
+    # Fine-tuning (training.init_from): the source run fixes the model and the vocabulary; the command line's own
+    # settings of them are refused, naming each (the trained run is d_model=32, 1 layer, 500 pieces).
+    ("fine-tune given another model size", from_trained("--config.model.d_model=64", "--config.model.num_layers=3"),
+     ["fixes the model and the vocabulary, so --config.model.num_layers=3, --config.model.d_model=64 cannot apply",
+      "that run has model.num_layers=1, model.d_model=32", "drop those flags"]),
+    ("fine-tune given its own vocabulary", from_trained("--config.data.vocab_size=300"),
+     ["--config.data.vocab_size=300 cannot apply", "data.vocab_size=500"]),
+    ("fine-tune given another norm position", from_trained("--config.model.norm_position=pre"),
+     ["--config.model.norm_position='pre' cannot apply", "model.norm_position='post'"]),
     ("a model no device here holds", fresh("--config.model.num_layers=1000000"),
      ["the train state (parameters and Adam moments of", "1000000 layers", "GB per device", "--config.mesh.fsdp"]),
     ("zero data axis", lambda s: ["--config.mesh.data=0"], ["mesh.data=0 must be positive, or -1"]),
@@ -631,3 +645,19 @@ def test_non_finite_loss_before_any_checkpoint_says_none_was_written(setup, tmp_
                         "--config.training.max_skipped_updates=2", "--config.training.eval_every=0")
     assert_one_line_error(result, "non-finite loss or gradient", "(no checkpoint was written)")
     assert Checkpointer(str(tmp_path / "run" / "checkpoints"), read_only=True).latest_step() is None
+
+
+def test_a_fine_tune_keeps_settings_equal_to_its_source_and_names_the_config_files_it_replaces(setup, capsys):
+    """The command line may repeat the source's own values; the config file's other values are replaced, said."""
+    from transformer_jax.checkpoints.initial import adopt_initial_model
+    from transformer_jax.config import default_config
+
+    config = default_config()
+    config.training.init_from = str(setup["workdir"])
+    config.model.d_model = 32  # as --config.model.d_model=32 sets it
+    adopted = adopt_initial_model(config, str(setup["dir"] / "tuned"), explicit={"model.d_model": 32})
+    assert (adopted.model.d_model, adopted.model.num_layers, adopted.data.vocab_size) == (32, 1, 500)
+    said = capsys.readouterr()
+    line = [line for line in (said.out + said.err).splitlines() if "training.init_from=" in line]
+    assert len(line) == 1 and "model.num_layers=6 (now 1)" in line[0] and "d_model" not in line[0] and "data.vocab_size=32000 (now 500)" in line[0]
+    assert not (setup["dir"] / "tuned").exists()

@@ -10,7 +10,7 @@ resumes from its own checkpoints, as any run does.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Collection
 
 import flax.linen as nn
 import jax
@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from transformer_jax.base import workdir as layout
+from transformer_jax.base.console import say
 from transformer_jax.config.schema import read_run_config
 from transformer_jax.errors import ConfigError
 
@@ -27,9 +28,15 @@ ARCHITECTURE = ("num_layers", "d_model", "d_ff", "num_heads", "max_len", "norm_p
                 "share_embeddings", "tie_output_embedding", "output_bias", "activation", "layer_norm_epsilon")
 
 
-def adopt_initial_model(config: ml_collections.ConfigDict, workdir: str) -> ml_collections.ConfigDict:
+def adopt_initial_model(config: ml_collections.ConfigDict, workdir: str,
+                        explicit: Collection[str] = ()) -> ml_collections.ConfigDict:
     """`config` with the architecture and vocabulary size of the run `training.init_from` names (unchanged
-    without one); a ConfigError when that is not a run, or is `workdir` itself."""
+    without one); a ConfigError when that is not a run, or is `workdir` itself.
+
+    The source run fixes what a fine-tune cannot change (FIXED_BY_SOURCE). A setting among them given on the
+    command line (`explicit`: keys such as "model.d_model") that differs from the source's is refused, naming
+    each; the config file's own values are replaced, and a line names the ones that differed.
+    """
     source = config.training.init_from
     if not source:
         return config
@@ -41,12 +48,32 @@ def adopt_initial_model(config: ml_collections.ConfigDict, workdir: str) -> ml_c
     from transformer_jax.data.tokenizer import Tokenizer
 
     started_from = read_run_config(layout.run_path(source, layout.CONFIG))
-    config = config.copy_and_resolve_references()
+    adopted = config.copy_and_resolve_references()
     for key in ARCHITECTURE:
-        config.model[key] = started_from.model[key]
-    config.model.vocab_size = 0
-    config.data.vocab_size = Tokenizer.load(layout.run_path(source, layout.TOKENIZER)).vocab_size
-    return config
+        adopted.model[key] = started_from.model[key]
+    adopted.model.vocab_size = 0
+    adopted.data.vocab_size = Tokenizer.load(layout.run_path(source, layout.TOKENIZER)).vocab_size
+    differ = [key for key in FIXED_BY_SOURCE if _value(config, key) != _value(adopted, key)
+              and not (key == "model.vocab_size" and _value(config, key) in (0, adopted.data.vocab_size))]
+    refused = [key for key in differ if key in explicit]
+    if refused:
+        given = ", ".join(f"--config.{key}={_value(config, key)!r}" for key in refused)
+        theirs = ", ".join(f"{key}={_value(adopted, key)!r}" for key in refused)
+        raise ConfigError(f"training.init_from={source} fixes the model and the vocabulary, so {given} cannot apply "
+                          f"(that run has {theirs}); drop those flags, or train a new model without init_from")
+    if differ:
+        say(f"training.init_from={source}: its model replaces the config file's "
+            + ", ".join(f"{key}={_value(config, key)!r} (now {_value(adopted, key)!r})" for key in differ))
+    return adopted
+
+
+# What a run started from another's parameters takes from it (the config's keys, "section.key").
+FIXED_BY_SOURCE = (*(f"model.{key}" for key in ARCHITECTURE), "model.vocab_size", "data.vocab_size")
+
+
+def _value(config: ml_collections.ConfigDict, key: str) -> Any:
+    section, name = key.split(".")
+    return config[section][name]
 
 
 def initial_params(source: str, current: Any, scanned: bool) -> tuple[Any, int]:
