@@ -557,6 +557,45 @@ def run_module(module: str, *args: str) -> subprocess.CompletedProcess:
                           text=True, timeout=300)
 
 
+def test_preflight_given_a_workdir_that_is_not_there_creates_nothing(setup, tmp_path):
+    """A mistyped --workdir must not become a run directory holding a tokenizer and a corpus."""
+    for workdir in (tmp_path / "runs" / "bsae", tmp_path / "typo"):
+        result = run_module("transformer_jax.aot", f"--config={setup['config']}", "--topology=v5e:2x4",
+                            f"--workdir={workdir}")
+        assert_one_line_error(result, f"--workdir={workdir} does not exist", f"mkdir -p {workdir}")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("flags, fragments", [
+    (["--hf_dir=nowhere", "--workdir="], ["--workdir is empty", "name the run directory to create"]),
+    (["--hf_dir=nowhere", "--workdir= "], ["--workdir is empty"]),
+    (["--hf_dir=nowhere", "--workdir=x", "--no_such_flag=1"], ["Unknown command line flag no_such_flag", "see --help"]),
+])
+def test_import_marian_errors_are_one_line(setup, tmp_path, flags, fragments):
+    """The import's own checks and its flag parsing follow the commands' one-line convention (exit 2)."""
+    result = subprocess.run([sys.executable, "-m", "transformer_jax.cli.import_marian", *flags], cwd=tmp_path,
+                            env=script_env(), capture_output=True, text=True, timeout=300)
+    assert_one_line_error(result, *fragments)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("size,fault,remedy", [
+    ("8k", "no space left on the device", "free space and run the same command again"),
+    ("ro", "read-only file system", "writable and run the same command again"),
+])
+def test_prepare_onto_a_full_or_read_only_disk_names_the_fault_and_leaves_nothing(setup, tmp_path, size, fault, remedy):
+    """The remedy follows the fault (errno), and a failed first preparation removes the directories it made."""
+    with small_disk(tmp_path / "disk", "8k" if size == "ro" else size) as disk:
+        if size == "ro":
+            subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        result = run_module("transformer_jax.cli.prepare", f"--config={setup['config']}",
+                            f"--output={disk / 'new' / 'corpus'}")
+        left = os.listdir(disk)
+    assert_one_line_error(result, fault, remedy)
+    assert "free space" not in result.stderr or size != "ro"
+    assert left == []
+
+
 @pytest.mark.parametrize("flags, fragments", [
     (["--topology="], ["--topology is empty", "--topology=v5e:2x4"]),
     (["--topology=v5e:2x4", "--hbm_gb=0"], ["--hbm_gb=0.0 must be a positive number of GB per device"]),
@@ -639,12 +678,18 @@ def test_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(setup
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params))
 
 
-def test_non_finite_loss_before_any_checkpoint_says_none_was_written(setup, tmp_path):
-    result = run_script("train.py", f"--config={setup['config']}", f"--workdir={tmp_path / 'run'}",
-                        "--config.training.num_train_steps=3", "--config.training.learning_rate_scale=1e30",
+@pytest.mark.parametrize("rate,advice", [
+    ("--config.training.learning_rate_scale=1e30", "lower training.learning_rate_scale (it is 1e+30)"),
+    ("--config.training.peak_learning_rate=1e9", "lower training.peak_learning_rate (it is 1e+09)"),
+    ("--config.training.peak_learning_rate=1e30", "lower training.peak_learning_rate (it is 1e+30)"),
+])
+def test_non_finite_loss_before_any_checkpoint_names_the_rate_given_and_leaves_no_workdir(setup, tmp_path, rate, advice):
+    """The advice names the learning-rate setting the run uses; a first start that saved nothing leaves nothing."""
+    result = run_script("train.py", f"--config={setup['config']}", f"--workdir={tmp_path / 'new' / 'run'}",
+                        "--config.training.num_train_steps=3", rate,
                         "--config.training.max_skipped_updates=2", "--config.training.eval_every=0")
-    assert_one_line_error(result, "non-finite loss or gradient", "(no checkpoint was written)")
-    assert Checkpointer(str(tmp_path / "run" / "checkpoints"), read_only=True).latest_step() is None
+    assert_one_line_error(result, "non-finite loss or gradient", "(no checkpoint was written)", advice)
+    assert not (tmp_path / "new").exists()
 
 
 def test_a_fine_tune_keeps_settings_equal_to_its_source_and_names_the_config_files_it_replaces(setup, capsys):

@@ -238,15 +238,17 @@ def storage_remedy(error: BaseException) -> str:
     return STORAGE_REMEDIES.get(code, "free space")
 
 
-def storage_error(error: BaseException, doing: str,
-                  after: str = "free space and run the same command again") -> StorageError | None:
+def storage_error(error: BaseException, doing: str, after: str | None = None) -> StorageError | None:
     """A StorageError line for `error` when it is a fault of the machine's storage (see storage_errno), else None.
 
-    `doing` says what was being written ("writing checkpoint 6"), `after` what is kept and how to go on.
+    `doing` says what was being written ("writing checkpoint 6"), `after` what is kept and how to go on
+    (default: the fault's own remedy, storage_remedy, and the same command again).
     """
     code = storage_errno(error)
     if code is None:
         return None
+    if after is None:
+        after = f"{storage_remedy(error)} and run the same command again"
     filename = getattr(error, "filename", None)
     where = f" ({filename})" if filename else ""
     return StorageError(f"{doing}{where} failed: {STORAGE_ERRNOS[code]}; {after}")

@@ -285,6 +285,31 @@ def define_cluster_flags() -> ClusterFlags:
     )
 
 
+def missing_directories(path: str) -> list[str]:
+    """The local directories of `path` that do not exist yet, deepest first (none on an object store)."""
+    missing: list[str] = []
+    if is_local(path):
+        directory = os.path.abspath(path)
+        while not os.path.exists(directory):
+            missing.append(directory)
+            directory = os.path.dirname(directory)
+    return missing
+
+
+@contextlib.contextmanager
+def removed_on_failure(path: str, complete: str) -> Iterator[None]:
+    """Remove the local directories a failing block created for `path`, with what they hold, unless `complete` (a
+    file the block writes last in `path`) is there: a failed first attempt leaves nothing behind. A directory that
+    existed is never removed; a stop (Ctrl-C, SIGTERM) keeps what was made."""
+    created = missing_directories(path)
+    try:
+        yield
+    except Exception:
+        if created and not os.path.exists(os.path.join(path, complete)):
+            shutil.rmtree(created[-1], ignore_errors=True)  # the outermost one
+        raise
+
+
 def ensure_writable_workdir(workdir: str) -> list[str]:
     """Create `workdir` if needed; fail clearly when it cannot be written.
 
@@ -297,12 +322,7 @@ def ensure_writable_workdir(workdir: str) -> list[str]:
     if is_local(workdir) and os.path.islink(workdir) and not os.path.exists(workdir):
         raise ConfigError(f"workdir {workdir} is a symbolic link to {os.path.realpath(workdir)}, which does not exist; "
                           "create that directory or fix the link")
-    created = []
-    if is_local(workdir):
-        missing = os.path.abspath(workdir)
-        while not os.path.exists(missing):
-            created.append(missing)
-            missing = os.path.dirname(missing)
+    created = missing_directories(workdir)
     # Unique per process and host: hosts sharing the workdir may run processes with equal pids.
     probe = unique_name(os.path.join(workdir, ".write_test"))
     try:
@@ -331,18 +351,19 @@ def ensure_writable_workdir(workdir: str) -> list[str]:
 def training_workdir(workdir: str) -> Iterator[None]:
     """Create `workdir` and own it (run.lock, see cli/lock.py) while training writes it.
 
-    A first start that fails (a data check, a bad vocabulary size, a model that does not fit) before
-    training began, which config.json marks, removes the workdir it created with everything in it (a
-    prepared corpus, the tokenizer, logs): a failed first attempt leaves nothing behind. Ctrl-C and
-    SIGTERM keep what was made (a rerun resumes it, the corpus included); an existing workdir is never
-    removed.
+    A first start that fails before it wrote a checkpoint (a data check, a bad vocabulary size, a model that
+    does not fit, updates that all went non-finite) removes the workdir it created with everything in it (a
+    prepared corpus, the tokenizer, logs): a failed first attempt leaves nothing behind, and its rerun would
+    start from nothing anyway. Ctrl-C and SIGTERM keep what was made (a rerun resumes it, the corpus
+    included); an existing workdir is never removed.
     """
     created = ensure_writable_workdir(workdir)
     try:
         with owning(workdir):
             yield
     except Exception:
-        if created and not os.path.exists(os.path.join(workdir, layout.CONFIG)):
+        checkpoints = os.path.join(workdir, layout.CHECKPOINTS)
+        if created and not (os.path.isdir(checkpoints) and any(name.isdigit() for name in os.listdir(checkpoints))):
             shutil.rmtree(created[-1], ignore_errors=True)  # the outermost directory this start created
         raise
     except BaseException:

@@ -28,9 +28,10 @@ from transformer_jax.base import quiet_console
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.files import directory_written_whole, write_atomically
 from transformer_jax.checkpoints.manager import Checkpointer
-from transformer_jax.cli.commands import user_errors
+from transformer_jax.cli.commands import parse_flags, user_errors
 from transformer_jax.config.schema import check_run_config, default_config, write_run_config
 from transformer_jax.data.marian_vocabulary import MarianVocabulary
+from transformer_jax.errors import ConfigError
 from transformer_jax.export.hf_directory import check_new_directory, read_marian
 from transformer_jax.export.marian import marian_to_ours, model_config_of
 from transformer_jax.model.config import TransformerConfig
@@ -92,9 +93,11 @@ def main(argv: list[str]) -> None:
     del argv
     quiet_console()
     with user_errors():
+        if not _WORKDIR.value.strip():
+            raise ConfigError("--workdir is empty; name the run directory to create (absent or empty)")
         workdir = import_marian(_HF_DIR.value, _WORKDIR.value, _SOURCE.value, _TARGET.value, _TEXT.value)
         print(f"imported {_HF_DIR.value} into {workdir}: eval.py --workdir={workdir} --translate=FILE translates with it")
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

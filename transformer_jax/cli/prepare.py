@@ -16,7 +16,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # preparing is host work: no acce
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from transformer_jax.cli.commands import interrupts_reported, parse_flags, user_errors  # noqa: E402
+from transformer_jax.cli.commands import (  # noqa: E402
+    interrupts_reported,
+    parse_flags,
+    removed_on_failure,
+    user_errors,
+)
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (see configs/).", lock_config=True)
 _OUTPUT = flags.DEFINE_string("output", None, "Directory to write the prepared corpus to (local or gs://).")
@@ -30,6 +35,7 @@ def main(argv: list[str]) -> None:
                                             "the same command prepares it"):
         from transformer_jax.config import check_run_config
         from transformer_jax.data import prepare_corpus
+        from transformer_jax.data.prepared import MANIFEST
         from transformer_jax.errors import ConfigError
 
         config = _CONFIG.value
@@ -39,7 +45,8 @@ def main(argv: list[str]) -> None:
         if _WORKERS.value < 1:
             raise ConfigError(f"--workers={_WORKERS.value} must be at least 1")
         start = time.perf_counter()
-        corpus = prepare_corpus(config, _OUTPUT.value, workers=_WORKERS.value)
+        with removed_on_failure(_OUTPUT.value, MANIFEST):  # a failed first attempt (a full disk) leaves no directory
+            corpus = prepare_corpus(config, _OUTPUT.value, workers=_WORKERS.value)
         seconds = time.perf_counter() - start
         print(f"prepared {len(corpus)} training pairs in {len(corpus.manifest['shards'])} shard(s) at "
               f"{_OUTPUT.value} ({seconds:.1f} s); train with --config.data.prepared={_OUTPUT.value}")

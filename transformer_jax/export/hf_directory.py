@@ -107,6 +107,8 @@ def read_marian(directory: str) -> tuple[dict[str, Any], dict[str, np.ndarray], 
 
 def check_new_directory(directory: str) -> None:
     """ConfigError unless `directory` is absent or an empty directory (nothing is ever written over)."""
+    if not directory.strip():  # "" would be the current directory
+        raise ConfigError("the directory to write is an empty path; name a new directory")
     if os.path.isfile(directory) or (os.path.isdir(directory) and os.listdir(directory)):
         raise ConfigError(f"{directory} already exists and is not empty; choose a new directory or remove it")
 

@@ -42,17 +42,30 @@ from transformer_jax.training.programs import build_run_for
 from transformer_jax.training.state import TrainState
 
 
+# What to lower when updates go non-finite: the learning-rate setting the run uses (see rate_advice).
+DEFAULT_RATE_ADVICE = "lower training.learning_rate_scale or set training.grad_clip_norm"
+
+
+def rate_advice(training: ml_collections.ConfigDict) -> str:
+    """What to lower for non-finite updates: the run's own learning-rate setting, with its value."""
+    if training.peak_learning_rate:
+        return f"lower training.peak_learning_rate (it is {training.peak_learning_rate:g}) or set training.grad_clip_norm"
+    return (f"lower training.learning_rate_scale (it is {training.learning_rate_scale:g}) or set "
+            "training.grad_clip_norm")
+
+
 def check_skip_streak(state: TrainState, max_skipped_updates: int,
-                      newest_checkpoint: Callable[[], int | None] = lambda: None) -> None:
+                      newest_checkpoint: Callable[[], int | None] = lambda: None,
+                      advice: str = DEFAULT_RATE_ADVICE) -> None:
     """Raise TrainingError once `max_skipped_updates` updates in a row were skipped as non-finite.
 
-    The message names the newest checkpoint on disk, `newest_checkpoint()` (None: there is none).
+    The message names the newest checkpoint on disk, `newest_checkpoint()` (None: there is none), and `advice`.
     """
     streak = int(jax.device_get(state.longest_skip_streak))
     if streak >= max_skipped_updates:
         raise TrainingError(
             f"{streak} updates in a row had a non-finite loss or gradient and were skipped; "
-            f"lower training.learning_rate_scale or set training.grad_clip_norm ({_kept(newest_checkpoint())})"
+            f"{advice} ({_kept(newest_checkpoint())})"
         )
 
 
@@ -63,7 +76,8 @@ def _kept(kept_step: int | None) -> str:
 
 
 def check_trained(state: TrainState, step: int, mesh: jax.sharding.Mesh | None = None,
-                  newest_checkpoint: Callable[[], int | None] = lambda: None) -> None:
+                  newest_checkpoint: Callable[[], int | None] = lambda: None,
+                  advice: str = DEFAULT_RATE_ADVICE) -> None:
     """Raise TrainingError when the run has nothing trained to score: every update skipped, parameters
     that are not finite, or final updates skipped (the state they end in is not saved); a test BLEU of such a
     model would be reported as if it meant something. The message names `newest_checkpoint()`.
@@ -77,17 +91,16 @@ def check_trained(state: TrainState, step: int, mesh: jax.sharding.Mesh | None =
     skipped = int(np.asarray(_local(state.skipped_updates)))
     if step > 0 and skipped >= step:
         raise TrainingError(f"all {step} updates had a non-finite loss or gradient and were skipped, so the model is "
-                            "untrained; lower training.learning_rate_scale or set training.grad_clip_norm, and check "
+                            f"untrained; {advice}, and check "
                             "the model settings (e.g. model.layer_norm_epsilon)")
     if not bool(np.asarray(_local(all_finite))):
         raise TrainingError(f"the parameters at step {step} are not finite; the run cannot be scored: restart from an "
-                            "earlier checkpoint with a lower training.learning_rate_scale")
+                            f"earlier checkpoint and {advice}")
     trailing = int(np.asarray(_local(state.consecutive_skipped)))
     if trailing:  # the state is not saved while updates are skipped (Trainer.save): nothing to resume or score
         raise TrainingError(
             f"the last {trailing} of {step} updates had a non-finite loss or gradient and were skipped, so step {step} "
-            f"was not saved and the run cannot be scored ({_kept(newest_checkpoint())}); lower "
-            "training.learning_rate_scale or set training.grad_clip_norm"
+            f"was not saved and the run cannot be scored ({_kept(newest_checkpoint())}); {advice}"
         )
 
 
@@ -312,7 +325,7 @@ class Trainer:
             self._wind_down(stop, window, quietly=True)
             raise
         self._wind_down(stop, window, quietly=False)
-        check_trained(self.state, step, self.mesh, self.newest_checkpoint)
+        check_trained(self.state, step, self.mesh, self.newest_checkpoint, rate_advice(training))
         return self.state
 
     def _train(self, start: int, window: LogWindow, evaluate: PeriodicEval, stop: StopFlag) -> int:
@@ -327,7 +340,8 @@ class Trainer:
             if closes_window:
                 self._check_workdir()
                 window.close(step, self.state.skipped_updates)
-                check_skip_streak(self.state, training.max_skipped_updates, self.newest_checkpoint)
+                check_skip_streak(self.state, training.max_skipped_updates, self.newest_checkpoint,
+                                  rate_advice(training))
             evaluating = time.perf_counter()
             metrics = evaluate(step, self.state.params, window.log)
             if metrics:
