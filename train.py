@@ -18,13 +18,13 @@ from ml_collections import config_flags
 
 from transformer_jax.base import quiet_console
 from transformer_jax.base import workdir as layout
-from transformer_jax.base.files import is_dir, list_names
 from transformer_jax.checkpoints.initial import adopt_initial_model
 from transformer_jax.cli import (
     define_cluster_flags,
     interrupts_reported,
     parse_flags,
     storage_named,
+    training_kept,
     training_workdir,
     user_errors,
 )
@@ -71,20 +71,11 @@ def train(config, workdir: str, stage: list[str]) -> None:
             print(f"learning curves: {plot_learning_curves(workdir)}")
 
 
-def saved_so_far(workdir: str) -> str:
-    """What a stop before the end of training leaves: the newest checkpoint on disk, or nothing."""
-    directory = layout.run_path(workdir, layout.CHECKPOINTS)
-    steps = [int(name) for name in list_names(directory) if name.isdigit()] if is_dir(directory) else []
-    if steps:
-        return f"the newest checkpoint is step {max(steps)}"
-    return "nothing; training had not started (its own Ctrl-C saves a checkpoint and stops)"
-
-
 def main(argv: list[str]) -> None:
     del argv
     quiet_console()
     stage = [""]  # set once training finished; before, what is on disk says (saved_so_far)
-    finished = lambda: stage[0] or saved_so_far(_WORKDIR.value)  # noqa: E731
+    finished = lambda: stage[0] or training_kept(_WORKDIR.value)  # noqa: E731
     with user_errors(), interrupts_reported(finished, terminated_exit=0, arrived=ARRIVED):  # SIGTERM: a rerun resumes
         _CLUSTER.use_compilation_cache(_WORKDIR.value)
         config, workdir = _CONFIG.value, _WORKDIR.value

@@ -55,13 +55,52 @@ def test_sigterm_during_a_periodic_evaluation_saves_a_checkpoint_and_the_same_co
     config, workdir = write_config(tmp_path), tmp_path / "run"
     stopped = signalled_run(config, workdir, "evaluation")
     assert stopped.returncode == 0 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
-    assert "stopped by signal" in stopped.stderr and not (workdir / layout.LOCK).exists()
+    assert "stopped by signal 15 at step 3: checkpoint 3 saved; the same command resumes the run" in stopped.stdout
+    assert not (workdir / layout.LOCK).exists()
     assert sorted(int(p.name) for p in (workdir / layout.CHECKPOINTS).iterdir() if p.name.isdigit())[-1] == 3
     # Stopped again while the resumed run compiles: the line says what is on disk, not "nothing".
     assert_stopped_cleanly(signalled_run(config, workdir, "compiling"), workdir, "the newest checkpoint is step 3")
     rerun = run_script("train.py", f"--config={config}", f"--workdir={workdir}")
     assert rerun.returncode == 0 and "test SacreBLEU" in rerun.stdout, rerun.stderr[-3000:]
     assert "resumed from" in rerun.stdout
+
+
+@pytest.mark.parametrize("point, again", [("update", None), ("update twice", "SIGTERM"),
+                                          ("update and save", "SIGTERM"), ("update and save", "SIGINT")])
+def test_a_stop_before_the_first_checkpoint_keeps_its_promise(tmp_path, point, again):
+    """One signal, or a second one (SIGTERM or Ctrl-C's SIGINT) while the stop's checkpoint is being written: the
+    checkpoint is finished whole, the line says so, and the same command resumes from it."""
+    config, workdir = write_config(tmp_path), tmp_path / "run"
+    stopped = run_script("tests/signal_at.py", f"--config={config}", f"--workdir={workdir}",
+                         env=script_env(SIGNAL_AT=point, SIGNAL_AGAIN=again or ""))
+    assert stopped.returncode == 0 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    assert "stopped by signal 15 at step 2: checkpoint 2 saved; the same command resumes the run" in stopped.stdout
+    if again:
+        number = getattr(signal, again).value
+        assert f"signal {number} again: stopping after the checkpoint is written" in stopped.stdout, stopped.stdout
+    names = sorted(p.name for p in (workdir / layout.CHECKPOINTS).iterdir())
+    assert [name for name in names if name.isdigit()] == ["2"] and not [n for n in names if "tmp" in n], names
+    assert not (workdir / layout.LOCK).exists()
+    rerun = run_script("train.py", f"--config={config}", f"--workdir={workdir}")
+    assert rerun.returncode == 0 and "resumed from" in rerun.stdout and "test SacreBLEU" in rerun.stdout, \
+        rerun.stderr[-3000:]
+
+
+def test_the_stop_line_reads_the_disk_and_the_log(tmp_path):
+    """Outside the loop, the line says what a stop leaves: a checkpoint cut short, logged steps nothing keeps."""
+    from transformer_jax.cli import training_kept
+
+    workdir = tmp_path / "run"
+    assert training_kept(str(workdir)).startswith("nothing; training had not started")
+    (workdir / layout.CHECKPOINTS / "1050.orbax-checkpoint-tmp-12").mkdir(parents=True)
+    (workdir / layout.METRICS).write_text("".join(f'{{"step": {s}, "split": "train", "loss": 1.0}}\n'
+                                                  for s in (50, 1050)))
+    assert training_kept(str(workdir)) == ("no checkpoint was written; the checkpoint of step 1050 was cut short (the "
+                                           "next start removes what it left); the 1050 steps logged are lost and a "
+                                           "rerun starts over")
+    (workdir / layout.CHECKPOINTS / "1000").mkdir()
+    assert training_kept(str(workdir)) == ("the newest checkpoint is step 1000; the checkpoint of step 1050 was cut "
+                                           "short (the next start removes what it left)")
 
 
 def test_sigterm_during_the_imports_stops_with_one_line_and_leaves_no_workdir(tmp_path):

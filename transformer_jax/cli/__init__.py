@@ -11,8 +11,10 @@ from transformer_jax.cli.commands import (
     initialize_distributed,
     interrupts_reported,
     parse_flags,
+    training_kept,
     training_workdir,
     user_errors,
 )
 
-__all__ = ["ClusterFlags", "define_cluster_flags", "initialize_distributed", "interrupts_reported", "parse_flags", "storage_named", "training_workdir", "user_errors"]
+__all__ = ["ClusterFlags", "define_cluster_flags", "initialize_distributed", "interrupts_reported", "parse_flags", "storage_named", "training_kept", "training_workdir",
+           "user_errors"]

@@ -19,7 +19,10 @@ from transformer_jax.base import workdir as layout
 from transformer_jax.base.compile_cache import default_cache_dir, use_compilation_cache
 from transformer_jax.errors import ConfigError, UserError
 from transformer_jax.base.files import (
+    exists,
+    is_dir,
     is_local,
+    list_names,
     make_dirs,
     remove,
     storage_errno,
@@ -283,6 +286,30 @@ def define_cluster_flags() -> ClusterFlags:
             "$JAX_COMPILATION_CACHE_DIR if set, else the workdir's with --multihost (it outlives a preempted "
             f"host), else {default_cache_dir()}."),
     )
+
+
+def training_kept(workdir: str) -> str:
+    """What a stop before the end of training leaves, read from the workdir: the newest checkpoint, a checkpoint cut
+    short, or the logged steps that no checkpoint keeps."""
+    from transformer_jax.training.metrics_log import read_records
+
+    directory = layout.run_path(workdir, layout.CHECKPOINTS)
+    names = list_names(directory) if is_dir(directory) else []
+    steps = [int(name) for name in names if name.isdigit()]
+    cut = sorted(int(name.split(".")[0]) for name in names if name.split(".")[0].isdigit() and not name.isdigit())
+    cut_short = (f"; the checkpoint of step {cut[-1]} was cut short (the next start removes what it left)"
+                 if cut and (not steps or cut[-1] > max(steps)) else "")
+    if steps:
+        return f"the newest checkpoint is step {max(steps)}{cut_short}"
+    metrics = layout.run_path(workdir, layout.METRICS)
+    try:
+        logged = [r["step"] for r in read_records(metrics) if r.get("split") == "train"] if exists(metrics) else []
+    except Exception:  # noqa: BLE001 - a damaged log: say what the checkpoints say
+        logged = []
+    if logged:
+        return (f"no checkpoint was written{cut_short}; the {max(logged)} steps logged are lost and a rerun starts "
+                "over")
+    return "nothing; training had not started (its own Ctrl-C saves a checkpoint and stops)"
 
 
 def missing_directories(path: str) -> list[str]:

@@ -135,6 +135,7 @@ class Trainer:
         self.workdir_watch = layout.RunWatch(workdir)  # to tell when it vanishes under the run
         self.failed = False  # whether `run` raised
         self.step_host = (0.0, 0.0)  # the last update's host seconds: (getting its batches, dispatching it)
+        self.stopped_by = ""  # what stopped training before its last step (a signal), once it has
 
     def restore_latest(self) -> tuple[int, list[dict[str, Any]]]:
         """Resume from the newest checkpoint that restores intact (damaged newer ones are reported and set aside).
@@ -325,6 +326,10 @@ class Trainer:
             self._wind_down(stop, window, quietly=True)
             raise
         self._wind_down(stop, window, quietly=False)
+        if self.stopped_by:  # what is on disk now that the saves are written
+            newest = self.checkpointer.latest_step()
+            kept = f"checkpoint {newest} saved" if newest == step else _kept(newest)
+            say(f"stopped by {self.stopped_by} at step {step}: {kept}; the same command resumes the run")
         check_trained(self.state, step, self.mesh, self.newest_checkpoint, rate_advice(training))
         return self.state
 
@@ -354,26 +359,26 @@ class Trainer:
             if closes_window or saves:
                 window.resume_progress()
             if must_stop():  # every step, the same answer on every process (see StopAgreement)
-                self.save(step, window)
-                cause = f"signal {stop.signal_number}" if stop.raised else "a signal to another process"
-                logging.warning("stopped by %s at step %d; checkpoint saved", cause, step)
+                self.stopped_by = f"signal {stop.signal_number}" if stop.raised else "a signal to another process"
                 break
         self.save(step, window)
         return step
 
     def _wind_down(self, stop: StopFlag, window: LogWindow, quietly: bool) -> None:
-        """Give the signals back, stop reading ahead, close the log and finish pending saves.
+        """Stop reading ahead, close the log, finish pending saves, then give the signals back.
 
         `quietly` when training failed: a failure here (the same full disk) would only hide that first one.
         """
-        stop.uninstall()
-        self.stop_input()
-        for finish in (window.finish, self.checkpointer.wait):
-            try:
-                finish()
-            except Exception:
-                if not quietly:
-                    raise
+        try:
+            self.stop_input()
+            for finish in (window.finish, self.checkpointer.wait):
+                try:
+                    finish()
+                except Exception:
+                    if not quietly:
+                        raise
+        finally:
+            stop.uninstall()  # after the saves: a signal while they are written does not cut them short
 
     def _check_workdir(self) -> None:
         """Raise FileNotFoundError when the workdir the run started in, or what it held then, is gone."""

@@ -26,18 +26,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from transformer_jax.base.console import say
 from transformer_jax.base.sharding import batch_sharding
 
 
 @dataclasses.dataclass
 class StopFlag:
-    """Set by SIGTERM/SIGINT so the loop saves a checkpoint and exits at a step boundary."""
+    """Set by SIGTERM/SIGINT so the loop saves a checkpoint and exits at a step boundary.
+
+    It stays installed until the loop has finished its saves: a later signal (a scheduler's repeated SIGTERM, a
+    second Ctrl-C) is told that the checkpoint is being finished and does not cut it short, so a stop always
+    ends with the checkpoint it promised. SIGQUIT (Ctrl-\\) or SIGKILL stop at once, abandoning it.
+    """
 
     signal_number: int | None = None
     previous: dict[int, Any] = dataclasses.field(default_factory=dict)
+    signals: int = 0  # received since install
 
     def install(self) -> None:
-        """Route SIGTERM and SIGINT to this flag (a second signal gets the previous handling back)."""
+        """Route SIGTERM and SIGINT to this flag."""
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.previous[sig] = signal.signal(sig, self._handle)
 
@@ -48,8 +55,12 @@ class StopFlag:
         self.previous.clear()
 
     def _handle(self, signal_number: int, frame: Any) -> None:
-        self.signal_number = signal_number
-        self.uninstall()
+        self.signals += 1
+        if self.signal_number is None:
+            self.signal_number = signal_number
+        else:
+            say(f"signal {signal_number} again: stopping after the checkpoint is written (SIGQUIT, Ctrl-\\, stops at "
+                "once without it)")
 
     @property
     def raised(self) -> bool:
