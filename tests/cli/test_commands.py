@@ -179,9 +179,9 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
     while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
         time.sleep(0.5)
     process.send_signal(signal.SIGTERM)
-    _, stderr = process.communicate(timeout=240)
+    stdout, stderr = process.communicate(timeout=240)
     assert process.returncode == 0, stderr[-3000:]
-    assert "stopped by signal" in stderr
+    assert "stopped by signal 15 at step" in stdout and "saved; the same command resumes the run" in stdout
     saved = Checkpointer(str(workdir / "checkpoints"), asynchronous=False).latest_step()
     logged = max(json.loads(line)["step"] for line in metrics.read_text().splitlines())
     assert saved is not None and saved >= logged >= 3

@@ -27,7 +27,7 @@ SETTINGS = (f"--config.training.log_every={STEPS}", "--config.training.eval_ever
             "--config.training.checkpoint_every=100000")
 
 
-def test_a_signal_sets_the_flag_once_and_gives_the_handler_back():
+def test_a_signal_sets_the_flag_and_later_ones_do_not_cut_the_stop_short(capsys):
     previous = signal.getsignal(signal.SIGTERM)
     flag = StopFlag()
     flag.install()
@@ -35,9 +35,12 @@ def test_a_signal_sets_the_flag_once_and_gives_the_handler_back():
         assert not flag.raised
         signal.raise_signal(signal.SIGTERM)
         assert flag.raised and flag.signal_number == signal.SIGTERM
-        assert signal.getsignal(signal.SIGTERM) is previous  # a second signal gets the old handling
+        signal.raise_signal(signal.SIGINT)  # a second one (Ctrl-C) while the checkpoint is written: noted, said
+        assert flag.signal_number == signal.SIGTERM and flag.signals == 2
+        assert "signal 2 again: stopping after the checkpoint is written" in capsys.readouterr().out
     finally:
         flag.uninstall()
+    assert signal.getsignal(signal.SIGTERM) is previous  # given back once the loop has finished its saves
 
 
 def test_one_process_stops_at_the_first_step_after_its_signal():
@@ -90,9 +93,9 @@ def test_sigterm_to_one_process_stops_both_at_the_same_step_soon_after(tmp_path)
     signalled_at = updates_made(counts, 1)
     assert signalled_at >= SIGNAL_AFTER, "process 1 made no progress"
     os.kill(processes[1].pid, signal.SIGTERM)  # process 1 only
-    stderrs = finish(processes)
+    stderrs = [stdout + stderr for stdout, stderr in finish_all(processes, 300)]  # process 0 says it on stdout
 
-    stopped = [re.findall(r"stopped by (.*) at step (\d+); checkpoint saved", stderr) for stderr in stderrs]
+    stopped = [re.findall(r"stopped by (.*) at step (\d+): checkpoint \d+ saved", stderr) for stderr in stderrs]
     assert [len(found) for found in stopped] == [1, 1], stderrs[0][-2000:] + stderrs[1][-2000:]
     stop_step = int(stopped[1][0][1])
     assert int(stopped[0][0][1]) == stop_step  # the same step on both processes

@@ -329,7 +329,8 @@ class Trainer:
         if self.stopped_by:  # what is on disk now that the saves are written
             newest = self.checkpointer.latest_step()
             kept = f"checkpoint {newest} saved" if newest == step else _kept(newest)
-            say(f"stopped by {self.stopped_by} at step {step}: {kept}; the same command resumes the run")
+            line = f"stopped by {self.stopped_by} at step {step}: {kept}; the same command resumes the run"
+            say(line) if jax.process_index() == 0 else logging.warning(line)  # one line from every process
         check_trained(self.state, step, self.mesh, self.newest_checkpoint, rate_advice(training))
         return self.state
 
