@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import jax
 import numpy as np
@@ -308,6 +309,53 @@ def test_train_py_rejects_bad_input_without_touching_the_workdir(setup, train_re
     assert after == before  # the trained run and the owned one, byte for byte (the lock of the owned one too)
     assert not (setup["dir"] / "fresh").exists()
     assert "Traceback" not in results[name].stdout
+
+
+@pytest.mark.parametrize("script", ["train.py", "eval.py"])
+def test_a_coordinator_that_does_not_answer_ends_in_one_line_within_the_timeout(setup, script):
+    """A closed local port as the coordinator of process 1: one line naming it after --cluster_timeout, not JAX's
+    abort after 5 minutes."""
+    from runs import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    result = run_script(script, *([f"--config={setup['config']}"] if script == "train.py" else []),
+                        f"--workdir={setup['workdir']}", "--multihost", f"--coordinator_address={address}",
+                        "--num_processes=2", "--process_id=1", "--cluster_timeout=3")
+    assert_one_line_error(result, f"no coordinator answered at --coordinator_address={address} within 3 s",
+                          "--cluster_timeout")
+    assert time.monotonic() - started < 60
+
+
+def test_sigterm_while_waiting_for_the_coordinator_stops_at_once(setup):
+    from runs import free_port, start_script
+
+    process = start_script("train.py", f"--config={setup['config']}", f"--workdir={setup['dir'] / 'joining'}",
+                           "--multihost", f"--coordinator_address=127.0.0.1:{free_port()}", "--num_processes=2",
+                           "--process_id=1", "--cluster_timeout=600")
+    time.sleep(15)  # past the imports, into the wait
+    stopped = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert time.monotonic() - stopped < 10, stderr[-2000:]
+    assert process.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1].startswith("stopped by SIGTERM: nothing; training had not started")
+
+
+def test_a_coordinator_name_that_does_not_resolve_is_named(monkeypatch):
+    """A stubbed resolver (tests reach no other host): the name is refused before any connection."""
+    import socket
+
+    from transformer_jax.cli.commands import wait_for_coordinator
+    from transformer_jax.errors import ConfigError
+
+    def unresolved(host, *args, **kwargs):
+        raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", unresolved)
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("connected"))
+    with pytest.raises(ConfigError, match=r"coordinator.invalid' does not resolve \(Name or service not known\)"):
+        wait_for_coordinator("coordinator.invalid:8476", timeout=1)
 
 
 def test_multihost_without_a_coordinator(setup):

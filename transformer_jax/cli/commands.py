@@ -10,6 +10,7 @@ import shutil
 import signal
 import sys
 import threading
+import time
 import traceback
 from typing import Any, Callable, Iterator, TextIO
 
@@ -190,10 +191,39 @@ def _raised_in(error: BaseException, path: str | None) -> bool:
                               for frame in traceback.extract_tb(error.__traceback__))
 
 
+def wait_for_coordinator(coordinator_address: str, timeout: float, poll_seconds: float = 0.5) -> None:
+    """Until the coordinator at HOST:PORT accepts a connection: a name that does not resolve, or no answer within
+    `timeout` seconds, is one ConfigError line naming it. The wait is Python's own (a connect, then a sleep), so
+    SIGTERM and Ctrl-C are acted on at once, which JAX's join, blocked in native code, would not do."""
+    import socket
+
+    host, _, port = coordinator_address.rpartition(":")
+    host = host.strip("[]")
+    try:
+        socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    except socket.gaierror as error:
+        raise ConfigError(f"--coordinator_address={coordinator_address}: the name {host!r} does not resolve "
+                          f"({error.strerror}); pass the address of process 0's host") from None
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((host, int(port)), timeout=min(poll_seconds * 4, 5.0)):
+                return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise ConfigError(
+                    f"no coordinator answered at --coordinator_address={coordinator_address} within {timeout:g} s "
+                    "(--cluster_timeout); start process 0 there, check the address and that its port is open, or "
+                    "wait longer with --cluster_timeout") from None
+            time.sleep(poll_seconds)
+
+
 def initialize_distributed(coordinator_address: str | None, num_processes: int | None,
-                           process_id: int | None) -> None:
+                           process_id: int | None, timeout: int = 300) -> None:
     """Join a multi-process run (jax.distributed.initialize); a wrong setting is one ConfigError line.
 
+    A process other than 0 first waits, at most `timeout` seconds and interruptibly, for the coordinator to
+    answer (wait_for_coordinator); JAX's own join then waits up to `timeout` for every process to register.
     On CPU the processes exchange data with JAX's default CPU collectives (gloo over TCP).
     """
     import jax
@@ -206,8 +236,10 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
     if coordinator_address is not None and not coordinator_address.rpartition(":")[2].isdigit():
         raise ConfigError(f"--coordinator_address={coordinator_address} has no port; pass HOST:PORT of process 0 "
                           "(e.g. --coordinator_address=10.0.0.2:8476), the same on every process")
+    if coordinator_address is not None and process_id not in (None, 0):
+        wait_for_coordinator(coordinator_address, timeout)
     try:
-        jax.distributed.initialize(coordinator_address, num_processes, process_id)
+        jax.distributed.initialize(coordinator_address, num_processes, process_id, initialization_timeout=timeout)
     except (ValueError, RuntimeError) as error:
         detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise ConfigError(
@@ -242,6 +274,7 @@ class ClusterFlags:
     num_processes: flags.FlagHolder
     process_id: flags.FlagHolder
     compilation_cache: flags.FlagHolder
+    cluster_timeout: flags.FlagHolder
 
     def use_compilation_cache(self, workdir: str) -> str:
         """Point JAX's compilation cache where --compilation_cache says (base.compile_cache)."""
@@ -250,7 +283,10 @@ class ClusterFlags:
     def join(self) -> None:
         """With --multihost, join the run (jax.distributed); then start JAX's backends (start_backends)."""
         if self.multihost.value:
-            initialize_distributed(self.coordinator_address.value, self.num_processes.value, self.process_id.value)
+            if self.cluster_timeout.value <= 0:
+                raise ConfigError(f"--cluster_timeout={self.cluster_timeout.value} must be a positive number of seconds")
+            initialize_distributed(self.coordinator_address.value, self.num_processes.value, self.process_id.value,
+                                   self.cluster_timeout.value)
         start_backends()
 
 
@@ -285,6 +321,8 @@ def define_cluster_flags() -> ClusterFlags:
             "(local or gs://), 'workdir' for <workdir>/compilation_cache, or empty for off. Default: "
             "$JAX_COMPILATION_CACHE_DIR if set, else the workdir's with --multihost (it outlives a preempted "
             f"host), else {default_cache_dir()}."),
+        flags.DEFINE_integer("cluster_timeout", 300, "Seconds to wait for the coordinator to answer and for every "
+                             "process to join (multihost)."),
     )
 
 
