@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 from typing import Any
@@ -117,10 +118,28 @@ def corpus_key(data: ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
     if data.source == "builtin":  # the built-in corpus is generated and split from the seed
         key.update({name: data[name] for name in BUILTIN_SETTINGS}, seed=seed)
     if data.source in ("text", "tsv") and data.path and is_local(data.path) and os.path.isdir(data.path):
-        # The split files' sizes and modification times: an edited corpus is a changed corpus.
-        key["files"] = sorted([entry.name, entry.stat().st_size, entry.stat().st_mtime_ns]
+        # Each file's size, modification time and content (SHA-256, streamed: about a second a gigabyte): an edited
+        # corpus is a changed corpus, whatever its size and time say (`cp -p` and `rsync -t` keep the time).
+        key["files"] = sorted([entry.name, entry.stat().st_size, entry.stat().st_mtime_ns, _file_sha256(entry.path)]
                               for entry in os.scandir(data.path) if entry.is_file())
     return key
+
+
+def _file_sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def changed_files(saved: list[list[Any]], now: list[list[Any]]) -> list[str]:
+    """The names of the data files that differ between two corpus keys' "files": by content (name, size and
+    SHA-256) where both have it; a key of a corpus prepared before contents were kept compares sizes and times."""
+    def identity(entry: list[Any], with_content: bool) -> tuple:
+        return (entry[0], entry[1], entry[3]) if with_content else (entry[0], entry[1], entry[2])
+
+    with_content = all(len(entry) > 3 for entry in saved)
+    before = {entry[0]: identity(entry, with_content) for entry in saved}
+    after = {entry[0]: identity(entry, with_content) for entry in now}
+    return sorted(name for name in set(before) | set(after) if before.get(name) != after.get(name))
 
 
 # The data settings a prepared corpus is made from; `path` and `tfds_data_dir` say where, the others what.
@@ -138,9 +157,15 @@ def check_corpus_key(corpus: PreparedCorpus, key: dict[str, Any], own: bool) -> 
     if saved.get("path") and is_local(saved["path"]):  # corpora prepared before paths were kept absolute
         saved["path"] = os.path.abspath(saved["path"])
     fix = "or use a new workdir" if own else "or prepare the corpus again into a new directory"
-    if own and "files" in saved and saved.get("files") != key.get("files") and saved.get("path") == key.get("path"):
-        raise DataError(f"the files in data.path={key['path']} changed since {corpus.directory} was prepared "
-                        f"from them; restore them, {fix}")
+    if "files" in saved and "files" in key and (own and saved.get("path") == key.get("path") or (
+            not own and all(len(entry) > 3 for entry in saved["files"]))):
+        # Its own corpus: the files it was prepared from, edited since. Another (data.prepared) with a local
+        # data.path: the files named are not the ones it was prepared from (by content; on another machine too).
+        changed = changed_files(saved["files"], key["files"])
+        if changed:
+            what = "changed since" if own else "are not the ones"
+            raise DataError(f"the files in data.path={key['path']} {what} {corpus.directory} was prepared from "
+                            f"({', '.join(changed[:3])} differ); restore them, {fix}")
     order = [*CORPUS_SETTINGS, *BUILTIN_SETTINGS, "seed"]  # what the corpus is before how it is tokenized
     for name in sorted(set(saved) | set(key), key=lambda name: order.index(name) if name in order else len(order)):
         if name in (() if own else LOCATION_SETTINGS) + ("files",):

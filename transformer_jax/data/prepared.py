@@ -3,15 +3,22 @@
 Preparing (once, on one machine, before or at a run's first start) trains the tokenizer, encodes the
 training pairs into shards of raw token ids and writes a small index of their lengths:
 
-  manifest.json                 what it was prepared from, the shards and their sizes (written last)
+  manifest.json                 what it was prepared from, the shards and their sizes, the checksums of the
+                                index and of dev/test (written last)
   tokenizer.model               the SentencePiece model every id was made with
-  lengths.npz                   source and target length of every pair: the index (8 bytes a pair)
+  lengths.npz                   source and target length of every pair and a checksum of its ids: the index
+                                (16 bytes a pair)
   train-00000-of-00004.tokens   pair after pair: source ids then target ids, each side ending in EOS
   dev.json, test.json           the dev/test pairs as text (references stay untokenized)
 
 Every process of a run reads the index (the batch plan needs only lengths) and then only the token
 ranges of the pairs in its own rows: a memory map on a local disk (or a gcsfuse mount), concurrent
 byte-range reads on `gs://`. No process of a run tokenizes the training text.
+
+Nothing damaged is used silently: the manifest holds the SHA-256 of the index and of dev.json and test.json
+(checked when they are read), each shard's size (checked when the corpus is opened) and the index a checksum of
+every pair's ids (`pair_checksums`), checked on the pairs each read returns, so a flipped byte anywhere in a
+shard stops the run that reads it, naming the shard, without reading whole shards at start-up.
 
 Why this format and not ArrayRecord/Grain: a pair is two short id sequences, so the flat shards and
 the index are all the random access needs (fairseq's and Megatron's indexed datasets are the same
@@ -74,6 +81,18 @@ def owned_name(name: str) -> bool:
             or (name.startswith("train-") and name.endswith(".tokens")))
 
 
+def pair_checksums(values: np.ndarray, starts: np.ndarray, totals: np.ndarray) -> np.ndarray:
+    """A 64-bit checksum of each pair's ids (values[start:start + total]): sum of id x (2 x position + 1), wrapping.
+    The weights are odd, so any one changed id changes its pair's checksum; a shuffle within a pair does too."""
+    if not len(totals):
+        return np.zeros(0, np.uint64)
+    positions = np.arange(int(totals.sum()), dtype=np.int64) - np.repeat(np.cumsum(totals) - totals, totals)
+    order = np.repeat(starts, totals) + positions  # where each pair's ids lie in `values`
+    with np.errstate(over="ignore"):
+        weighted = values[order].astype(np.int64).astype(np.uint64) * (2 * positions + 1).astype(np.uint64)
+        return np.add.reduceat(weighted, np.cumsum(totals) - totals)
+
+
 def _fix(directory: str) -> str:
     """The repair for a damaged or changed corpus at `directory`."""
     return (f"prepare it again into a new directory (python -m transformer_jax.cli.prepare --output=DIR) and point "
@@ -127,6 +146,7 @@ class PreparedCorpus:
             raise DataError(f"{index_path} changed since the corpus was prepared (its checksum differs); {_fix(directory)}")
         with np.load(io.BytesIO(index_bytes)) as index:
             source, target = index["source_lengths"], index["target_lengths"]
+            checksums = index["pair_checksums"] if "pair_checksums" in index.files else None  # older corpora: none
         if len(source) != manifest["pairs"] or sum(s["pairs"] for s in manifest["shards"]) != manifest["pairs"]:
             raise DataError(f"{index_path} lists {len(source)} pairs where {directory}/{MANIFEST} says "
                             f"{manifest['pairs']}; {_fix(directory)}")
@@ -140,7 +160,9 @@ class PreparedCorpus:
             if size != expected or size != shard["bytes"]:
                 raise DataError(f"{path} has {size} bytes where {shard['bytes']} were written; it is damaged: "
                                 f"{_fix(directory)}")
-        return cls(directory, manifest, source, target)
+        corpus = cls(directory, manifest, source, target)
+        corpus._shared["checksums"] = checksums
+        return corpus
 
     def __len__(self) -> int:
         return len(self.source.lengths)
@@ -173,9 +195,13 @@ class PreparedCorpus:
         source = Ragged(values, starts, source_lengths)
         target = Ragged(values, starts + source_lengths, target_lengths)
         ends = starts + totals
-        if len(items) and ((values[starts + source_lengths - 1] != EOS_ID).any() or (values[ends - 1] != EOS_ID).any()):
-            bad = sorted({self.manifest["shards"][s]["name"] for s in np.unique(shard_of)})
-            raise DataError(f"{self.directory}/{bad[0]} holds tokens that do not match its index (damaged shard); "
+        damaged = (values[starts + source_lengths - 1] != EOS_ID) | (values[ends - 1] != EOS_ID)
+        expected = self._shared.get("checksums")
+        if expected is not None:
+            damaged |= pair_checksums(values, starts, totals) != expected[ids]
+        if len(items) and damaged.any():
+            bad = self.manifest["shards"][int(shard_of[np.flatnonzero(damaged)[0]])]["name"]
+            raise DataError(f"{self.directory}/{bad} holds tokens that do not match its index (damaged shard); "
                             f"{_fix(self.directory)}")
         return EncodedPairs(source, target)
 
@@ -217,8 +243,12 @@ class PreparedCorpus:
 def read_split(directory: str, name: str) -> list[Pair]:
     """The dev or test pairs of the prepared corpus in `directory` (its index and shards are not read)."""
     path = os.path.join(directory, f"{name}.json")
+    expected = read_manifest(directory).get("splits_sha256", {}).get(name)  # older corpora: none
     try:
-        pairs = json.loads(read_text(path))
+        content = read_bytes(path)
+        if expected is not None and hashlib.sha256(content).hexdigest() != expected:
+            raise DataError(f"{path} changed since the corpus was prepared (its checksum differs); {_fix(directory)}")
+        pairs = json.loads(content.decode())
     except (OSError, ValueError) as error:
         raise DataError(f"{path} cannot be read ({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
                         f"{_fix(directory)}") from None
@@ -352,18 +382,27 @@ def finish_prepared(directory: str, key: dict[str, Any], tokenizer: Tokenizer, n
     """Write the length index, the dev/test text and, last, the manifest of shards already written."""
     source = np.concatenate([pair[0] for pair in lengths]).astype(np.int32)
     target = np.concatenate([pair[1] for pair in lengths]).astype(np.int32)
+    # Each pair's checksum, from the shards as written (read back once, in order).
+    checksums = []
+    for name, (shard_source, shard_target) in zip(names, lengths):
+        values = np.frombuffer(read_bytes(os.path.join(directory, name)), np.dtype(dtype).newbyteorder("<"))
+        totals = shard_source.astype(np.int64) + shard_target
+        checksums.append(pair_checksums(values, np.cumsum(totals) - totals, totals))
     buffer = io.BytesIO()
-    np.savez(buffer, source_lengths=source, target_lengths=target)
+    np.savez(buffer, source_lengths=source, target_lengths=target, pair_checksums=np.concatenate(checksums))
     write_atomically(os.path.join(directory, INDEX), buffer.getvalue())
+    split_sha256 = {}
     for split in EVAL_SPLITS:
-        write_atomically(os.path.join(directory, f"{split}.json"), json.dumps(splits[split], ensure_ascii=False))
+        content = json.dumps(splits[split], ensure_ascii=False).encode()
+        write_atomically(os.path.join(directory, f"{split}.json"), content)
+        split_sha256[split] = hashlib.sha256(content).hexdigest()
     itemsize = np.dtype(dtype).itemsize
     shards = [{"name": name, "pairs": len(pair[0]), "bytes": int(pair[0].sum() + pair[1].sum()) * itemsize}
               for name, pair in zip(names, lengths)]
     manifest = {"format": FORMAT, "key": key, "tokenizer": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size,
                 "pairs": len(source), "dtype": dtype, "shards": shards,
                 "index_sha256": hashlib.sha256(buffer.getvalue()).hexdigest(),
-                "splits": {split: len(splits[split]) for split in EVAL_SPLITS}}
+                "splits": {split: len(splits[split]) for split in EVAL_SPLITS}, "splits_sha256": split_sha256}
     write_atomically(os.path.join(directory, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True))
     logging.info("prepared %d training pairs in %d shard(s) at %s", len(source), len(names), directory)
     return PreparedCorpus.open(directory)
