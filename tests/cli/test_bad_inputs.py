@@ -53,6 +53,7 @@ BAD_CONFIGS = {
     "syntax_error.py": "def get_config(:\n    pass\n",
     "name_error.py": "def get_config():\n    return true\n",
     "dict_config.py": "def get_config():\n    return {'model': {'d_model': 512}}\n",
+    "none_config.py": "def get_config():\n    config = 1\n",
     "typo_config.py": "import sys\nsys.path.insert(0, {tests!r})\nfrom runs import tiny_run_config\n\n"
                       "def get_config():\n    config = tiny_run_config()\n    config.training.num_train_step = 3\n"
                       "    return config\n",
@@ -216,6 +217,14 @@ TRAIN_ROWS = [
      ["training.num_train_steps=4 is below step 6"]),
     ("a damaged config.json through configs/rerun.py", lambda s: [f"--config=configs/rerun.py:{s['dir']}/damaged.json"],
      ["damaged.json is damaged (Unterminated string", "restore it"]),
+    ("get_config() returning None", lambda s: [f"--config={s['dir'] / 'none_config.py'}"],
+     ["none_config.py: get_config() returned None (a missing return statement?)", "default_config()"]),
+    ("get_config() returning None, with an override", lambda s: [f"--config={s['dir'] / 'none_config.py'}",
+                                                                 "--config.model.d_model=64"],
+     ["none_config.py: get_config() returned None"]),
+    ("get_config() returning None, with a data override", lambda s: [f"--config={s['dir'] / 'none_config.py'}",
+                                                                      "--config.data.vocab_size=64"],
+     ["none_config.py: get_config() returned None"]),
     ("config file with a syntax error", lambda s: [f"--config={s['dir'] / 'syntax_error.py'}"],
      ["syntax_error.py:1: invalid syntax", "a config is a Python file defining get_config()"]),
     ("config file that fails when run", lambda s: [f"--config={s['dir'] / 'name_error.py'}"],
@@ -356,6 +365,13 @@ def test_a_coordinator_name_that_does_not_resolve_is_named(monkeypatch):
     monkeypatch.setattr(socket, "create_connection", lambda *a, **k: pytest.fail("connected"))
     with pytest.raises(ConfigError, match=r"coordinator.invalid' does not resolve \(Name or service not known\)"):
         wait_for_coordinator("coordinator.invalid:8476", timeout=1)
+
+
+def test_get_config_returning_none_is_the_only_line(setup, train_results):
+    """No warning of the config loader before the one line (it printed absl's WARNING and W-lines first)."""
+    results, _, _ = train_results
+    stderr = results["get_config() returning None"].stderr.strip()
+    assert stderr.startswith("error: ") and len(stderr.splitlines()) == 1, stderr
 
 
 def test_multihost_without_a_coordinator(setup):

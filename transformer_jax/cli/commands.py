@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import errno
 import os
+import re
 import shutil
 import signal
 import sys
@@ -139,12 +140,23 @@ def parse_flags(argv: list[str]) -> list[str]:
               f"(see configs/); to rerun a run's saved settings pass --config=configs/rerun.py:{path}",
               file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)
+    from absl import logging as absl_logging
+
+    verbosity = absl_logging.get_verbosity()
+    absl_logging.set_verbosity(absl_logging.ERROR)  # ml_collections' own warnings would precede our one line
     try:
         remaining = flags.FLAGS(argv)
         if "config" in flags.FLAGS:
             getattr(flags.FLAGS.config, "keys")  # a config file loads lazily: fail here, not mid-run
         return remaining
     except Exception as error:  # noqa: BLE001 - sorted below: the command line, or the config file's own code
+        returned_none = re.search(r"must have a value other than None|NoneType>?\.\w+ does not exist",
+                                  str(error).replace("'", ""))
+        if path and returned_none:  # get_config() gave None: absl's and ml_collections' wording name no cause
+            print(f"error: --config={path}: get_config() returned None (a missing return statement?); it must "
+                  "return the run's settings: start from transformer_jax.config.default_config() (see configs/)",
+                  file=sys.stderr)
+            sys.exit(USER_ERROR_EXIT)
         # ml_collections re-raises a TypeError/ValueError of the config file as a new one holding the traceback,
         # which absl wraps again: the config file's own error is the innermost of the chain.
         original = _config_file_error(error, path) if "Error whilst parsing config file" in str(error) else error
@@ -163,6 +175,8 @@ def parse_flags(argv: list[str]) -> list[str]:
             raise
         print(f"error: {detail}", file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)
+    finally:
+        absl_logging.set_verbosity(verbosity)
 
 
 def _config_file_error(error: BaseException, path: str | None) -> BaseException:
