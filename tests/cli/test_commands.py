@@ -167,6 +167,21 @@ def test_bad_config_fails_at_start_with_one_line(tmp_path):
                           "No such file")
 
 
+def test_a_log_file_gets_plain_lines_not_a_carriage_return_bar(tmp_path):
+    """Standard error redirected (nohup ... > train.log): one line per log window, no carriage return."""
+    config = write_config(tmp_path)
+    with open(tmp_path / "train.log", "w") as log:
+        done = subprocess.run([sys.executable, str(ROOT / "train.py"), f"--config={config}",
+                               f"--workdir={tmp_path / 'run'}"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log,
+                              timeout=300)
+    text = (tmp_path / "train.log").read_text()
+    assert done.returncode == 0, text[-3000:]
+    assert "\r" not in text
+    lines = [line for line in text.splitlines() if line.startswith("train step ")]
+    assert [line.split()[2] for line in lines] == [f"{step}/6" for step in range(1, 7)], lines  # log_every=1
+    assert all(" | loss " in line and " | tok_s " in line and " | ETA " in line for line in lines)
+
+
 def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
     config = write_config(tmp_path)
     workdir = tmp_path / "workdir"

@@ -26,7 +26,7 @@ class Step:
 
 
 def test_the_bar_counts_completed_steps_in_order_not_dispatched_ones():
-    progress = StepProgress(total=10, initial=0, enabled=True, clock=Clock())
+    progress = StepProgress(total=10, initial=0, enabled=True, clock=Clock(), plain=False)
     steps = [Step() for _ in range(5)]
     for step in steps[:3]:
         progress.dispatched(step)
@@ -44,7 +44,7 @@ def test_the_bar_counts_completed_steps_in_order_not_dispatched_ones():
 
 
 def test_a_resumed_bar_starts_at_the_checkpoint_step_and_takes_real_arrays():
-    progress = StepProgress(total=100, initial=40, enabled=True, clock=Clock())
+    progress = StepProgress(total=100, initial=40, enabled=True, clock=Clock(), plain=False)
     arrays = [jnp.ones(()) * 2, jnp.ones(()) * 3]
     for array in arrays:
         progress.dispatched(array)
@@ -56,7 +56,7 @@ def test_a_resumed_bar_starts_at_the_checkpoint_step_and_takes_real_arrays():
 
 def test_the_rate_leaves_out_compiling_and_pauses_and_the_eta_follows_it():
     clock = Clock()
-    progress = StepProgress(total=1000, initial=0, enabled=True, clock=clock)
+    progress = StepProgress(total=1000, initial=0, enabled=True, clock=clock, plain=False)
 
     def complete(count: int, seconds: float) -> None:
         steps = [Step() for _ in range(count)]
@@ -84,3 +84,23 @@ def test_the_rate_leaves_out_compiling_and_pauses_and_the_eta_follows_it():
     assert f"<{int(remaining // 60):02d}:{int(remaining % 60):02d}" in str(progress.bar)
     complete(1, 1.0)  # one slow step moves the smoothed rate only part of the way (tqdm's smoothing 0.1)
     assert 1.8 < progress.steps_per_second < 2.0
+
+
+def test_off_a_terminal_each_log_window_is_one_plain_line(capsys):
+    """A log file gets "train step N/M | loss ... | ETA ..." lines, no carriage-return bar (as fairseq logs)."""
+    clock = Clock()
+    progress = StepProgress(total=100, initial=10, enabled=True, clock=clock, plain=True)
+    steps = [Step() for _ in range(4)]
+    for step in steps:
+        progress.dispatched(step)
+        step.ready = True
+        clock.now += 0.5
+        progress.poll()
+    progress.set_postfix(loss="4.125", lr="1.00e-04", tok_s="1234")
+    progress.close()
+    err = capsys.readouterr().err
+    assert "\r" not in err and err.count("\n") == 1, repr(err)
+    assert err.startswith("train step 14/100 | loss 4.125 | lr 1.00e-04 | tok_s 1234 | 2.00 step/s | ETA 0:00:43"), err
+    quiet = StepProgress(total=100, initial=0, enabled=False, plain=True)  # another process: nothing
+    quiet.set_postfix(loss="1")
+    assert capsys.readouterr().err == ""

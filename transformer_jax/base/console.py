@@ -83,3 +83,13 @@ def say(message: str) -> None:
 
     if jax.process_index() == 0:
         tqdm.write(message, file=sys.stdout)
+
+
+def plain_lines(stream: Any = None) -> bool:
+    """Whether progress goes to `stream` (standard error) as plain lines: it is not a terminal (a log file, a
+    scheduler's capture), where a carriage-return bar would become one endless line."""
+    stream = sys.stderr if stream is None else stream
+    try:
+        return not stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return True

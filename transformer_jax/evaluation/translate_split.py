@@ -30,6 +30,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from tqdm import tqdm
 
+from transformer_jax.base.console import plain_lines
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.sharding import mesh_platform
 from transformer_jax.checkpoints.selection import Run, checkpoint_params, select_steps
@@ -134,7 +135,8 @@ def translate_encoded(
     indices: list[int] = []
     pending: tuple[jax.Array, np.ndarray] | None = None
     shown = show_progress and jax.process_index() == 0  # one bar for a multi-process run, not one per host
-    with tqdm(total=len(encoded), unit="sent", desc="translate", disable=not shown) as progress:
+    # No carriage-return bar into a log file (see training/progress.py's plain lines).
+    with tqdm(total=len(encoded), unit="sent", desc="translate", disable=not shown or plain_lines()) as progress:
         progress.update(int(empty.sum()))
         # One batch in flight: the next is dispatched before the last one's ids are fetched and detokenized.
         for batch in [*batches, None]:

@@ -11,11 +11,14 @@ hold compiling (up to the first completion after the loop starts) or evaluating 
 
 from __future__ import annotations
 
+import sys
 import time
 from collections import deque
 from typing import Any, Callable, Protocol
 
 from tqdm import tqdm
+
+from transformer_jax.base.console import plain_lines
 
 
 class Completable(Protocol):
@@ -40,17 +43,29 @@ class _RateBar(tqdm):
         return values
 
 
+def _duration(seconds: float) -> str:
+    """H:MM:SS (days as D-H:MM:SS)."""
+    minutes, second = divmod(int(seconds), 60)
+    hours, minute = divmod(minutes, 60)
+    days, hour = divmod(hours, 24)
+    return f"{days}-{hour}:{minute:02d}:{second:02d}" if days else f"{hour}:{minute:02d}:{second:02d}"
+
+
 class StepProgress:
-    """A tqdm bar over training steps that advances when steps complete."""
+    """A tqdm bar over training steps that advances when steps complete; on a stream that is not a terminal, one
+    plain line per log window instead (step, loss, learning rate, tokens/s, rate and ETA), as fairseq does."""
 
     def __init__(self, total: int, initial: int, enabled: bool, smoothing: float = 0.1,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, plain: bool | None = None) -> None:
         """A bar from step `initial` to `total`, shown only when `enabled` (process 0).
 
-        `smoothing` is the weight of the newest interval in the moving averages (tqdm's convention).
+        `smoothing` is the weight of the newest interval in the moving averages (tqdm's convention). `plain`: lines
+        instead of the bar (default: when standard error is not a terminal, plain_lines).
         """
-        self.bar = _RateBar(total=total, initial=initial, disable=not enabled, desc="train", unit="step",
-                            dynamic_ncols=True)
+        self.plain = enabled and (plain_lines() if plain is None else plain)
+        self.total, self.count = total, initial
+        self.bar = _RateBar(total=total, initial=initial, disable=not enabled or self.plain, desc="train",
+                            unit="step", dynamic_ncols=True)
         self.smoothing, self.clock = smoothing, clock
         self.pending: deque[Completable] = deque()
         self.mean_steps = self.mean_seconds = 0.0  # exponential moving averages of one interval
@@ -73,8 +88,15 @@ class StepProgress:
         self._completed(self._pop_ready(), measured=False)
 
     def set_postfix(self, **values: str) -> None:
-        """Show `values` (loss, tokens per second, learning rate) after the bar."""
-        self.bar.set_postfix(values, refresh=True)
+        """Show `values` (loss, tokens per second, learning rate) after the bar, or as one plain line."""
+        if not self.plain:
+            self.bar.set_postfix(values, refresh=True)
+            return
+        rate = self.steps_per_second
+        eta = (_duration((self.total - self.count) / rate) if rate else "?")
+        fields = " | ".join(f"{key} {value}" for key, value in values.items())
+        print(f"train step {self.count}/{self.total} | {fields} | {f'{rate:.2f}' if rate else '?'} step/s | "
+              f"ETA {eta}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
         """Close the bar."""
@@ -103,4 +125,5 @@ class StepProgress:
             self.bar.steps_per_second = self.mean_steps / self.mean_seconds if self.mean_seconds > 0 else None
         self.last_completion = now
         if steps:
+            self.count += steps
             self.bar.update(steps)
