@@ -55,8 +55,8 @@ def train(config, workdir: str, stage: list[str]) -> None:
     finally:
         trainer.close()
     stage[0] = f"training finished at step {int(state.step)} (checkpoint saved); the test translation was not"
-    if state.step < config.training.num_train_steps:
-        return  # stopped early by a signal; the checkpoint is saved
+    if state.step < config.training.num_train_steps:  # stopped by a signal: the loop said where and what it saved
+        raise SystemExit(128 + trainer.stop_signal)
     scores, hypotheses = evaluate_split(state.params, model_config, data.test, data.tokenizer, decode_options(config),
                                         show_progress=True, **translation)
     if jax.process_index() == 0:  # the scores first: a full disk loses none of them
@@ -76,7 +76,8 @@ def main(argv: list[str]) -> None:
     quiet_console()
     stage = [""]  # set once training finished; before, what is on disk says (saved_so_far)
     finished = lambda: stage[0] or training_kept(_WORKDIR.value)  # noqa: E731
-    with user_errors(), interrupts_reported(finished, terminated_exit=0, arrived=ARRIVED):  # SIGTERM: a rerun resumes
+    # A run stopped before its last step exits 143 (SIGTERM) or 130 (Ctrl-C), so a scheduler restarts it; it resumes.
+    with user_errors(), interrupts_reported(finished, arrived=ARRIVED, resumable=True):
         _CLUSTER.use_compilation_cache(_WORKDIR.value)
         config, workdir = _CONFIG.value, _WORKDIR.value
         check_run_config(config)  # before any work, so a bad value leaves no trace in the workdir

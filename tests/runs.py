@@ -95,8 +95,9 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def finish_all(processes: list[subprocess.Popen], timeout: float = 300) -> list[tuple[str, str]]:
-    """Wait for every process (killing all of them on a timeout); their (stdout, stderr), each exited with 0."""
+def finish_all(processes: list[subprocess.Popen], timeout: float = 300, status: int = 0) -> list[tuple[str, str]]:
+    """Wait for every process (killing all of them on a timeout); their (stdout, stderr), each exited with `status`
+    (0: finished; 143: stopped by SIGTERM before the last step)."""
     try:
         results = [process.communicate(timeout=timeout) for process in processes]
     except subprocess.TimeoutExpired:
@@ -104,7 +105,7 @@ def finish_all(processes: list[subprocess.Popen], timeout: float = 300) -> list[
             process.kill()
         raise
     for process, (_, stderr) in zip(processes, results):
-        assert process.returncode == 0, (stderr or "")[-3000:]
+        assert process.returncode == status, (stderr or "")[-3000:]
     return results
 
 

@@ -1,5 +1,6 @@
-"""SIGTERM at each point of a run outside the training loop stops it cleanly: one line, exit 0, the lock
-released, nothing half written, and the same command then finishes the run.
+"""SIGTERM at each point of a run outside the training loop stops it cleanly: one line, exit 143 (a scheduler
+restarts a run that did not finish), the lock released, nothing half written, and the same command then
+finishes the run.
 
 The loop's own handling (a checkpoint at a step boundary) is tested in tests/training/test_loop.py and,
 across processes, in tests/training/test_multiprocess.py.
@@ -22,7 +23,7 @@ def signalled_run(config, workdir, point, *flags):
 
 
 def assert_stopped_cleanly(result, workdir, finished):
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 143, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"stopped by SIGTERM: {finished}") and last.endswith("resumes the run"), last
@@ -54,7 +55,7 @@ def test_sigterm_during_a_periodic_evaluation_saves_a_checkpoint_and_the_same_co
     """Inside the loop the signal is the loop's: the evaluation ends, a checkpoint is saved at that step."""
     config, workdir = write_config(tmp_path), tmp_path / "run"
     stopped = signalled_run(config, workdir, "evaluation")
-    assert stopped.returncode == 0 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    assert stopped.returncode == 143 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
     assert "stopped by signal 15 at step 3: checkpoint 3 saved; the same command resumes the run" in stopped.stdout
     assert not (workdir / layout.LOCK).exists()
     assert sorted(int(p.name) for p in (workdir / layout.CHECKPOINTS).iterdir() if p.name.isdigit())[-1] == 3
@@ -73,7 +74,7 @@ def test_a_stop_before_the_first_checkpoint_keeps_its_promise(tmp_path, point, a
     config, workdir = write_config(tmp_path), tmp_path / "run"
     stopped = run_script("tests/signal_at.py", f"--config={config}", f"--workdir={workdir}",
                          env=script_env(SIGNAL_AT=point, SIGNAL_AGAIN=again or ""))
-    assert stopped.returncode == 0 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
+    assert stopped.returncode == 143 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
     assert "stopped by signal 15 at step 2: checkpoint 2 saved; the same command resumes the run" in stopped.stdout
     if again:
         number = getattr(signal, again).value
@@ -112,7 +113,7 @@ def test_sigterm_during_the_imports_stops_with_one_line_and_leaves_no_workdir(tm
     time.sleep(0.5)  # past train.py's first lines, long before its imports finish
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)
-    assert process.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]
+    assert process.returncode == 143 and "Traceback" not in stderr, stderr[-3000:]
     assert stderr.strip().splitlines()[-1].startswith("stopped by SIGTERM: nothing; training had not started")
     assert not workdir.exists()
 

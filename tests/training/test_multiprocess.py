@@ -24,7 +24,7 @@ GLOBAL_DEVICES = 4
 
 
 def launch(config: str, workdir: pathlib.Path, num_processes: int, *args: str, multihost: bool = True,
-           timeout: int = 400, devices: int = GLOBAL_DEVICES, records_name: str = "records",
+           timeout: int = 400, devices: int = GLOBAL_DEVICES, records_name: str = "records", status: int = 0,
            **env_extra: str) -> pathlib.Path:
     """Run train.py as `num_processes` processes over `devices` devices; returns the recordings' folder."""
     records = workdir.parent / f"{workdir.name}.{records_name}"
@@ -37,7 +37,7 @@ def launch(config: str, workdir: pathlib.Path, num_processes: int, *args: str, m
                    f"--process_id={index}", "--multihost"] if multihost else []
         processes.append(start_script("tests/record_batches.py", f"--config={config}", f"--workdir={workdir}",
                                       *cluster, *args, env=env))
-    finish_all(processes, timeout)
+    finish_all(processes, timeout, status)
     return records
 
 
@@ -124,7 +124,7 @@ def test_a_two_process_checkpoint_resumes_in_a_plain_single_process(runs, tmp_pa
 def test_four_processes_of_two_devices_read_only_their_rows_of_a_prepared_corpus_and_resume_after_sigterm(tmp_path):
     """A pod-shaped run: 4 hosts x 2 chips, mesh data=4 x fsdp=2 (parameters sharded over pairs of devices),
     on a corpus prepared beforehand. Each process reads only the pairs of its own rows; process 1 gets
-    SIGTERM mid-run, all four stop at the same step with a checkpoint and exit 0, and the rerun ends
+    SIGTERM mid-run, all four stop at the same step with a checkpoint and exit 143 (to be restarted), and the rerun ends
     with the metrics and parameters of one uninterrupted process of 8 devices."""
     config = tmp_path / "fsdp_config.py"
     config.write_text(f"exec(open({write_config(tmp_path)!r}).read())\n_tiny = get_config\n\n"
@@ -138,7 +138,7 @@ def test_four_processes_of_two_devices_read_only_their_rows_of_a_prepared_corpus
     single, multi = tmp_path / "single", tmp_path / "multi"
     reference = launch(str(config), single, 1, f"--config.data.prepared={prepared}", devices=8)
     stopped = launch(str(config), multi, 4, f"--config.data.prepared={prepared}", devices=8, timeout=600,
-                     records_name="stopped", TERMINATE_PROCESS="1", TERMINATE_AFTER_BATCH="2")
+                     records_name="stopped", status=143, TERMINATE_PROCESS="1", TERMINATE_AFTER_BATCH="2")
     steps = [r["step"] for r in read_metrics(str(multi)) if r["split"] == "train"]
     assert steps and steps[-1] < 4 and (multi / "checkpoints" / str(steps[-1])).is_dir()  # stopped early, saved
     assert not (multi / "run.lock").exists()

@@ -482,12 +482,13 @@ def _raise_stop(signal_number: int, frame: object) -> None:
 
 @contextlib.contextmanager
 def interrupts_reported(finished: Callable[[], str], terminated_exit: int = TERMINATED_EXIT,
-                        arrived: list[int] | None = None) -> Iterator[None]:
+                        arrived: list[int] | None = None, resumable: bool = False) -> Iterator[None]:
     """Ctrl-C (SIGINT) and SIGTERM end the command with one line saying what was finished.
 
     Ctrl-C exits with status 130. SIGTERM (what a preempted VM or a cluster scheduler sends) stops the
-    command wherever it is (start-up, data preparation, compiling, translating) with `terminated_exit`:
-    train.py passes 0, as a rerun of the same command resumes. The training loop takes SIGTERM over
+    command wherever it is (start-up, data preparation, compiling, translating) with `terminated_exit` (143,
+    the signal's own status: a scheduler restarts a job that did not finish); `resumable` (train.py) says that
+    the same command resumes. The training loop takes SIGTERM over
     while it runs (it saves a checkpoint and stops at a step boundary), then gives it back. Unwinding
     releases the run lock; every file is written atomically, so nothing is left half written.
     `arrived`: SIGTERM/SIGINT that a script's first lines recorded while its imports ran (they take
@@ -506,7 +507,7 @@ def interrupts_reported(finished: Callable[[], str], terminated_exit: int = TERM
         sys.exit(INTERRUPTED_EXIT)
     except Terminated:
         _unanswered.clear()
-        resumes = "; the same command resumes the run" if terminated_exit == 0 else ""
+        resumes = "; the same command resumes the run" if resumable else ""
         print(f"stopped by SIGTERM: {finished()}{resumes}", file=sys.stderr)
         sys.exit(terminated_exit)
     finally:

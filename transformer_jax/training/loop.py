@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
+import signal
 import time
 from typing import Any, Callable
 
@@ -136,6 +137,7 @@ class Trainer:
         self.failed = False  # whether `run` raised
         self.step_host = (0.0, 0.0)  # the last update's host seconds: (getting its batches, dispatching it)
         self.stopped_by = ""  # what stopped training before its last step (a signal), once it has
+        self.stop_signal = 0  # its number (SIGTERM's for a signal to another process): the exit status is 128 + it
 
     def restore_latest(self) -> tuple[int, list[dict[str, Any]]]:
         """Resume from the newest checkpoint that restores intact (damaged newer ones are reported and set aside).
@@ -361,6 +363,7 @@ class Trainer:
                 window.resume_progress()
             if must_stop():  # every step, the same answer on every process (see StopAgreement)
                 self.stopped_by = f"signal {stop.signal_number}" if stop.raised else "a signal to another process"
+                self.stop_signal = int(stop.signal_number or signal.SIGTERM)
                 break
         self.save(step, window)
         return step
