@@ -64,8 +64,13 @@ def prepare(args: argparse.Namespace) -> None:
         report = subprocess.run([sys.executable, "-m", "transformer_jax.aot", f"--config={CONFIG}",
                                  f"--topology={kind}", *corpus_flags(args.out)], capture_output=True, text=True,
                                 cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        if report.returncode:  # no prediction file: the run's table shows "-"; the whole error is kept beside it
+            with open(os.path.join(args.out, PREDICTION.format(kind=kind) + ".error"), "w") as f:
+                f.write(report.stdout + report.stderr)
+            print(f"the preflight for {kind} failed (exit {report.returncode}); see {f.name}", file=sys.stderr)
+            continue
         with open(os.path.join(args.out, PREDICTION.format(kind=kind)), "w") as f:
-            f.write(report.stdout + (f"\n(exit {report.returncode}) {report.stderr[-2000:]}" if report.returncode else ""))
+            f.write(report.stdout)
         print(report.stdout)
 
 
@@ -85,7 +90,8 @@ def train_phase(args: argparse.Namespace, workdir: str, log: str, seconds: float
     with open(log, "w") as out:
         process = subprocess.Popen([sys.executable, "train.py", f"--config={CONFIG}", f"--workdir={workdir}",
                                     *corpus_flags(args.lease), *extra], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "JAX_LOG_COMPILES": "1", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+                                   env={**os.environ, "JAX_LOG_COMPILES": "1",
+                                        "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
         first_update = None
         deadline = launched + args.start_limit
         while process.poll() is None:

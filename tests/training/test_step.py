@@ -133,7 +133,8 @@ def test_the_gradient_norm_by_shape_groups_equals_the_norm_by_leaves():
     from transformer_jax.training.step import global_norm, norm_by_for
 
     rng = np.random.default_rng(0)
-    tree = {"a": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32), "b": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
+    tree = {"a": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
+            "b": jnp.asarray(rng.normal(size=(3, 4)), jnp.float32),
             "c": jnp.asarray(rng.normal(size=(5,)), jnp.bfloat16), "d": jnp.asarray(rng.normal(size=(5,)), jnp.float32)}
     expected = np.sqrt(sum(np.sum(np.asarray(x, np.float64) ** 2) for x in tree.values()))
     float32 = {key: value for key, value in tree.items() if key != "c"}
@@ -141,7 +142,8 @@ def test_the_gradient_norm_by_shape_groups_equals_the_norm_by_leaves():
     for norm_by in ("leaves", "shape_groups"):
         norm = jax.jit(global_norm, static_argnums=1)
         np.testing.assert_allclose(float(norm(float32, norm_by)), expected32, rtol=1e-6)
-        np.testing.assert_allclose(float(norm(tree, norm_by)), expected, rtol=1e-3)  # optax squares bfloat16 in bfloat16
+        # optax squares bfloat16 in bfloat16
+        np.testing.assert_allclose(float(norm(tree, norm_by)), expected, rtol=1e-3)
         poisoned = {**tree, "b": tree["b"].at[1, 2].set(jnp.inf)}
         assert not np.isfinite(float(global_norm(poisoned, norm_by)))
     assert [norm_by_for(p) for p in ("cpu", "tpu", "gpu")] == ["leaves", "leaves", "shape_groups"]

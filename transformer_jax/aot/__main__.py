@@ -44,9 +44,9 @@ def main(argv: list[str]) -> None:
         if not _TOPOLOGY.value.strip():
             raise ConfigError("--topology is empty; name one, e.g. --topology=v5e:2x4, v5e-256, v5p-128 or h100-8")
         if _WORKDIR.value is not None and not exists(_WORKDIR.value):  # a mistyped path must not become a workdir
-            raise ConfigError(f"--workdir={_WORKDIR.value} does not exist; the preflight reads (or prepares) the corpus "
-                              "of an existing run directory: fix the path, or create the new run's directory first "
-                              f"(mkdir -p {_WORKDIR.value})")
+            raise ConfigError(f"--workdir={_WORKDIR.value} does not exist; the preflight reads (or prepares) the "
+                              "corpus of an existing run directory: fix the path, or create the new run's directory "
+                              f"first (mkdir -p {_WORKDIR.value})")
         if _HBM_GB.value is not None and not 0 < _HBM_GB.value < float("inf"):
             raise ConfigError(f"--hbm_gb={_HBM_GB.value} must be a positive number of GB per device "
                               "(leave it out to use the chip's own memory)")

@@ -16,5 +16,14 @@ from transformer_jax.cli.commands import (
     user_errors,
 )
 
-__all__ = ["ClusterFlags", "define_cluster_flags", "initialize_distributed", "interrupts_reported", "parse_flags", "storage_named", "training_kept", "training_workdir",
-           "user_errors"]
+__all__ = [
+    "ClusterFlags",
+    "define_cluster_flags",
+    "initialize_distributed",
+    "interrupts_reported",
+    "parse_flags",
+    "storage_named",
+    "training_kept",
+    "training_workdir",
+    "user_errors",
+]

@@ -298,7 +298,8 @@ class ClusterFlags:
         """With --multihost, join the run (jax.distributed); then start JAX's backends (start_backends)."""
         if self.multihost.value:
             if self.cluster_timeout.value <= 0:
-                raise ConfigError(f"--cluster_timeout={self.cluster_timeout.value} must be a positive number of seconds")
+                raise ConfigError(f"--cluster_timeout={self.cluster_timeout.value} must be a positive number of "
+                                  "seconds")
             initialize_distributed(self.coordinator_address.value, self.num_processes.value, self.process_id.value,
                                    self.cluster_timeout.value)
         start_backends()

@@ -138,7 +138,8 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
     for section, key, value in _numbers(config):
         if isinstance(value, float) and not math.isfinite(value):  # inf passes every "> 0" check below
             raise ConfigError(f"{section}.{key}={value!r} must be a finite number; set --config.{section}.{key}")
-        # Sizes and counts become int32 on the devices (shapes, the step counter, token ids); the seed has its own range.
+        # Sizes and counts become int32 on the devices (shapes, the step counter, token ids); the seed has its own
+        # range.
         if isinstance(value, int) and abs(value) > MAX_INT32 and (section, key) not in (*STEP_SETTINGS, SEED):
             raise ConfigError(f"{section}.{key}={value} is larger than a run can hold (2**31 - 1: sizes and counts are "
                               f"32-bit on the devices); set --config.{section}.{key} lower")

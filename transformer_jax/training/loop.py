@@ -50,7 +50,8 @@ DEFAULT_RATE_ADVICE = "lower training.learning_rate_scale or set training.grad_c
 def rate_advice(training: ml_collections.ConfigDict) -> str:
     """What to lower for non-finite updates: the run's own learning-rate setting, with its value."""
     if training.peak_learning_rate:
-        return f"lower training.peak_learning_rate (it is {training.peak_learning_rate:g}) or set training.grad_clip_norm"
+        return (f"lower training.peak_learning_rate (it is {training.peak_learning_rate:g}) or set "
+                "training.grad_clip_norm")
     return (f"lower training.learning_rate_scale (it is {training.learning_rate_scale:g}) or set "
             "training.grad_clip_norm")
 
