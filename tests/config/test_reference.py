@@ -104,3 +104,21 @@ def test_an_unknown_loss_kernel_is_a_config_error():
     config.training.loss_kernel = "pallas"
     check_run_config(config)
     assert config.training.loss_kernel == "pallas"
+
+
+def test_config_help_lists_every_key_with_its_default_one_command_away():
+    """`train.py --config_help` (and the preflight's, prepare's): the reference docs/configuration.md holds, as text."""
+    import subprocess
+    import sys
+
+    from runs import ROOT, script_env
+    from transformer_jax.config.reference import reference_rows
+
+    for command in (["train.py"], ["-m", "transformer_jax.aot"]):
+        done = subprocess.run([sys.executable, *command, "--config_help"], cwd=ROOT, env=script_env(),
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
+        lines = done.stdout.splitlines()
+        for key, value, meaning in reference_rows():
+            assert f"--config.{key}={value!r}" in lines, key
+        assert "    N, the number of layers in each of the encoder and decoder stacks." in lines

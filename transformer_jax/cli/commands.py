@@ -131,8 +131,15 @@ def _config_file_failure(path: str | None, error: Exception) -> str:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing where a bad flag, config file or --config override is one line and exit status 2."""
+    """absl flag parsing where a bad flag, config file or --config override is one line and exit status 2;
+    `--config_help` prints every run config key with its default and meaning (docs/configuration.md's source)."""
     from absl import flags
+
+    if CONFIG_HELP in argv[1:]:
+        from transformer_jax.config.reference import plain_text
+
+        print(plain_text(), end="")
+        sys.exit(0)
 
     path = _config_path(argv)
     if path and path.endswith(".json"):
@@ -177,6 +184,10 @@ def parse_flags(argv: list[str]) -> list[str]:
         sys.exit(USER_ERROR_EXIT)
     finally:
         absl_logging.set_verbosity(verbosity)
+
+
+# The flag that lists the run config's keys (parse_flags); named in --config's help.
+CONFIG_HELP = "--config_help"
 
 
 def _config_file_error(error: BaseException, path: str | None) -> BaseException:

@@ -142,6 +142,17 @@ def markdown_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+def plain_text() -> str:
+    """The configuration reference for a terminal (`--config_help`): each key as its override with the default,
+    then its meaning, indented and wrapped."""
+    lines = []
+    for key, value, meaning in reference_rows():
+        lines.append(f"--config.{key}={value!r}")
+        wrapped = textwrap.wrap(meaning, 100, initial_indent="    ", subsequent_indent="    ")
+        lines += wrapped or ["    (no description)"]
+    return "\n".join(lines) + "\n"
+
+
 def readme_section(readme: str) -> str | None:
     """The text between the markers in `readme` (None when the markers are missing)."""
     match = re.search(re.escape(START_MARKER) + r"\n(.*?)" + re.escape(END_MARKER), readme, re.S)
