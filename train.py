@@ -32,8 +32,8 @@ from transformer_jax.config import check_run_config, decode_options, decoding_dt
 from transformer_jax.evaluation import evaluate_split, plot_learning_curves, write_results
 from transformer_jax.training import Trainer
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (see configs/); --config_help lists every key.",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Run config file (see configs/); --config_help lists every key.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, tokenizer, logs and outputs.")
 _CLUSTER = define_cluster_flags()  # --multihost and its three, --compilation_cache
 flags.mark_flags_as_required(["config", "workdir"])

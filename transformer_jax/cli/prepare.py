@@ -23,8 +23,8 @@ from transformer_jax.cli.commands import (  # noqa: E402
     user_errors,
 )
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Run config file (see configs/); --config_help lists every key.",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Run config file (see configs/); --config_help lists every key.", lock_config=True)
 _OUTPUT = flags.DEFINE_string("output", None, "Directory to write the prepared corpus to (local or gs://).")
 _WORKERS = flags.DEFINE_integer("workers", os.cpu_count() or 1, "Processes encoding the training shards.")
 flags.mark_flags_as_required(["config", "output"])
