@@ -182,8 +182,9 @@ def parse_flags(argv: list[str]) -> list[str]:
             raise
         print(f"error: {detail}", file=sys.stderr)
         sys.exit(USER_ERROR_EXIT)
-    finally:
-        absl_logging.set_verbosity(verbosity)
+    finally:  # the level the command line set (--verbosity), else the one before parsing
+        given = "verbosity" in flags.FLAGS and flags.FLAGS["verbosity"].present
+        absl_logging.set_verbosity(flags.FLAGS["verbosity"].value if given else verbosity)
 
 
 # The flag that lists the run config's keys (parse_flags); named in --config's help.
