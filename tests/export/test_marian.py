@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import re
 import subprocess
 import sys
@@ -290,3 +291,27 @@ def test_separate_vocabularies_import_and_export_exactly(tmp_path):
                                       max_extra_length=EXTRA))
     assert [run.tokenizer.decode(row) for row in greedy] == hf_generate(hf_dir, SENTENCES, beams=1) \
         == hf_generate(out, SENTENCES, beams=1)
+
+
+def test_a_model_id_is_read_from_the_local_hugging_face_cache_and_never_downloaded(tmp_path):
+    """--hf_dir=ORG/NAME takes the snapshot `hf download` left in the cache (laid out here offline, as
+    huggingface_hub keeps it); an id that is not cached is one line saying how to fetch it."""
+    hf_dir = tiny_marian(tmp_path / "hf")
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--Helsinki-NLP--opus-mt-tiny" / "snapshots" / ("0" * 40)
+    shutil.copytree(hf_dir, snapshot)
+    (cache / "models--Helsinki-NLP--opus-mt-tiny" / "refs").mkdir()
+    (cache / "models--Helsinki-NLP--opus-mt-tiny" / "refs" / "main").write_text("0" * 40)
+    env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-m", "transformer_jax.cli.import_marian",
+                           "--hf_dir=Helsinki-NLP/opus-mt-tiny", f"--workdir={tmp_path / 'run'}"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert open_run(str(tmp_path / "run")).checkpointer.latest_step() == 0
+    missing = subprocess.run([sys.executable, "-m", "transformer_jax.cli.import_marian",
+                              "--hf_dir=Helsinki-NLP/opus-mt-xx-yy", f"--workdir={tmp_path / 'other'}"],
+                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr[-2000:]
+    line = missing.stderr.strip().splitlines()[-1]
+    assert "holds no snapshot of that model id" in line and "hf download Helsinki-NLP/opus-mt-xx-yy" in line
+    assert not (tmp_path / "other").exists()

@@ -58,10 +58,32 @@ def run_config(model: TransformerConfig, vocabulary: MarianVocabulary, source_la
     return config
 
 
+def local_model_directory(hf_dir: str) -> str:
+    """`hf_dir` itself when it is a directory; for a Hugging Face model id ("Helsinki-NLP/opus-mt-en-de"), its
+    snapshot in this machine's Hugging Face cache (`hf download ID` put it there). Nothing is downloaded: an id
+    that is not cached is a ConfigError saying how to fetch it."""
+    if os.path.isdir(hf_dir) or os.path.exists(hf_dir) or hf_dir.count("/") != 1 or hf_dir.startswith((".", "/")):
+        return hf_dir  # a path: read_marian says what is wrong with it
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise ConfigError(f"--hf_dir={hf_dir} is not a directory; as a Hugging Face model id it needs "
+                          "huggingface_hub (pip install 'transformer_jax[hf]'), or pass the model's "
+                          "directory") from None
+    try:
+        return huggingface_hub.snapshot_download(repo_id=hf_dir, local_files_only=True)
+    except (huggingface_hub.errors.LocalEntryNotFoundError, huggingface_hub.errors.HFValidationError, OSError):
+        raise ConfigError(f"--hf_dir={hf_dir} is not a directory, and this machine's Hugging Face cache holds no "
+                          f"snapshot of that model id; fetch it first (hf download {hf_dir}), or pass the model's "
+                          "directory") from None
+
+
 def import_marian(hf_dir: str, workdir: str, source_lang: str = "en", target_lang: str = "de",
                   text_data: str = "") -> str:
-    """Write the run directory `workdir` from the Marian model in `hf_dir`; returns `workdir`."""
+    """Write the run directory `workdir` from the Marian model in `hf_dir` (a directory, or a model id in the
+    local Hugging Face cache: local_model_directory); returns `workdir`."""
     check_new_directory(workdir)
+    hf_dir = local_model_directory(hf_dir)
     hf_config, tensors, vocabulary = read_marian(hf_dir)
     model = model_config_of(hf_config, tensors)
     params = marian_to_ours(tensors, model, vocabulary.marian_ids)
@@ -81,7 +103,8 @@ def _as_arrays(tree: Any) -> Any:
     return np.asarray(tree, np.float32)
 
 
-_HF_DIR = flags.DEFINE_string("hf_dir", None, "A local Hugging Face Marian model directory.")
+_HF_DIR = flags.DEFINE_string("hf_dir", None, "A local Hugging Face Marian model directory, or a model id "
+                              "(Helsinki-NLP/opus-mt-en-de) whose snapshot `hf download` put in the local cache.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run directory to create (absent or empty).")
 _SOURCE = flags.DEFINE_string("source_lang", "en", "Source language code (the text files' suffix).")
 _TARGET = flags.DEFINE_string("target_lang", "de", "Target language code.")
