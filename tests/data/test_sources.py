@@ -39,6 +39,19 @@ def test_line_count_mismatch_names_both_files_and_counts(tmp_path):
     assert "train.en has 3 lines" in message and "train.de has 2" in message and "\n" not in message
 
 
+def test_fairseqs_valid_files_are_the_dev_split(text_dir):
+    """valid.<lang> (fairseq's name) serves as dev when there is no dev.<lang>; dev wins when both are there."""
+    for lang, line in (("en", "Valid ."), ("de", "Gültig .")):
+        (text_dir / f"dev.{lang}").rename(text_dir / f"valid.{lang}")
+        (text_dir / f"valid.{lang}").write_text(line + "\n")
+    assert data.load_splits("text", path=str(text_dir))["dev"] == [("Valid .", "Gültig .")]
+    reverse = data.load_splits("text", path=str(text_dir), source_lang="de", target_lang="en")
+    assert reverse["dev"] == [("Gültig .", "Valid .")]
+    _write(text_dir, "dev.en", "Dev .\n")
+    _write(text_dir, "dev.de", "Entwicklung .\n")
+    assert data.load_splits("text", path=str(text_dir))["dev"] == [("Dev .", "Entwicklung .")]
+
+
 def test_missing_file_is_named(text_dir):
     (text_dir / "dev.de").unlink()
     with pytest.raises(DataError, match=r"dev\.de does not exist"):
