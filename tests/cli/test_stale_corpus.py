@@ -41,7 +41,7 @@ def edit_keeping_size_and_time(path: pathlib.Path) -> None:
 
 
 def flip_a_token_byte(corpus: pathlib.Path) -> None:
-    """Change one id of the shard that is not an end of sentence (EOS is id 1 here)."""
+    """Change one id of the shard that is not an end of sentence (ids 0-3 are padding, unk, BOS, EOS)."""
     shard = next(corpus.glob("train-*.tokens"))
     data = bytearray(shard.read_bytes())
     position = next(i for i in range(10, len(data), 2) if int.from_bytes(data[i:i + 2], "little") > 3)
