@@ -246,8 +246,6 @@ def read_split(directory: str, name: str) -> list[Pair]:
     expected = read_manifest(directory).get("splits_sha256", {}).get(name)  # older corpora: none
     try:
         content = read_bytes(path)
-        if expected is not None and hashlib.sha256(content).hexdigest() != expected:
-            raise DataError(f"{path} changed since the corpus was prepared (its checksum differs); {_fix(directory)}")
         pairs = json.loads(content.decode())
     except (OSError, ValueError) as error:
         raise DataError(f"{path} cannot be read ({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
@@ -255,6 +253,8 @@ def read_split(directory: str, name: str) -> list[Pair]:
     problem = _split_problem(pairs)
     if problem:  # a damaged file would fail only when encoded or scored, the test split after training
         raise DataError(f"{path} is damaged ({problem}); {_fix(directory)}")
+    if expected is not None and hashlib.sha256(content).hexdigest() != expected:  # well-formed, yet not as written
+        raise DataError(f"{path} changed since the corpus was prepared (its checksum differs); {_fix(directory)}")
     return [tuple(pair) for pair in pairs]
 
 

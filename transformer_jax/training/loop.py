@@ -317,9 +317,10 @@ class Trainer:
             write_run_config(self.config, self.workdir)
         self.workdir_watch.note_names()
         window = LogWindow(self.workdir, self.schedule, start, training.num_train_steps, open_window, is_writer)
-        # Where the start (or the resume) went: from the Trainer's creation to the first update.
-        window.log.write_timing(start, {"startup_seconds": time.perf_counter() - self.created,
-                                        "restore_seconds": restored - began, "compile_seconds": compiled - restored})
+        if start < training.num_train_steps:  # where the start (or the resume) went, up to the first update
+            window.log.write_timing(start, {"startup_seconds": time.perf_counter() - self.created,
+                                            "restore_seconds": restored - began,
+                                            "compile_seconds": compiled - restored})
         evaluate = PeriodicEval(training.eval_every, training.bleu_every, self.dev_loss, dev_bleu)
         stop = StopFlag()
         stop.install()
