@@ -117,13 +117,13 @@ def test_every_train_and_eval_flag_in_the_docs_exists():
     assert checked >= 10
     # Flags named in prose belong to train.py or eval.py, or to the other tools the docs run.
     others = {"file_format", "data_dir", "zone", "worker", "command", "update", "logdir",
-              "nodes", "ntasks", "gpus",  # srun
+              "nodes", "ntasks", "gpus", "requeue",  # srun, sbatch
               "accelerator", "version", "spot",  # gcloud compute tpus tpu-vm create
               "xla_force_host_platform_device_count", "xla_gpu_deterministic_ops"}  # XLA_FLAGS
     aot = script_flags("transformer_jax/aot/__main__.py")  # python -m transformer_jax.aot
     aot |= script_flags("transformer_jax/cli/prepare.py")  # python -m transformer_jax.cli.prepare
     aot |= script_flags("transformer_jax/cli/import_marian.py")  # python -m transformer_jax.cli.import_marian
-    others |= {"local", "max"}  # huggingface-cli download --local-dir; fairseq-train --max-tokens
+    others |= {"local", "max"}  # hf download --local-dir; fairseq-train --max-tokens
     # python -m benchmarks.run: its argparse options.
     bench = set(re.findall(r"add_argument\(\s*\"--(\w+)\"", (ROOT / "benchmarks" / "run.py").read_text()))
     assert "sections" in bench
