@@ -353,6 +353,14 @@ def define_cluster_flags() -> ClusterFlags:
     )
 
 
+def saved_steps(workdir: str, names: list[str] | None = None) -> list[int]:
+    """The steps of the checkpoints written whole in `workdir` (`names`: its checkpoints folder's, if read)."""
+    directory = layout.run_path(workdir, layout.CHECKPOINTS)
+    if names is None:
+        names = list_names(directory) if is_dir(directory) else []
+    return sorted(int(name) for name in names if name.isdigit())
+
+
 def training_kept(workdir: str) -> str:
     """What a stop before the end of training leaves, read from the workdir: the newest checkpoint, a checkpoint cut
     short, or the logged steps that no checkpoint keeps."""
@@ -360,7 +368,7 @@ def training_kept(workdir: str) -> str:
 
     directory = layout.run_path(workdir, layout.CHECKPOINTS)
     names = list_names(directory) if is_dir(directory) else []
-    steps = [int(name) for name in names if name.isdigit()]
+    steps = saved_steps(workdir, names)
     cut = sorted(int(name.split(".")[0]) for name in names if name.split(".")[0].isdigit() and not name.isdigit())
     cut_short = (f"; the checkpoint of step {cut[-1]} was cut short (the next start removes what it left)"
                  if cut and (not steps or cut[-1] > max(steps)) else "")
@@ -454,8 +462,7 @@ def training_workdir(workdir: str) -> Iterator[None]:
         with owning(workdir):
             yield
     except Exception:
-        checkpoints = os.path.join(workdir, layout.CHECKPOINTS)
-        if created and not (os.path.isdir(checkpoints) and any(name.isdigit() for name in os.listdir(checkpoints))):
+        if created and not saved_steps(workdir):
             shutil.rmtree(created[-1], ignore_errors=True)  # the outermost directory this start created
         raise
     except BaseException:
