@@ -285,7 +285,8 @@ def table(s: dict[str, Any]) -> str:
         ("real target tokens/s (median window)", _f(t["tokens_per_second"], 0)),
         ("ms per update (median window)", _f(t["seconds_per_update"] and t["seconds_per_update"] * 1e3, 2)),
         ("preflight's prediction, ms per update", _f(p.get("ms_per_update"), 2) + f" ({p['kind']} roofline)"),
-        ("MFU of real target tokens", _f(t["mfu"] and 100 * t["mfu"], 1, "%")),
+        ("MFU of real target tokens", _f(t["mfu"] and 100 * t["mfu"], 1, "%")
+         + f" (FLOPs per token at rows {int(p.get('width', 256))} wide: the prediction's width, else 256)"),
         ("host share of a window (median)", _f(t["host_share"], 2)),
         ("host s per update: input / dispatch / wait for device",
          " / ".join(_f(t[f"{k}_seconds_per_update"] and 1e3 * t[f"{k}_seconds_per_update"], 2, " ms")

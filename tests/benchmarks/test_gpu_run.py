@@ -62,7 +62,7 @@ def test_the_table_shows_each_phase_and_sources_are_the_test_split(tmp_path):
     text = table(summary)
     assert "| ms per update (median window) | 16.00 |" in text
     assert "| preflight's prediction, ms per update | 5.40 (h100 roofline) |" in text
-    assert "| MFU of real target tokens | 21.0% |" in text
+    assert "| MFU of real target tokens | 21.0% (FLOPs per token at rows 256 wide" in text
     assert "| eval sentences/s (wall; without compile) | 25.0; 50.0 |" in text
     assert "| test SacreBLEU of the short run | 31.25 |" in text
     assert "| resume: start-up / restore / compile | 20.0 s / 2.0 s / 9.0 s |" in text
