@@ -22,16 +22,15 @@ for _stop in (signal.SIGTERM, signal.SIGINT):
         signal.signal(_stop, lambda number, frame: ARRIVED.append(number))
 
 
-import contextlib
 import sys
-from collections.abc import Iterator
 
 import jax
-from absl import app, flags
+from absl import flags
 
 from transformer_jax.base import make_mesh, quiet_console, set_cpu_devices
 from transformer_jax.checkpoints import checkpoint_params, open_run, select_steps, write_params
-from transformer_jax.cli import define_cluster_flags, interrupts_reported, parse_flags, storage_named, user_errors
+from transformer_jax.cli import (define_cluster_flags, interrupts_reported, run_command, signals_held, storage_named,
+                                 user_errors)
 from transformer_jax.config import decode_options, decoding_dtype, translation_batching
 from transformer_jax.decoding import DecodeOptions
 from transformer_jax.errors import ConfigError
@@ -114,26 +113,16 @@ def translation(run_config) -> dict:
                 dtype=decoding_dtype(run_config) if _DTYPE.value is None else _DTYPE.value)
 
 
-@contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM held back (delivered on leaving), so that what the block does is done whole."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, held)
-
-
 def main(argv: list[str]) -> None:
     del argv
     quiet_console()
     printed = [0]  # translations written to stdout so far (--translate)
+    done = ["nothing was written"]  # what a scoring command has finished so far
 
     def finished() -> str:
         if _TRANSLATE.value:
             return f"{printed[0]} translations printed above; nothing else was written"
-        return "nothing was written"
+        return done[0]
 
     with user_errors(), interrupts_reported(finished, arrived=ARRIVED):
         _CLUSTER.use_compilation_cache(_WORKDIR.value)
@@ -176,9 +165,12 @@ def main(argv: list[str]) -> None:
                 results, hypotheses = evaluate_checkpoint(run, _CHECKPOINT.value, _SPLIT.value, options,
                                                           mesh=make_mesh(), **batching_and_dtype)
                 say(format_results(results))  # before writing them: a full disk loses no score
+                done[0] = "the scores printed above; their files were not written"
                 if lead:
-                    with storage_named("saving the translations and scores printed above"):
-                        say(f"  hypotheses: {write_evaluation(run, results, hypotheses)}")
+                    with storage_named("saving the translations and scores printed above"), signals_held():
+                        written = write_evaluation(run, results, hypotheses)  # both files, or neither
+                        done[0] = f"the scores printed above, written with the translations to {written}"
+                    say(f"  hypotheses: {written}")
                 return
             steps = select_steps(run.checkpointer, _CHECKPOINT.value, run.config.eval.average_last)
             params = checkpoint_params(run, steps)
@@ -201,4 +193,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    run_command(main)

@@ -13,7 +13,7 @@ for _stop in (signal.SIGTERM, signal.SIGINT):
 
 
 import jax
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
 from transformer_jax.base import quiet_console
@@ -22,7 +22,7 @@ from transformer_jax.checkpoints.initial import adopt_initial_model
 from transformer_jax.cli import (
     define_cluster_flags,
     interrupts_reported,
-    parse_flags,
+    run_command,
     storage_named,
     training_kept,
     training_workdir,
@@ -60,14 +60,16 @@ def train(config, workdir: str, stage: list[str]) -> None:
         raise SystemExit(128 + trainer.stop_signal)
     scores, hypotheses = evaluate_split(state.params, model_config, data.test, data.tokenizer, decode_options(config),
                                         show_progress=True, **translation)
+    split = "dev" if data.test_is_dev else "test"  # text files without a test split: dev's scores, named so
     if jax.process_index() == 0:  # the scores first: a full disk loses none of them
-        print(f"test SacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})")
-        print(f"test chrF {scores['chrf']:.2f}; tokenized compound-split BLEU (paper-style, "
+        print(f"{split} SacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})")
+        print(f"{split} chrF {scores['chrf']:.2f}; tokenized compound-split BLEU (paper-style, "
               f"not comparable with SacreBLEU) {scores['tokenized_compound_split_bleu']:.2f}")
         finished = (f"run the same command again (training finished at step {int(state.step)} (checkpoint saved); "
                     "it translates the test split again)")
         with storage_named("saving the test translation and scores printed above", finished):
-            write_results(layout.run_path(workdir, layout.FINAL_TEST), {"step": int(state.step), **scores}, hypotheses)
+            write_results(layout.run_path(workdir, layout.FINAL_TEST), {"step": int(state.step), "split": split,
+                                                                         **scores}, hypotheses)
         with storage_named("writing the learning curves", finished):
             print(f"learning curves: {plot_learning_curves(workdir)}")
 
@@ -91,4 +93,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    run_command(main)

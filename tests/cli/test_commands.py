@@ -291,20 +291,6 @@ def test_resuming_with_another_device_count_or_batch_size_is_one_error_and_chang
     assert steps == [1, 2, 3, 4]
 
 
-def test_sigterm_outside_the_loop_stops_with_one_line_and_the_chosen_status():
-    """SIGTERM wherever the command is (not only in the training loop) unwinds: one line, no traceback."""
-    from transformer_jax.cli import commands
-
-    for terminated_exit, hint in ((0, True), (commands.TERMINATED_EXIT, False)):
-        before = signal.getsignal(signal.SIGTERM)
-        with pytest.raises(SystemExit) as stopped:
-            with commands.interrupts_reported(lambda: "nothing was written", terminated_exit, resumable=hint):
-                os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(5)  # the handler interrupts this
-        assert stopped.value.code == terminated_exit
-        assert signal.getsignal(signal.SIGTERM) is before  # the handler it replaced is back
-
-
 def test_sigterm_during_data_preparation_releases_the_lock_and_a_rerun_finishes(tmp_path):
     from runs import run_script, start_script
     from transformer_jax.base import workdir as layout

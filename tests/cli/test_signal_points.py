@@ -121,7 +121,7 @@ def test_sigterm_during_the_imports_stops_with_one_line_and_leaves_no_workdir(tm
 SWALLOWED = """
 import os, signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (a background job ignores it)
-from transformer_jax.cli.commands import interrupts_reported
+from transformer_jax.cli.stops import interrupts_reported
 
 class Dropped:
     def __del__(self):  # Python prints an exception raised here and goes on ("Exception ignored in")
@@ -152,7 +152,7 @@ def test_a_stop_raised_where_python_drops_it_is_sent_again(name, status, line):
 def test_a_sigint_the_command_was_started_ignoring_stays_ignored():
     """A shell's background job (`cmd &`) starts with SIGINT ignored, so a Ctrl-C meant for the shell spares it."""
     script = ("import os, signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
-              "from transformer_jax.cli.commands import interrupts_reported\n"
+              "from transformer_jax.cli.stops import interrupts_reported\n"
               "with interrupts_reported(lambda: 'nothing'):\n"
               "    os.kill(os.getpid(), signal.SIGINT)\n    time.sleep(1.5)\nprint('still running')\n")
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=script_env(), capture_output=True,

@@ -12,10 +12,10 @@ import sys
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # only compile-only devices are used; never a local accelerator
 os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # the CUDA plugin's library checks want a GPU
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from transformer_jax.cli import parse_flags, user_errors  # noqa: E402
+from transformer_jax.cli import run_command, user_errors  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Run config file (see configs/); --config_help lists every key.", lock_config=True)
@@ -60,4 +60,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    run_command(main)

@@ -8,12 +8,10 @@ import errno
 import os
 import re
 import shutil
-import signal
 import sys
-import threading
 import time
 import traceback
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, Iterator, TextIO
 
 from absl import flags
 
@@ -472,64 +470,3 @@ def training_workdir(workdir: str) -> Iterator[None]:
             except OSError:
                 break
         raise
-
-
-class Terminated(BaseException):
-    """SIGTERM arrived outside the training loop (which saves a checkpoint and stops by itself)."""
-
-
-# A stop a handler raised, until `interrupts_reported` has acted on it. An exception raised by a signal
-# handler is lost when it lands in a callback Python runs for itself (a garbage-collection callback of
-# JAX, a __del__): Python prints "Exception ignored in ..." and goes on. So a raising handler also sends
-# the signal again after RESEND_AFTER_S while nothing has acted on it; the next one lands elsewhere (or
-# in the training loop's own handler, which stops at a step boundary with a checkpoint).
-_unanswered: list[int] = []
-RESEND_AFTER_S = 1.0
-
-
-def _resend_if_unanswered(signal_number: int) -> None:
-    if signal_number in _unanswered:
-        os.kill(os.getpid(), signal_number)
-
-
-def _raise_stop(signal_number: int, frame: object) -> None:
-    _unanswered.append(signal_number)
-    timer = threading.Timer(RESEND_AFTER_S, _resend_if_unanswered, args=(signal_number,))
-    timer.daemon = True
-    timer.start()
-    raise Terminated() if signal_number == signal.SIGTERM else KeyboardInterrupt()
-
-
-@contextlib.contextmanager
-def interrupts_reported(finished: Callable[[], str], terminated_exit: int = TERMINATED_EXIT,
-                        arrived: list[int] | None = None, resumable: bool = False) -> Iterator[None]:
-    """Ctrl-C (SIGINT) and SIGTERM end the command with one line saying what was finished.
-
-    Ctrl-C exits with status 130. SIGTERM (what a preempted VM or a cluster scheduler sends) stops the
-    command wherever it is (start-up, data preparation, compiling, translating) with `terminated_exit` (143,
-    the signal's own status: a scheduler restarts a job that did not finish); `resumable` (train.py) says that
-    the same command resumes. The training loop takes SIGTERM over
-    while it runs (it saves a checkpoint and stops at a step boundary), then gives it back. Unwinding
-    releases the run lock; every file is written atomically, so nothing is left half written.
-    `arrived`: SIGTERM/SIGINT that a script's first lines recorded while its imports ran (they take
-    seconds): the command stops here with its line, as if they had arrived now.
-    """
-    # A signal the command was started ignoring stays ignored (a shell's background job ignores SIGINT).
-    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)
-                if signal.getsignal(sig) is not signal.SIG_IGN}
-    try:
-        for number in arrived or ():
-            _raise_stop(number, None)
-        yield
-    except KeyboardInterrupt:
-        _unanswered.clear()
-        print(f"interrupted: {finished()}", file=sys.stderr)
-        sys.exit(INTERRUPTED_EXIT)
-    except Terminated:
-        _unanswered.clear()
-        resumes = "; the same command resumes the run" if resumable else ""
-        print(f"stopped by SIGTERM: {finished()}{resumes}", file=sys.stderr)
-        sys.exit(terminated_exit)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -22,13 +22,14 @@ from typing import Any
 import flax.struct
 import ml_collections
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from transformer_jax.base import quiet_console
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.files import directory_written_whole, write_atomically
 from transformer_jax.checkpoints.manager import Checkpointer
-from transformer_jax.cli.commands import parse_flags, user_errors
+from transformer_jax.cli.commands import user_errors
+from transformer_jax.cli.stops import run_command
 from transformer_jax.config.schema import check_run_config, default_config, write_run_config
 from transformer_jax.data.marian_vocabulary import MarianVocabulary
 from transformer_jax.errors import ConfigError
@@ -123,4 +124,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    run_command(main)

@@ -13,15 +13,11 @@ import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # preparing is host work: no accelerator is started
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from transformer_jax.cli.commands import (  # noqa: E402
-    interrupts_reported,
-    parse_flags,
-    removed_on_failure,
-    user_errors,
-)
+from transformer_jax.cli.commands import removed_on_failure, user_errors  # noqa: E402
+from transformer_jax.cli.stops import interrupts_reported, run_command  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Run config file (see configs/); --config_help lists every key.", lock_config=True)
@@ -54,4 +50,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    run_command(main)

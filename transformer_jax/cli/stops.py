@@ -1,0 +1,149 @@
+"""How a command ends: Ctrl-C and SIGTERM as one line and their exit status, and the process's own exit.
+
+A command stopped by a signal may leave XLA work it was waiting on (a compile, an execution) running in
+XLA's own threads. Python's shutdown would then destroy JAX's client under that work (a segmentation
+fault at exit, status 139), and it resets the signal handlers before that teardown, so a SIGTERM in those
+last moments would kill the process with no line. So `run_command` ends every command itself:
+a stopped one exits at once after its line, a finished one after Python's exit work (threads joined,
+atexit handlers run) with its handlers still answering.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import sys
+import threading
+from typing import Callable, Iterator, NoReturn
+
+from transformer_jax.cli.commands import INTERRUPTED_EXIT, TERMINATED_EXIT, parse_flags
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived outside the training loop (which saves a checkpoint and stops by itself)."""
+
+
+class Stopped(SystemExit):
+    """A command ended by a signal, its line printed: `run_command` exits without Python's shutdown."""
+
+
+# A stop a handler raised, until `interrupts_reported` has acted on it. An exception raised by a signal
+# handler is lost when it lands in a callback Python runs for itself (a garbage-collection callback of
+# JAX, a __del__): Python prints "Exception ignored in ..." and goes on. So a raising handler also sends
+# the signal again after RESEND_AFTER_S while nothing has acted on it; the next one lands elsewhere (or
+# in the training loop's own handler, which stops at a step boundary with a checkpoint).
+_unanswered: list[int] = []
+RESEND_AFTER_S = 1.0
+
+
+def _resend_if_unanswered(signal_number: int) -> None:
+    if signal_number in _unanswered:
+        os.kill(os.getpid(), signal_number)
+
+
+def _raise_stop(signal_number: int, frame: object) -> None:
+    _unanswered.append(signal_number)
+    timer = threading.Timer(RESEND_AFTER_S, _resend_if_unanswered, args=(signal_number,))
+    timer.daemon = True
+    timer.start()
+    raise Terminated() if signal_number == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _handled_signals(handler: Callable) -> dict:
+    """Install `handler` for SIGTERM and SIGINT; returns the handlers it replaced. A signal the command was
+    started ignoring stays ignored (a shell's background job ignores SIGINT)."""
+    return {number: signal.signal(number, handler) for number in STOP_SIGNALS
+            if signal.getsignal(number) is not signal.SIG_IGN}
+
+
+@contextlib.contextmanager
+def interrupts_reported(finished: Callable[[], str], terminated_exit: int = TERMINATED_EXIT,
+                        arrived: list[int] | None = None, resumable: bool = False) -> Iterator[None]:
+    """Ctrl-C (SIGINT) and SIGTERM end the command with one line saying what was finished.
+
+    Ctrl-C exits with status 130. SIGTERM (what a preempted VM or a cluster scheduler sends) stops the
+    command wherever it is (start-up, data preparation, compiling, translating) with `terminated_exit` (143,
+    the signal's own status: a scheduler restarts a job that did not finish); `resumable` (train.py) says that
+    the same command resumes. The training loop takes SIGTERM over while it runs (it saves a checkpoint and
+    stops at a step boundary), then gives it back. Unwinding releases the run lock; every file is written
+    atomically, so nothing is left half written. The exit is a `Stopped` (a SystemExit).
+    `arrived`: SIGTERM/SIGINT that a script's first lines recorded while its imports ran (they take
+    seconds): the command stops here with its line, as if they had arrived now.
+    """
+    previous = _handled_signals(_raise_stop)
+    try:
+        for number in arrived or ():
+            _raise_stop(number, None)
+        yield
+    except KeyboardInterrupt:
+        _unanswered.clear()
+        print(f"interrupted: {finished()}", file=sys.stderr)
+        raise Stopped(INTERRUPTED_EXIT) from None
+    except Terminated:
+        _unanswered.clear()
+        resumes = "; the same command resumes the run" if resumable else ""
+        print(f"stopped by SIGTERM: {finished()}{resumes}", file=sys.stderr)
+        raise Stopped(terminated_exit) from None
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back (sent again on leaving), so that what the block does is done whole.
+
+    Held by the handlers, not by a signal mask: a process signal goes to any thread not masking it, and
+    JAX's threads were started before the block."""
+    arrived: list[int] = []
+    previous = _handled_signals(lambda number, frame: arrived.append(number))
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+        for number in dict.fromkeys(arrived):
+            os.kill(os.getpid(), number)  # to the handlers just restored
+
+
+def _flush_standard_streams() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream has nothing left to say
+            stream.flush()
+
+
+def end_process(code: int | str | None) -> NoReturn:
+    """Exit with `code` after Python's exit work (threads joined, atexit handlers run), skipping the
+    interpreter's teardown; a signal meanwhile is named in one line (the command's work was finished)."""
+    arrived: list[int] = []
+    _handled_signals(lambda number, frame: arrived.append(number))
+    threading._shutdown()  # what Python's own exit does first: joins non-daemon threads (Orbax's writers)
+    atexit._run_exitfuncs()
+    if arrived:
+        name = signal.Signals(arrived[0]).name
+        print(f"{name} arrived as the command was exiting; it had finished, and all it printed was written",
+              file=sys.stderr)
+    if isinstance(code, str):  # sys.exit("message"): printed, status 1, as Python does
+        print(code, file=sys.stderr)
+        code = 1
+    _flush_standard_streams()
+    os._exit(code or 0)
+
+
+def run_command(main: Callable[[list[str]], None]) -> NoReturn:
+    """absl's app.run of `main` with this project's flag parsing (`parse_flags`), ended by the process itself:
+    at once after a stop's line (`Stopped`), else by `end_process`. A bug's traceback is Python's own."""
+    from absl import app
+
+    try:
+        app.run(main, flags_parser=parse_flags)
+    except Stopped as stop:
+        _flush_standard_streams()
+        os._exit(stop.code)
+    except SystemExit as exit_:
+        end_process(exit_.code)
+    end_process(0)
