@@ -1,5 +1,6 @@
 """The README's and docs/ pages' code examples run, and every flag, key, file and make target they name exists."""
 
+import json
 import pathlib
 import re
 from collections.abc import Iterator
@@ -31,11 +32,11 @@ def test_the_docs_pages_exist_and_link_back_to_the_readme():
             f"docs/{path.name} does not link back to the README before its first section")
 
 
-def marked_block(marker: str) -> tuple[pathlib.Path, str]:
-    """The ```python block that follows `<!-- marker -->`, in whichever page holds the marker."""
+def marked_block(marker: str, language: str = "python") -> tuple[pathlib.Path, str]:
+    """The ```language block that follows `<!-- marker -->`, in whichever page holds the marker."""
     found = [(path, match.group(1)) for path, text in doc_pages()
-             for match in re.finditer(rf"<!-- {marker} -->\s*```python\n(.*?)```", text, re.S)]
-    assert len(found) == 1, f"expected one python block after <!-- {marker} -->, found {len(found)}"
+             for match in re.finditer(rf"<!-- {marker} -->\s*```{language}\n(.*?)```", text, re.S)]
+    assert len(found) == 1, f"expected one {language} block after <!-- {marker} -->, found {len(found)}"
     return found[0]
 
 
@@ -217,3 +218,34 @@ def test_make_targets_in_the_docs_exist():
         targets |= set(re.findall(r"`make (\w+)`", text))
         for target in targets:
             assert re.search(rf"^{target}:", makefile, re.M), f"{path.name} runs make {target}; the Makefile has no such target"
+
+
+def test_the_own_text_lines_train_and_evaluate_on_files_as_written(tmp_path):
+    """The README's "Train on your own text" lines, run as written, on a small corpus in fairseq's layout
+    (train.*, valid.*, no test split): the run trains, its final scores are named dev, and eval.py scores dev."""
+    import subprocess
+    import sys
+
+    from runs import script_env
+    from transformer_jax.data.builtin.corpus import generate_pairs
+
+    lines = [line for line in marked_block("own-text", "bash")[1].splitlines() if line.strip()]
+    assert len(lines) == 2 and lines[0].startswith("python train.py") and lines[1].startswith("python eval.py")
+    corpus = tmp_path / "my_corpus"
+    corpus.mkdir()
+    pairs = generate_pairs(180, seed=5)
+    for split, part in (("train", pairs[:150]), ("valid", pairs[150:])):
+        for side, lang in enumerate(("en", "de")):
+            (corpus / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in part), encoding="utf-8")
+    for name in ("train.py", "eval.py", "configs"):  # the commands run from a checkout: these beside my_corpus
+        (tmp_path / name).symlink_to(ROOT / name)
+    results = [subprocess.run([sys.executable, *line.split()[1:]], cwd=tmp_path, env=script_env(),
+                              capture_output=True, text=True, timeout=600) for line in lines]
+    for result in results:
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert "has no test.en and test.de: the test split is optional" in results[0].stderr
+    assert re.search(r"^dev SacreBLEU \d+\.\d\d", results[0].stdout, re.M), results[0].stdout
+    assert "SacreBLEU" in results[1].stdout and "dev" in results[1].stdout
+    saved = json.loads((tmp_path / "runs" / "my_corpus" / "config.json").read_text())
+    assert saved["data"]["source"] == "text" and saved["model"]["d_model"] == 128  # the smallest tier
+

@@ -85,8 +85,40 @@ def test_a_leading_byte_order_mark_is_not_part_of_the_first_sentence(tmp_path):
 
 def test_tsv_keeps_empty_fields_and_refuses_lines_whose_columns_shift(tmp_path):
     assert data.read_tsv(_write(tmp_path, "a.tsv", "\tleer\r\none\teins\r\n")) == [("", "leer"), ("one", "eins")]
-    with pytest.raises(DataError, match=r"a\.tsv line 2 has 3 tab-separated fields but line 1 has 2; a tab inside"):
+    with pytest.raises(DataError, match=r"a\.tsv line 2 has 3 tab-separated fields but the first pair has 2; a tab inside"):
         data.read_tsv(_write(tmp_path, "a.tsv", "one\teins\ntwo\tzwei\textra\n"))
+
+
+def test_tsv_columns_come_from_a_header_naming_the_languages_or_the_setting(tmp_path):
+    reversed_columns = _write(tmp_path, "b.tsv", "de\ten\neins\tone\nzwei\ttwo\n")
+    assert data.read_tsv(reversed_columns, "en", "de") == [("one", "eins"), ("two", "zwei")]  # header skipped
+    assert data.read_tsv(reversed_columns, "de", "en") == [("eins", "one"), ("zwei", "two")]
+    three = _write(tmp_path, "c.tsv", "7\teins\tone\n8\tzwei\ttwo\n")
+    assert data.read_tsv(three, "en", "de", columns="2,1") == [("one", "eins"), ("two", "zwei")]
+    assert data.read_tsv(three, "en", "de") == [("7", "eins"), ("8", "zwei")]  # no header, no setting: 0 and 1
+    for bad in ("2", "a,b", "1,1", "-1,0"):
+        with pytest.raises(DataError, match="data.tsv_columns"):
+            data.read_tsv(three, "en", "de", columns=bad)
+    with pytest.raises(DataError, match="holds a header line and no pair"):
+        data.read_tsv(_write(tmp_path, "d.tsv", "en\tde\n"), "en", "de")
+
+
+@pytest.mark.parametrize("layout", ["text", "tsv"])
+def test_without_test_files_the_test_split_is_the_dev_split(tmp_path, layout):
+    pairs = {"train": "a\tb\nc\td\n", "valid" if layout == "text" else "dev": "e\tf\n"}
+    for split, content in pairs.items():
+        if layout == "tsv":
+            _write(tmp_path, f"{split}.tsv", content)
+        else:
+            for side, lang in enumerate(("en", "de")):
+                _write(tmp_path, f"{split}.{lang}", "".join(line.split("\t")[side] + "\n" for line in content.splitlines()))
+    splits = data.load_splits(layout, path=str(tmp_path))
+    assert splits["test"] is splits["dev"] and splits["dev"] == [("e", "f")]
+    assert data.load_splits(layout, path=str(tmp_path), splits=("test",))["test"] == [("e", "f")]
+    if layout == "text":
+        _write(tmp_path, "test.en", "g\n")  # one side present: the other's absence is an error, not a fallback
+        with pytest.raises(DataError, match="test.de does not exist"):
+            data.load_splits(layout, path=str(tmp_path))
 
 
 def test_a_dev_or_test_split_without_any_reference_is_refused(text_dir):
@@ -130,7 +162,7 @@ def test_tsv_source_and_bad_lines(tmp_path):
     for split in data.SPLITS:
         _write(tmp_path, f"{split}.tsv", "Hello\tHallo\nYes\tJa\n")
     assert data.load_splits("tsv", path=str(tmp_path))["dev"] == [("Hello", "Hallo"), ("Yes", "Ja")]
-    assert data.load_splits("tsv", path=str(tmp_path), tsv_columns=(1, 0))["dev"][1] == ("Ja", "Yes")
+    assert data.load_splits("tsv", path=str(tmp_path), tsv_columns="1,0")["dev"][1] == ("Ja", "Yes")
     bad = _write(tmp_path, "bad.tsv", "Hello\tHallo\nno tab here\n")
     with pytest.raises(DataError, match=r"bad\.tsv line 2 has 1 tab-separated fields"):
         data.read_tsv(bad)

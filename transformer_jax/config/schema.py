@@ -38,7 +38,8 @@ def default_config() -> ml_collections.ConfigDict:
 
     config.data = data = ml_collections.ConfigDict()
     data.source = "tfds"  # "builtin" | "tfds" | "text" | "tsv"
-    data.path = ""  # directory with train/dev/test files for "text" and "tsv"
+    data.path = ""  # directory with train/dev/test files for "text" and "tsv" (test optional: then scored on dev)
+    data.tsv_columns = ""  # "tsv": SOURCE,TARGET column indices from 0 ("" = a header line naming the languages, else 0,1)
     data.source_lang = "en"  # translation direction: source language
     data.target_lang = "de"  # translation direction: target language
     data.tfds_train_name = "wmt14_translate/de-en"  # TFDS builder of the training split

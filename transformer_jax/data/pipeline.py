@@ -50,6 +50,7 @@ class RunData:
     train: BatchIterator
     dev: EvalSet
     test: EvalSet
+    test_is_dev: bool = False  # the source had no test split: `test` holds the dev pairs (label its scores "dev")
 
     def batch_shapes(self, eval_batch_size: int, batching: TranslationBatching, model_max_len: int,
                      row_multiple: int) -> BatchShapes:
@@ -82,6 +83,7 @@ def load_run_splits(data: ml_collections.ConfigDict, seed: int, splits: tuple[st
         tfds_eval_name=data.tfds_eval_name,
         tfds_data_dir=data.tfds_data_dir or None,
         builtin_sizes=(data.builtin_train_size, data.builtin_dev_size, data.builtin_test_size),
+        tsv_columns=data.tsv_columns,
         seed=seed,
     )
 
@@ -117,6 +119,8 @@ def corpus_key(data: ml_collections.ConfigDict, seed: int) -> dict[str, Any]:
         key["path"] = os.path.abspath(data.path)
     if data.source == "builtin":  # the built-in corpus is generated and split from the seed
         key.update({name: data[name] for name in BUILTIN_SETTINGS}, seed=seed)
+    if data.source == "tsv" and data.tsv_columns:  # (absent when unset: corpora prepared before it keep their key)
+        key["tsv_columns"] = data.tsv_columns
     if data.source in ("text", "tsv") and data.path and is_local(data.path) and os.path.isdir(data.path):
         # Each file's size, modification time and content (SHA-256, streamed: about a second a gigabyte): an edited
         # corpus is a changed corpus, whatever its size and time say (`cp -p` and `rsync -t` keep the time).
@@ -202,7 +206,8 @@ def prepare_corpus(config: ml_collections.ConfigDict, directory: str, workers: i
     elif (pieces := Tokenizer.load(tokenizer_model).vocab_size) != data.vocab_size:
         raise DataError(f"data.vocab_size={data.vocab_size} differs from the {pieces} "
                         f"pieces of {tokenizer_model}; set --config.data.vocab_size to that, or use a new workdir")
-    return write_prepared(directory, key, tokenizer_model, train_pairs, splits, workers)
+    return write_prepared(directory, key, tokenizer_model, train_pairs, splits, workers,
+                          test_is_dev=splits["test"] is splits["dev"])
 
 
 def _initial_tokenizer(config: ml_collections.ConfigDict) -> str | None:
@@ -298,4 +303,5 @@ def prepare_data(
         process_index=process_index,
         process_count=process_count,
     )
-    return RunData(tokenizer, iterator, eval_set(corpus.split("dev"), tokenizer), eval_set(corpus.split("test"), tokenizer))
+    return RunData(tokenizer, iterator, eval_set(corpus.split("dev"), tokenizer), eval_set(corpus.split("test"), tokenizer),
+                   test_is_dev=corpus.manifest.get("test_is_dev", False))

@@ -243,7 +243,10 @@ class PreparedCorpus:
 def read_split(directory: str, name: str) -> list[Pair]:
     """The dev or test pairs of the prepared corpus in `directory` (its index and shards are not read)."""
     path = os.path.join(directory, f"{name}.json")
-    expected = read_manifest(directory).get("splits_sha256", {}).get(name)  # older corpora: none
+    manifest = read_manifest(directory)
+    expected = manifest.get("splits_sha256", {}).get(name)  # older corpora: none
+    if name == "test" and manifest.get("test_is_dev"):
+        logging.warning("the corpus at %s had no test split: its test split is the dev split", directory)
     try:
         content = read_bytes(path)
         pairs = json.loads(content.decode())
@@ -336,7 +339,8 @@ def shard_dtype(vocab_size: int) -> str:
 
 
 def write_prepared(directory: str, key: dict[str, Any], tokenizer_path: str, train: list[Pair],
-                   splits: dict[str, list[Pair]], workers: int = 1, shard_pairs: int = SHARD_PAIRS) -> PreparedCorpus:
+                   splits: dict[str, list[Pair]], workers: int = 1, shard_pairs: int = SHARD_PAIRS,
+                   test_is_dev: bool = False) -> PreparedCorpus:
     """Encode `train` into shards with `workers` processes, then write the index, the splits and the manifest.
 
     `tokenizer_path` is copied to the corpus unless it is already there. `train` is emptied shard by
@@ -345,11 +349,11 @@ def write_prepared(directory: str, key: dict[str, Any], tokenizer_path: str, tra
     manifest is, and preparing again overwrites it.
     """
     with storage_named(f"preparing the corpus in {directory}", "run the same command again: it prepares the corpus anew"):
-        return _write_prepared(directory, key, tokenizer_path, train, splits, workers, shard_pairs)
+        return _write_prepared(directory, key, tokenizer_path, train, splits, workers, shard_pairs, test_is_dev)
 
 
 def _write_prepared(directory: str, key: dict[str, Any], tokenizer_path: str, train: list[Pair],
-                    splits: dict[str, list[Pair]], workers: int, shard_pairs: int) -> PreparedCorpus:
+                    splits: dict[str, list[Pair]], workers: int, shard_pairs: int, test_is_dev: bool) -> PreparedCorpus:
     make_dirs(directory)
     tokenizer = Tokenizer.load(tokenizer_path)
     dtype = shard_dtype(tokenizer.vocab_size)
@@ -373,13 +377,14 @@ def _write_prepared(directory: str, key: dict[str, Any], tokenizer_path: str, tr
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
             futures = [pool.submit(encode_shard, own_tokenizer, shard, path, dtype) for shard, path in shards()]
             lengths = [future.result() for future in futures]
-    return finish_prepared(directory, key, tokenizer, names, lengths, splits, dtype)
+    return finish_prepared(directory, key, tokenizer, names, lengths, splits, dtype, test_is_dev)
 
 
 def finish_prepared(directory: str, key: dict[str, Any], tokenizer: Tokenizer, names: list[str],
                     lengths: list[tuple[np.ndarray, np.ndarray]], splits: dict[str, list[Pair]],
-                    dtype: str) -> PreparedCorpus:
-    """Write the length index, the dev/test text and, last, the manifest of shards already written."""
+                    dtype: str, test_is_dev: bool = False) -> PreparedCorpus:
+    """Write the length index, the dev/test text and, last, the manifest of shards already written
+    (`test_is_dev`: the source had no test split, and its dev pairs stand in; the manifest says so)."""
     source = np.concatenate([pair[0] for pair in lengths]).astype(np.int32)
     target = np.concatenate([pair[1] for pair in lengths]).astype(np.int32)
     # Each pair's checksum, from the shards as written (read back once, in order).
@@ -402,7 +407,8 @@ def finish_prepared(directory: str, key: dict[str, Any], tokenizer: Tokenizer, n
     manifest = {"format": FORMAT, "key": key, "tokenizer": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size,
                 "pairs": len(source), "dtype": dtype, "shards": shards,
                 "index_sha256": hashlib.sha256(buffer.getvalue()).hexdigest(),
-                "splits": {split: len(splits[split]) for split in EVAL_SPLITS}, "splits_sha256": split_sha256}
+                "splits": {split: len(splits[split]) for split in EVAL_SPLITS}, "splits_sha256": split_sha256,
+                "test_is_dev": test_is_dev}
     write_atomically(os.path.join(directory, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True))
     logging.info("prepared %d training pairs in %d shard(s) at %s", len(source), len(names), directory)
     return PreparedCorpus.open(directory)

@@ -6,7 +6,9 @@ Sources (chosen by name, e.g. from the config):
   test = newstest2014), read with `tfds.data_source` (no TensorFlow);
 - "text": line-aligned files `<split>.<lang>` in one directory (train.en / train.de, dev.* or fairseq's
   valid.*, test.*);
-- "tsv": `<split>.tsv` files with one "source<TAB>target" pair per line.
+- "tsv": `<split>.tsv` files with one pair per line, its columns named by a header line of the two language
+  codes (`en<TAB>de`) or by data.tsv_columns, else source then target.
+For "text" and "tsv" the test split is optional: without its files, test is the dev split (a warning says so).
 Every source returns {"train", "dev", "test"} lists of (source, target) sentence pairs in the
 configured direction. Empty lines are kept here; `drop_empty_pairs` removes them for training only,
 so dev/test stay line-aligned with their references.
@@ -18,6 +20,8 @@ import codecs
 import os
 from collections.abc import Sequence
 from typing import Any
+
+from absl import logging
 
 from transformer_jax.errors import DataError
 
@@ -75,21 +79,48 @@ def read_parallel_text(source_path: str, target_path: str) -> list[Pair]:
     return list(zip(source, target))
 
 
-def read_tsv(path: str, source_column: int = 0, target_column: int = 1) -> list[Pair]:
-    """Pairs from a tab-separated file, one pair per line."""
+def tsv_columns(first_line: str, source_lang: str, target_lang: str, setting: str) -> tuple[int, int, bool]:
+    """(source column, target column, whether the first line is a header) of a TSV file.
+
+    A first line whose fields include the two language codes (`en<TAB>de`, in any order) is a header naming
+    the columns; `setting` (data.tsv_columns, "SOURCE,TARGET" indices counted from 0) chooses them
+    instead; without either, column 0 is the source and column 1 the target."""
+    fields = [field.strip() for field in first_line.split("\t")]
+    header = source_lang != target_lang and source_lang in fields and target_lang in fields
+    if setting:
+        try:
+            source_column, target_column = (int(part) for part in setting.split(","))
+        except ValueError:
+            raise DataError(f"data.tsv_columns={setting!r} is not two column indices; set it to SOURCE,TARGET "
+                            "counted from 0, e.g. --config.data.tsv_columns=1,0") from None
+        if min(source_column, target_column) < 0 or source_column == target_column:
+            raise DataError(f"data.tsv_columns={setting!r} must name two different columns counted from 0, "
+                            "e.g. 1,0")
+        return source_column, target_column, header
+    if header:
+        return fields.index(source_lang), fields.index(target_lang), True
+    return 0, 1, False
+
+
+def read_tsv(path: str, source_lang: str = "en", target_lang: str = "de", columns: str = "") -> list[Pair]:
+    """Pairs from a tab-separated file, one pair per line; the columns as `tsv_columns` chooses them."""
+    lines = read_lines(path, strip=False)
+    if not lines:
+        raise DataError(f"{path} is empty; it must hold one source<TAB>target pair per line")
+    source_column, target_column, header = tsv_columns(lines[0], source_lang, target_lang, columns)
     pairs, expected = [], None
-    for number, line in enumerate(read_lines(path, strip=False), start=1):
+    for number, line in enumerate(lines[1:] if header else lines, start=2 if header else 1):
         fields = line.split("\t")  # before stripping: an empty first or last field is still a field
         if len(fields) <= max(source_column, target_column):
             raise DataError(f"{path} line {number} has {len(fields)} tab-separated fields, expected "
                             f"{max(source_column, target_column) + 1}; every line must be source<TAB>target")
         expected = expected or len(fields)
         if len(fields) != expected:  # a tab inside a sentence would shift the columns of that line
-            raise DataError(f"{path} line {number} has {len(fields)} tab-separated fields but line 1 has {expected}; "
-                            "a tab inside a sentence shifts the columns: replace it with a space")
+            raise DataError(f"{path} line {number} has {len(fields)} tab-separated fields but the first pair has "
+                            f"{expected}; a tab inside a sentence shifts the columns: replace it with a space")
         pairs.append((fields[source_column].strip(), fields[target_column].strip()))
     if not pairs:
-        raise DataError(f"{path} is empty; it must hold one source<TAB>target pair per line")
+        raise DataError(f"{path} holds a header line and no pair; add one source<TAB>target pair per line")
     return pairs
 
 
@@ -115,10 +146,15 @@ def check_references(splits: dict[str, list[Pair]], where: str) -> None:
 
 def load_text_splits(directory: str, source_lang: str, target_lang: str,
                      splits: Sequence[str] = SPLITS) -> dict[str, list[Pair]]:
-    """`<directory>/<split>.<lang>` files for each split; the dev split may be named `valid` (fairseq's name)."""
-    return {split: read_parallel_text(*(os.path.join(directory, f"{text_split_name(directory, split, source_lang)}."
-                                                     f"{lang}") for lang in (source_lang, target_lang)))
-            for split in splits}
+    """`<directory>/<split>.<lang>` files for each split; the dev split may be named `valid` (fairseq's name),
+    and a directory without test files is scored on dev (`without_test`)."""
+    def split_files(split: str) -> list[str]:
+        stem = text_split_name(directory, split, source_lang)
+        return [os.path.join(directory, f"{stem}.{lang}") for lang in (source_lang, target_lang)]
+
+    return without_test(splits, lambda split: read_parallel_text(*split_files(split)),
+                        not any(os.path.lexists(path) for path in split_files("test")),
+                        f"{directory} has no test.{source_lang} and test.{target_lang}")
 
 
 def text_split_name(directory: str, split: str, source_lang: str) -> str:
@@ -129,10 +165,25 @@ def text_split_name(directory: str, split: str, source_lang: str) -> str:
     return split
 
 
-def load_tsv_splits(directory: str, splits: Sequence[str] = SPLITS,
-                    columns: tuple[int, int] = (0, 1)) -> dict[str, list[Pair]]:
-    """`<directory>/<split>.tsv` files; `columns` gives the (source, target) column indices."""
-    return {split: read_tsv(os.path.join(directory, f"{split}.tsv"), *columns) for split in splits}
+def load_tsv_splits(directory: str, splits: Sequence[str] = SPLITS, source_lang: str = "en", target_lang: str = "de",
+                    columns: str = "") -> dict[str, list[Pair]]:
+    """`<directory>/<split>.tsv` files (columns: `read_tsv`); without test.tsv, test is dev (`without_test`)."""
+    def read(split: str) -> list[Pair]:
+        return read_tsv(os.path.join(directory, f"{split}.tsv"), source_lang, target_lang, columns)
+
+    return without_test(splits, read, not os.path.lexists(os.path.join(directory, "test.tsv")),
+                        f"{directory} has no test.tsv")
+
+
+def without_test(splits: Sequence[str], read: Any, test_missing: bool, missing: str) -> dict[str, list[Pair]]:
+    """{split: read(split)}, where a missing test split is the dev split's pairs, the same list (a run's corpus
+    records it: its test scores are dev's, labelled so) and a warning says so."""
+    loaded = {split: read(split) for split in splits if not (split == "test" and test_missing)}
+    if "test" in splits and test_missing:
+        logging.warning("%s: the test split is optional; its scores will be the dev split's (labelled as dev)",
+                        missing)
+        loaded["test"] = loaded["dev"] if "dev" in loaded else read("dev")
+    return loaded
 
 
 def _import_tfds() -> Any:
@@ -198,13 +249,13 @@ def _text(value: Any) -> str:
 def load_splits(source: str, *, path: str | None = None, source_lang: str = "en", target_lang: str = "de",
                 splits: Sequence[str] = SPLITS, tfds_train_name: str = TFDS_NAME,
                 tfds_eval_name: str = TFDS_NAME, tfds_data_dir: str | None = None,
-                tsv_columns: tuple[int, int] = (0, 1),
+                tsv_columns: str = "",
                 builtin_sizes: tuple[int, int, int] = (50_000, 1_000, 2_000), seed: int = 0) -> dict[str, list[Pair]]:
     """{split: [(source, target), ...]} from "builtin", "tfds", "text" or "tsv" (`path`: the directory).
 
     For "tfds" the train split comes from `tfds_train_name`, dev and test from `tfds_eval_name`
     (TFDS splits train/validation/test). `builtin_sizes` is
-    (train, dev, test) and `seed` picks the built-in corpus; `tsv_columns` is (source, target).
+    (train, dev, test) and `seed` picks the built-in corpus; `tsv_columns` is data.tsv_columns (`read_tsv`).
     """
     if source == "builtin":
         from transformer_jax.data.builtin.corpus import builtin_corpus
@@ -226,7 +277,7 @@ def load_splits(source: str, *, path: str | None = None, source_lang: str = "en"
             raise DataError(f"data source {source!r} needs a data directory and data.path is empty; set "
                             f"--config.data.path=DIR (the directory of the {'<split>.<lang>' if source == 'text' else '<split>.tsv'} files)")
         loaded = (load_text_splits(path, source_lang, target_lang, splits) if source == "text"
-                  else load_tsv_splits(path, splits, tsv_columns))
+                  else load_tsv_splits(path, splits, source_lang, target_lang, tsv_columns))
         check_references(loaded, path)
         return loaded
     raise DataError(f"unknown data source {source!r}; use one of 'builtin', 'tfds', 'text', 'tsv'")

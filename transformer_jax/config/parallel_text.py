@@ -1,0 +1,128 @@
+"""A run config for your own parallel text, sized from the corpus (configs/parallel_text.py).
+
+Given the directory and the two languages, `parallel_text_config` reads the layout (`train.SRC`/`train.TGT`
+or `train.tsv`), counts the training pairs and their length, and chooses the model, the vocabulary, the
+batch and the schedule by corpus size (`TIERS`). Each choice is an ordinary config value: any of them can
+be overridden on the command line (`--config.model.num_layers=4`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+
+import ml_collections
+
+from transformer_jax.config.schema import default_config
+from transformer_jax.errors import DataError
+
+BYTES_PER_TOKEN = 4.0  # a SentencePiece piece of European text is about 4 UTF-8 bytes (for the step count)
+SAMPLE_BYTES = 8 << 20  # the distinct words that bound a small corpus's vocabulary are counted in this much text
+
+
+@dataclasses.dataclass(frozen=True)
+class Tier:
+    """The settings for corpora of fewer than `max_pairs` training pairs."""
+
+    max_pairs: float
+    name: str
+    model: dict
+    vocab_size: int
+    tokens_per_batch: int
+    epochs: int
+    max_steps: int
+    average_last: int
+    peak_learning_rate: float = 0.0  # 0: the paper's formula (d_model^-0.5 * warmup^-0.5 at the peak)
+
+
+TIERS = (
+    # A few thousand sentences: a model that trains in minutes on a CPU (configs/demo.py's size).
+    # Its steps are few, so its warm-up is short: a set peak rate, not the formula's (which peaks higher).
+    Tier(20_000, "tiny", dict(num_layers=2, d_model=128, d_ff=512, num_heads=4, dropout_rate=0.1), 4_000, 4_096,
+         60, 20_000, 3, peak_learning_rate=5e-3),
+    # IWSLT-sized corpora: fairseq's transformer_iwslt_de_en (6 layers, d_ff 1024, 4 heads, dropout 0.3).
+    Tier(500_000, "small", dict(num_layers=6, d_model=512, d_ff=1024, num_heads=4, dropout_rate=0.3), 10_000, 4_096,
+         50, 100_000, 5, peak_learning_rate=5e-4),
+    # WMT-sized: the paper's base model, batch and schedule (WMT14 EN-DE: 4.5M pairs, 100k steps).
+    Tier(10_000_000, "base", dict(num_layers=6, d_model=512, d_ff=2048, num_heads=8, dropout_rate=0.1), 32_000,
+         25_000, 20, 100_000, 5),
+    # Larger: the paper's big model (300k steps; average the last 20 checkpoints).
+    Tier(math.inf, "big", dict(num_layers=6, d_model=1024, d_ff=4096, num_heads=16, dropout_rate=0.3), 37_000,
+         25_000, 20, 300_000, 20),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Survey:
+    """What the config is sized from: the training pairs, their mean bytes per side, distinct words seen."""
+
+    source: str  # "text" or "tsv"
+    pairs: int
+    bytes_per_pair: float
+    distinct_words: int
+
+
+def _lines_and_bytes(path: str) -> tuple[int, int, set[str]]:
+    lines = size = 0
+    words: set[str] = set()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            if size < SAMPLE_BYTES:
+                words.update(block.decode("utf-8", "ignore").split())
+            lines += block.count(b"\n")
+            size += len(block)
+            last = block[-1:]
+    if size and last != b"\n":
+        lines += 1
+    return lines, size, words
+
+
+def survey(path: str, source_lang: str, target_lang: str) -> Survey:
+    """Count the training pairs of `path` (train.SRC and train.TGT, or train.tsv)."""
+    if not os.path.isdir(path):
+        raise DataError(f"{path} is not a directory; pass the directory holding train.{source_lang} and "
+                        f"train.{target_lang} (or train.tsv), e.g. --config=configs/parallel_text.py:DIR,"
+                        f"{source_lang},{target_lang}")
+    text = [os.path.join(path, f"train.{lang}") for lang in (source_lang, target_lang)]
+    if all(os.path.isfile(name) for name in text):
+        (pairs, source_bytes, source_words), (_, target_bytes, target_words) = map(_lines_and_bytes, text)
+        return Survey("text", pairs, (source_bytes + target_bytes) / 2 / max(pairs, 1),
+                      len(source_words | target_words))
+    tsv = os.path.join(path, "train.tsv")
+    if os.path.isfile(tsv):
+        pairs, size, words = _lines_and_bytes(tsv)
+        return Survey("tsv", pairs, size / 2 / max(pairs, 1), len(words))
+    raise DataError(f"{path} has neither train.{source_lang} and train.{target_lang} nor train.tsv; name the "
+                    f"training files so (dev.* or valid.*, and optionally test.*, beside them)")
+
+
+def tier_for(pairs: int) -> Tier:
+    """The first tier whose corpora are larger than `pairs`."""
+    return next(tier for tier in TIERS if pairs < tier.max_pairs)
+
+
+def parallel_text_config(path: str, source_lang: str, target_lang: str) -> ml_collections.ConfigDict:
+    """The run config for the parallel text in `path`, translating `source_lang` to `target_lang`."""
+    if not source_lang or not target_lang or source_lang == target_lang:
+        raise DataError(f"the languages {source_lang!r} and {target_lang!r} must be two different codes, as in "
+                        "the file names (train.en, train.de): --config=configs/parallel_text.py:DIR,en,de")
+    found = survey(path, source_lang, target_lang)
+    tier = tier_for(found.pairs)
+    config = default_config()
+    # A small corpus supports fewer SentencePiece pieces than the tier's: about half its distinct words,
+    # plus the 256 byte pieces (a size it cannot reach would stop the run before training).
+    vocab_size = min(tier.vocab_size, 256 + max(found.distinct_words // 2, 64))
+    config.data.update(source=found.source, path=os.path.abspath(path), source_lang=source_lang,
+                       target_lang=target_lang, vocab_size=vocab_size, tokens_per_batch=tier.tokens_per_batch,
+                       max_length=256 if tier.name in ("base", "big") else 128)
+    config.model.update(**tier.model, max_len=max(config.model.max_len, config.data.max_length + 1))
+    tokens_per_epoch = found.pairs * found.bytes_per_pair / BYTES_PER_TOKEN
+    steps = int(min(tier.max_steps, max(20, math.ceil(tier.epochs * tokens_per_epoch / tier.tokens_per_batch))))
+    config.training.update(
+        num_train_steps=steps, warmup_steps=max(1, min(4_000, steps // 5)), peak_learning_rate=tier.peak_learning_rate,
+        log_every=max(1, min(100, steps // 20)), eval_every=max(1, min(1_000, steps // 10)),
+        checkpoint_every=max(1, min(1_000, steps // 10)), bleu_every=0 if tier.name == "tiny" else 5_000,
+        keep_checkpoints=max(5, tier.average_last))
+    config.eval.average_last = tier.average_last
+    return config
