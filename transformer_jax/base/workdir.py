@@ -41,6 +41,8 @@ PLOTS = "plots"
 LEARNING_CURVES = "learning_curves.png"
 POSITIONAL_ENCODING_PLOT = "positional_encoding.png"
 COMPILATION_CACHE = "compilation_cache"
+WANDB = "wandb"  # Weights & Biases' local files (training.wandb_project)
+WANDB_RUN_ID = "wandb_run_id"  # the W&B run a resumed run goes on logging to
 
 
 def run_path(workdir: str, *names: str) -> str:
@@ -57,7 +59,8 @@ ENTRIES = {
     TIMING: (FILE, "timing log"), TENSORBOARD: (DIRECTORY, "TensorBoard events"),
     FINAL_TEST + ".hyp": (FILE, "test translation"), FINAL_TEST + ".json": (FILE, "test scores"),
     EVAL: (DIRECTORY, "evaluations"), PLOTS: (DIRECTORY, "figures"),
-    COMPILATION_CACHE: (DIRECTORY, "compiled programs"),
+    COMPILATION_CACHE: (DIRECTORY, "compiled programs"), WANDB: (DIRECTORY, "Weights & Biases files"),
+    WANDB_RUN_ID: (FILE, "Weights & Biases run id"),
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import importlib.util
 import math
 from typing import Any
 
@@ -87,6 +88,7 @@ def default_config() -> ml_collections.ConfigDict:
     training.checkpoint_every = 1_000  # steps between checkpoints (and one at the end)
     training.keep_checkpoints = 5  # newest checkpoints kept on disk (the best one is kept as well)
     training.max_skipped_updates = 20  # stop after this many consecutive non-finite updates
+    training.wandb_project = ""  # also log the metrics to this Weights & Biases project (the wandb extra; WANDB_MODE=offline keeps them on disk); "" = off
 
     config.mesh = mesh = ml_collections.ConfigDict()
     mesh.data = -1  # data-parallel axis size (-1 = all devices not used by fsdp)
@@ -147,6 +149,9 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
     if config.training.loss_chunk_tokens < -1:
         raise ConfigError(f"training.loss_chunk_tokens={config.training.loss_chunk_tokens} must be -1 (automatic), "
                           "0 (the whole batch's logits) or a positive number of tokens")
+    if config.training.wandb_project and importlib.util.find_spec("wandb") is None:
+        raise ConfigError(f"training.wandb_project={config.training.wandb_project!r} needs Weights & Biases, which "
+                          "is not installed; pip install 'transformer_jax[wandb]', or leave wandb_project empty")
     if config.training.loss_kernel not in LOSS_KERNELS:
         raise ConfigError(f"training.loss_kernel={config.training.loss_kernel!r} must be one of "
                           f"{', '.join(LOSS_KERNELS)}; set --config.training.loss_kernel")

@@ -84,13 +84,17 @@ class LogWindow:
         num_steps: int,
         open_window: list[dict[str, Any]],
         enabled: bool,
+        wandb_project: str = "",
+        run_config: dict[str, Any] | None = None,
     ) -> None:
         """Resume the log at step `start` of `num_steps` with the window a checkpoint left open.
 
         `schedule` maps the count of applied updates to the learning rate logged with each window.
-        Only the `enabled` process (process 0) writes the log and shows the progress bar.
+        Only the `enabled` process (process 0) writes the log and shows the progress bar; with `wandb_project`,
+        it logs to that Weights & Biases project as well (`run_config`: the settings it records).
         """
-        self.log = MetricsLog(workdir, enabled=enabled, resume_step=start)
+        self.log = MetricsLog(workdir, enabled=enabled, resume_step=start, wandb_project=wandb_project,
+                              run_config=run_config)
         self.progress = StepProgress(num_steps, start, enabled)
         self.schedule = schedule
         self.step_metrics = list(open_window)

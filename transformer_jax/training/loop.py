@@ -316,7 +316,8 @@ class Trainer:
         if is_writer:
             write_run_config(self.config, self.workdir)
         self.workdir_watch.note_names()
-        window = LogWindow(self.workdir, self.schedule, start, training.num_train_steps, open_window, is_writer)
+        window = LogWindow(self.workdir, self.schedule, start, training.num_train_steps, open_window, is_writer,
+                           wandb_project=training.wandb_project, run_config=self.config.to_dict())
         if start < training.num_train_steps:  # where the start (or the resume) went, up to the first update
             window.log.write_timing(start, {"startup_seconds": time.perf_counter() - self.created,
                                             "restore_seconds": restored - began,

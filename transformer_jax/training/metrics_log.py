@@ -1,4 +1,5 @@
-"""Run metrics: one JSON object per line in `<workdir>/metrics.jsonl` and TensorBoard event files.
+"""Run metrics: one JSON object per line in `<workdir>/metrics.jsonl`, TensorBoard event files and, when
+training.wandb_project names one, a Weights & Biases run.
 
 metrics.jsonl holds only what a rerun with the same seed reproduces bit for bit (loss, learning rate,
 dev metrics, ...). Wall-clock figures (tokens per second, seconds per step) go to TensorBoard and to
@@ -85,6 +86,30 @@ class ScalarEvents:
             raise OSError(error.errno, error.strerror, self.directory) from error
 
 
+class WandbRun:
+    """The same scalars logged to a Weights & Biases run of `project` (its files under `<workdir>/wandb` for a local
+    workdir). Its id is kept in `<workdir>/wandb_run_id`, so a resumed run logs on to the same W&B run; W&B drops
+    values for steps it already holds (those an interrupted attempt logged after its last checkpoint)."""
+
+    def __init__(self, workdir: str, project: str, config: Mapping[str, Any]) -> None:
+        import wandb  # the wandb extra: check_run_config has said so when it is missing
+        id_path = layout.run_path(workdir, layout.WANDB_RUN_ID)
+        if not exists(id_path):
+            write_atomically(id_path, uuid.uuid4().hex[:16])
+        run_id = read_bytes(id_path).decode().strip()
+        local = "://" not in workdir
+        if local:
+            make_dirs(layout.run_path(workdir, layout.WANDB))
+        self.run = wandb.init(project=project, id=run_id, resume="allow", config=dict(config),
+                              name=os.path.basename(os.path.normpath(workdir)), dir=workdir if local else None)
+
+    def add(self, values: Mapping[str, float], step: int) -> None:
+        self.run.log(dict(values), step=int(step))
+
+    def close(self) -> None:
+        self.run.finish()
+
+
 class MetricsLog:
     """Appends {"step": s, "split": ..., metric: value} lines and TensorBoard scalars.
 
@@ -93,11 +118,13 @@ class MetricsLog:
     timing.jsonl and TensorBoard), so the logs read as if the run had never been interrupted.
     """
 
-    def __init__(self, workdir: str, enabled: bool = True, resume_step: int = 0) -> None:
+    def __init__(self, workdir: str, enabled: bool = True, resume_step: int = 0, wandb_project: str = "",
+                 run_config: Mapping[str, Any] | None = None) -> None:
         self.enabled = enabled
         self.path = layout.run_path(workdir, layout.METRICS)
         self.timing_path = layout.run_path(workdir, layout.TIMING)
         self._events: ScalarEvents | None = None
+        self._wandb: WandbRun | None = None
         if not enabled:
             return
         if resume_step > 0 and not exists(self.path):
@@ -107,6 +134,8 @@ class MetricsLog:
             _truncate_after(path, resume_step)
         # purge_step drops events an earlier attempt logged after the restored step (or after step 0).
         self._events = ScalarEvents(workdir, purge_step=resume_step + 1)
+        if wandb_project:
+            self._wandb = WandbRun(workdir, wandb_project, run_config or {})
 
     def write(self, step: int, split: str, metrics: Mapping[str, Any]) -> None:
         """Record `metrics` of `split` ("train", "dev", "test") at `step`."""
@@ -129,7 +158,10 @@ class MetricsLog:
         self._add_scalars("timing", values, step)
 
     def _add_scalars(self, prefix: str, values: Mapping[str, float], step: int) -> None:
-        self._events.add({f"{prefix}/{key}": value for key, value in values.items()}, step)
+        tagged = {f"{prefix}/{key}": value for key, value in values.items()}
+        self._events.add(tagged, step)
+        if self._wandb is not None:
+            self._wandb.add(tagged, step)
 
     def close(self) -> None:
         """Flush and close the TensorBoard event file (and let it go: tensorboardX's gs:// writer uploads again
@@ -137,6 +169,9 @@ class MetricsLog:
         if self._events is not None:
             events, self._events = self._events, None
             events.close()
+        if self._wandb is not None:
+            wandb_run, self._wandb = self._wandb, None
+            wandb_run.close()
 
 
 def _append_record(path: str, record: Mapping[str, Any]) -> None:
