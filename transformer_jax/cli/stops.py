@@ -112,6 +112,8 @@ def signals_held() -> Iterator[None]:
 
 def _flush_standard_streams() -> None:
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with the descriptor closed (`>&-`): Python has no stream for it
+            continue
         with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream has nothing left to say
             stream.flush()
 
