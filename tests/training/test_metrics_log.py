@@ -17,6 +17,7 @@ def offline(monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # any request W&B might try goes to a closed local port
 
 
 def test_metrics_go_to_wandb_as_well_and_a_resume_logs_to_the_same_run(tmp_path, offline):
@@ -30,7 +31,7 @@ def test_metrics_go_to_wandb_as_well_and_a_resume_logs_to_the_same_run(tmp_path,
     resumed = MetricsLog(workdir, resume_step=2, wandb_project="transformer_jax_test")
     resumed.write(3, "train", {"loss": 4.125})
     resumed.close()
-    runs = sorted(glob.glob(os.path.join(workdir, "wandb", "offline-run-*")))
+    runs = sorted(glob.glob(os.path.join(workdir, "wandb", "offline-run-*")), key=os.path.getctime)  # in logging order
     assert len(runs) == 2 and all(f"-{run_id}" in os.path.basename(path) for path in runs)  # one W&B run, logged twice
     first, second = (open(glob.glob(os.path.join(path, "run-*.wandb"))[0], "rb").read() for path in runs)
     for tag in (b"train/loss", b"train/learning_rate", b"dev/loss", b"d_model"):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import codecs
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from absl import logging
@@ -175,7 +175,8 @@ def load_tsv_splits(directory: str, splits: Sequence[str] = SPLITS, source_lang:
                         f"{directory} has no test.tsv")
 
 
-def without_test(splits: Sequence[str], read: Any, test_missing: bool, missing: str) -> dict[str, list[Pair]]:
+def without_test(splits: Sequence[str], read: Callable[[str], list[Pair]], test_missing: bool,
+                 missing: str) -> dict[str, list[Pair]]:
     """{split: read(split)}, where a missing test split is the dev split's pairs, the same list (a run's corpus
     records it: its test scores are dev's, labelled so) and a warning says so."""
     loaded = {split: read(split) for split in splits if not (split == "test" and test_missing)}
