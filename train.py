@@ -1,96 +1,19 @@
 """Train a Transformer: python train.py --config=configs/demo.py --workdir=runs/demo [--config.KEY=VALUE ...].
 
-Resumes from the newest checkpoint in --workdir. At the end, translates the test split with beam
-search and prints SacreBLEU (the signature included).
+The checkout's form of `transformer-jax train` (transformer_jax/cli/train.py), with the same flags: resumes
+from the newest checkpoint in --workdir; at the end translates the test split with beam search and prints
+SacreBLEU (the signature included).
 """
 
 import signal
 
-ARRIVED: list[int] = []  # SIGTERM/SIGINT during the imports below (seconds), acted on by interrupts_reported
+ARRIVED: list[int] = []  # SIGTERM/SIGINT during the imports below (seconds), acted on when the command starts
 for _stop in (signal.SIGTERM, signal.SIGINT):
     if signal.getsignal(_stop) is not signal.SIG_IGN:  # a background job's ignored SIGINT stays ignored
         signal.signal(_stop, lambda number, frame: ARRIVED.append(number))
 
 
-import jax
-from absl import flags
-from ml_collections import config_flags
-
-from transformer_jax.base import quiet_console
-from transformer_jax.base import workdir as layout
-from transformer_jax.checkpoints.initial import adopt_initial_model
-from transformer_jax.cli import (
-    define_cluster_flags,
-    interrupts_reported,
-    run_command,
-    storage_named,
-    training_kept,
-    training_workdir,
-    user_errors,
-)
-from transformer_jax.config import check_run_config, decode_options, decoding_dtype, translation_batching
-from transformer_jax.evaluation import evaluate_split, plot_learning_curves, write_results
-from transformer_jax.training import Trainer
-
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Run config file (see configs/); --config_help lists every key.", lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, tokenizer, logs and outputs.")
-_CLUSTER = define_cluster_flags()  # --multihost and its three, --compilation_cache
-flags.mark_flags_as_required(["config", "workdir"])
-
-
-def train(config, workdir: str, stage: list[str]) -> None:
-    """Train (resuming), then translate and score the test split; `stage` says what is finished so far."""
-    trainer = Trainer(config, workdir)
-    data, model_config = trainer.data, trainer.model_config
-    translation = dict(batching=translation_batching(config), dtype=decoding_dtype(config),
-                       target_lang=config.data.target_lang, mesh=trainer.mesh)
-
-    def dev_bleu(params):
-        scores, _ = evaluate_split(params, model_config, data.dev, data.tokenizer, decode_options(config),
-                                   limit=config.training.dev_bleu_sentences, **translation)
-        return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
-
-    try:
-        state = trainer.run(dev_bleu)
-    finally:
-        trainer.close()
-    stage[0] = f"training finished at step {int(state.step)} (checkpoint saved); the test translation was not"
-    if state.step < config.training.num_train_steps:  # stopped by a signal: the loop said where and what it saved
-        raise SystemExit(128 + trainer.stop_signal)
-    scores, hypotheses = evaluate_split(state.params, model_config, data.test, data.tokenizer, decode_options(config),
-                                        show_progress=True, **translation)
-    split = "dev" if data.test_is_dev else "test"  # text files without a test split: dev's scores, named so
-    if jax.process_index() == 0:  # the scores first: a full disk loses none of them
-        print(f"{split} SacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})")
-        print(f"{split} chrF {scores['chrf']:.2f}; tokenized compound-split BLEU (paper-style, "
-              f"not comparable with SacreBLEU) {scores['tokenized_compound_split_bleu']:.2f}")
-        finished = (f"run the same command again (training finished at step {int(state.step)} (checkpoint saved); "
-                    "it translates the test split again)")
-        with storage_named("saving the test translation and scores printed above", finished):
-            write_results(layout.run_path(workdir, layout.FINAL_TEST), {"step": int(state.step), "split": split,
-                                                                         **scores}, hypotheses)
-        with storage_named("writing the learning curves", finished):
-            print(f"learning curves: {plot_learning_curves(workdir)}")
-
-
-def main(argv: list[str]) -> None:
-    del argv
-    quiet_console()
-    stage = [""]  # set once training finished; before, what is on disk says (saved_so_far)
-    finished = lambda: stage[0] or training_kept(_WORKDIR.value)  # noqa: E731
-    # A run stopped before its last step exits 143 (SIGTERM) or 130 (Ctrl-C), so a scheduler restarts it; it resumes.
-    with user_errors(), interrupts_reported(finished, arrived=ARRIVED, resumable=True):
-        _CLUSTER.use_compilation_cache(_WORKDIR.value)
-        config, workdir = _CONFIG.value, _WORKDIR.value
-        check_run_config(config)  # before any work, so a bad value leaves no trace in the workdir
-        # Fine-tuning: the architecture of training.init_from; the command line's own settings of it are checked.
-        config = adopt_initial_model(config, workdir, config_flags.get_override_values(flags.FLAGS["config"]))
-        check_run_config(config)
-        _CLUSTER.join()
-        with training_workdir(workdir):  # one job owns the workdir (run.lock) until it returns
-            train(config, workdir, stage)
-
+from transformer_jax.__main__ import run_subcommand  # noqa: E402
 
 if __name__ == "__main__":
-    run_command(main)
+    run_subcommand("train", arrived=ARRIVED)

@@ -1,15 +1,17 @@
-"""Run one CLI (train.py or eval.py) on many command lines in one process (for tests/run/test_bad_inputs.py).
+"""Run one CLI (train.py, eval.py or `transformer-jax COMMAND`) on many command lines in one process (for
+tests/cli/test_bad_inputs.py).
 
-    python tests/cli_rows.py train.py ROWS.json OUT.json
+    python tests/cli_rows.py train.py|eval.py|COMMAND ROWS.json OUT.json
 
 ROWS.json holds a list of argument lists; OUT.json receives, for each, {"returncode", "stdout", "stderr"}
-as a separate run of the script would give them: the flags are parsed anew for each row through the
-CLI's own parse_flags and main, and an exception escaping main is written as its traceback (exit 1),
-as Python would. One process saves each row the start-up of Python and JAX.
+as a separate run of the script would give them: the row goes to its command (eval.py's old forms through
+cli/old_forms.py, as eval.py sends them), whose flags are defined anew when the command changes, and is parsed
+through the command's own parse_flags and main; an exception escaping main is written as its traceback
+(exit 1), as Python would. One process saves each row the start-up of Python and JAX.
 """
 
 import contextlib
-import importlib.util
+import importlib
 import json
 import os
 import pathlib
@@ -23,14 +25,20 @@ sys.path.insert(0, str(ROOT))  # the checkout's package, not an installed copy
 
 from absl import flags  # noqa: E402
 
+from transformer_jax.__main__ import COMMANDS, PROGRAM  # noqa: E402
 from transformer_jax.cli.commands import parse_flags  # noqa: E402
+from transformer_jax.cli.old_forms import eval_command  # noqa: E402
+
+BASELINE = set(flags.FLAGS)  # absl's own flags (and the libraries'), kept from command to command
 
 
-def load(script: str):
-    spec = importlib.util.spec_from_file_location(pathlib.Path(script).stem + "_cli", ROOT / script)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load(name: str):
+    """The module of command `name`, its flags (and no other command's) defined."""
+    for flag in set(flags.FLAGS) - BASELINE:
+        delattr(flags.FLAGS, flag)
+    module_name = COMMANDS[name].module
+    sys.modules.pop(module_name, None)
+    return importlib.import_module(module_name)
 
 
 @contextlib.contextmanager
@@ -55,15 +63,21 @@ def captured() -> Iterator[dict]:
             file.close()
 
 
-def run_row(module, script: str, args: list[str]) -> dict:
+def run_row(script: str, args: list[str], loaded: dict) -> dict:
     returncode = 0
-    for name in [name for name in flags.FLAGS if name.startswith("config.")]:
-        delattr(flags.FLAGS, name)  # the last row's --config.KEY overrides, defined by parsing it
-    flags.FLAGS.unparse_flags()
-    sys.argv = [script, *args]  # where ml_collections looks for the --config.KEY overrides
     with captured() as output:
         try:
-            module.main(parse_flags(sys.argv))
+            if script == "eval.py":
+                name, argv = eval_command([script, *args])
+            else:
+                name, argv = "train" if script == "train.py" else script, [script, *args]
+            if loaded.get("name") != name:
+                loaded.update(name=name, module=load(name))
+            for flag in [flag for flag in flags.FLAGS if flag.startswith("config.")]:
+                delattr(flags.FLAGS, flag)  # the last row's --config.KEY overrides, defined by parsing it
+            flags.FLAGS.unparse_flags()
+            sys.argv = [f"{PROGRAM} {name}", *argv[1:]]  # where ml_collections looks for the --config.KEY overrides
+            loaded["module"].main(parse_flags(sys.argv, module=loaded["module"]))
         except SystemExit as exit_:
             returncode = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
         except BaseException:  # noqa: BLE001 - written out as Python itself would
@@ -74,8 +88,8 @@ def run_row(module, script: str, args: list[str]) -> dict:
 
 def main() -> None:
     script, rows, out = sys.argv[1:4]
-    module = load(script)
-    results = [run_row(module, script, args) for args in json.loads(pathlib.Path(rows).read_text())]
+    loaded: dict = {}
+    results = [run_row(script, args, loaded) for args in json.loads(pathlib.Path(rows).read_text())]
     pathlib.Path(out).write_text(json.dumps(results))
 
 

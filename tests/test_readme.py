@@ -91,47 +91,64 @@ def bash_blocks(text: str) -> list[str]:
     return [block.replace("\\\n", " ") for block in blocks]
 
 
-def script_flags(script: str) -> set[str]:
-    """The absl flags a script defines (DEFINE_*("name", ...) and DEFINE_config_file("name", ...))."""
-    source = (ROOT / script).read_text()
-    if "define_cluster_flags()" in source:  # the multi-process and compilation-cache flags train.py and eval.py share
-        source += (ROOT / "transformer_jax" / "cli" / "commands.py").read_text()
+def module_flags(module: str) -> set[str]:
+    """The absl flags a command's module defines (DEFINE_*("name", ...), DEFINE_config_file("name", ...)), with
+    the shared ones it defines by calling cli/run_flags.py's or cli/commands.py's functions."""
+    source = (ROOT / (module.replace(".", "/") + ".py")).read_text()
+    cli = ROOT / "transformer_jax" / "cli"
+    if "define_run_flags(" in source or "define_search_flags(" in source:
+        source += (cli / "run_flags.py").read_text()
+    if "define_cluster_flags()" in source or "define_run_flags()" in source:
+        source += (cli / "commands.py").read_text()
     names = set(re.findall(r"DEFINE_\w+\(\s*\"(\w+)\"", source))
-    assert names, f"{script} defines no flags?"
+    assert names, f"{module} defines no flags?"
     return names | {"help", "helpfull", "verbosity"}  # absl's own flags
 
 
-def test_every_train_and_eval_flag_in_the_docs_exists():
+def command_flags() -> dict[str, set[str]]:
+    """The flags of each `transformer-jax` command, and of train.py and eval.py (eval.py: its five commands' and its
+    own flags of old)."""
+    from transformer_jax.__main__ import COMMANDS
+    from transformer_jax.cli.old_forms import OLD_FLAGS
+
+    known = {name: module_flags(command.module) for name, command in COMMANDS.items()}
+    known["train.py"] = known["train"]
+    known["eval.py"] = set(OLD_FLAGS).union(*(known[name] for name in ("score", "translate", "average", "export",
+                                                                        "plot")))
+    return known
+
+
+def test_every_command_flag_in_the_docs_exists():
     commands = []  # (page, command line)
     for path, text in doc_pages():
         commands += [(path.name, line) for block in bash_blocks(text) for line in block.splitlines()]
         commands += [(path.name, line) for line in re.findall(r"`((?:python )?(?:train|eval)\.py [^`]*)`", text)]
+        commands += [(path.name, line) for line in re.findall(r"`(transformer-jax \w+ [^`]*)`", text)]
+    known = command_flags()
     checked = 0
-    for script in ("train.py", "eval.py"):
-        defined = script_flags(script)
-        for page, command in commands:
+    for page, command in commands:
+        for name, defined in known.items():
+            script = name if name.endswith(".py") else f"transformer-jax {name}"
             if f"{script} " not in command:
                 continue
-            used = set(re.findall(r"(?<![\w-])--(\w+)", command.split(script, 1)[1]))
+            used = set(re.findall(r"(?<![\w-])--(\w+)", command.split(f"{script} ", 1)[1]))
             assert used <= defined, f"{page} uses {sorted(used - defined)} with {script}: {command.strip()}"
             checked += 1
-    assert checked >= 10
-    # Flags named in prose belong to train.py or eval.py, or to the other tools the docs run.
+    assert checked >= 15
+    # Flags named in prose belong to a command, or to the other tools the docs run.
     others = {"file_format", "data_dir", "zone", "worker", "command", "update", "logdir",
               "nodes", "ntasks", "gpus", "requeue",  # srun, sbatch
               "accelerator", "version", "spot",  # gcloud compute tpus tpu-vm create
               "xla_force_host_platform_device_count", "xla_gpu_deterministic_ops"}  # XLA_FLAGS
-    aot = script_flags("transformer_jax/aot/__main__.py")  # python -m transformer_jax.aot
-    aot |= script_flags("transformer_jax/cli/prepare.py")  # python -m transformer_jax.cli.prepare
-    aot |= script_flags("transformer_jax/cli/import_marian.py")  # python -m transformer_jax.cli.import_marian
     others |= {"local", "max"}  # hf download --local-dir; fairseq-train --max-tokens
     # python -m benchmarks.run: its argparse options.
     bench = set(re.findall(r"add_argument\(\s*\"--(\w+)\"", (ROOT / "benchmarks" / "run.py").read_text()))
     assert "sections" in bench
-    known = script_flags("train.py") | script_flags("eval.py") | aot | bench | others
+    known_anywhere = set().union(*known.values()) | bench | others | {"config_help"}
     for path, text in doc_pages():
         named = set(re.findall(r"(?<![\w-])--(\w+)", text))
-        assert named - known == set(), f"{path.name} names flags that no script defines: {sorted(named - known)}"
+        assert named - known_anywhere == set(), f"{path.name} names flags that no command defines: " \
+            f"{sorted(named - known_anywhere)}"
 
 
 def test_every_config_key_in_the_docs_exists():

@@ -229,7 +229,7 @@ TRAIN_ROWS = [
      ["syntax_error.py:1: invalid syntax", "a config is a Python file defining get_config()"]),
     ("config file that fails when run", lambda s: [f"--config={s['dir'] / 'name_error.py'}"],
      ["name_error.py:2: NameError: name 'true' is not defined"]),
-    ("missing config file", lambda s: [f"--config={s['dir'] / 'none.py'}"], ["none.py", "No such file"]),
+    ("missing config file", lambda s: [f"--config={s['dir'] / 'none.py'}"], ["none.py: no such file"]),
     ("workdir owned by another job", lambda s: [f"--workdir={s['owned']}"],
      ["is in use by another training job (host another-host, pid 4242, started ", "choose another --workdir"]),
     ("workdir that is a file", lambda s: [f"--workdir={s['dir'] / 'a_file'}"],

@@ -164,7 +164,9 @@ def test_bad_config_fails_at_start_with_one_line(tmp_path):
     assert_one_line_error(run("train.py", f"--config={config}", f"--workdir={workdir}",
                               "--config.model.num_heads=3"), "not divisible by num_heads=3")
     assert_one_line_error(run("train.py", f"--config={tmp_path / 'none.py'}", f"--workdir={workdir}"),
-                          "No such file")
+                          "none.py: no such file; pass the path of a config file")
+    assert_one_line_error(run("train.py", "--config=demo2", f"--workdir={workdir}"),
+                          "no config of that name ships with the package", "demo, ")
 
 
 def test_a_log_file_gets_plain_lines_not_a_carriage_return_bar(tmp_path):

@@ -162,7 +162,7 @@ def test_eval_translates_a_file_stdin_and_on_a_mesh_as_transformers_does(opus, t
 def test_import_then_export_gives_back_the_checkpoint(opus, tmp_path):
     hf_dir, workdir = opus
     run = open_run(workdir)
-    out = export_run(run, checkpoint_params(run, [0]), export_target(f"hf:{tmp_path / 'out'}"))
+    out = export_run(run, checkpoint_params(run, [0]), export_target("hf", str(tmp_path / 'out')))
     original, exported = load_file(os.path.join(hf_dir, "model.safetensors")), load_file(os.path.join(out, "model.safetensors"))
     for name, value in original.items():
         if name.endswith("k_proj.bias"):  # the softmax cancels it: dropped on import, zeros on export
@@ -183,7 +183,7 @@ def test_a_run_of_ours_exported_generates_our_translations(trained_run, tmp_path
     params = checkpoint_params(run, [run.checkpointer.latest_step()])
     # Six steps teach the tiny run little more than to end at once: its EOS row zeroed, it writes words.
     params["shared_embedding"]["embedding"][EOS_ID] = 0.0
-    out = export_run(run, params, export_target(f"hf:{tmp_path / 'hf'}"))
+    out = export_run(run, params, export_target("hf", str(tmp_path / 'hf')))
     sentences = ["the small house", "a dog sees the tree", "we have two red books"]
     config = run.model_config.replace(attention_backend="einsum")
     greedy = np.asarray(greedy_decode(params, config, our_source(run, sentences), max_extra_length=EXTRA))
@@ -226,7 +226,7 @@ def test_an_export_target_that_exists_is_refused(opus, tmp_path):
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("mine")
     with pytest.raises(ConfigError, match="already exists and is not empty"):
-        export_target(f"hf:{tmp_path / 'out'}")
+        export_target("hf", str(tmp_path / 'out'))
     assert os.listdir(tmp_path / "out") == ["keep.txt"]
 
 
@@ -282,7 +282,7 @@ def test_separate_vocabularies_import_and_export_exactly(tmp_path):
     hf_dir = ended_early(tiny_marian(tmp_path / "hf", shared_embeddings=False, separate_vocabs=True))
     workdir = import_marian(hf_dir, str(tmp_path / "run"))
     run = open_run(workdir)
-    out = export_run(run, checkpoint_params(run, [0]), export_target(f"hf:{tmp_path / 'out'}"))
+    out = export_run(run, checkpoint_params(run, [0]), export_target("hf", str(tmp_path / 'out')))
     for name in ("vocab.json", "target_vocab.json"):
         with open(os.path.join(hf_dir, name)) as a, open(os.path.join(out, name)) as b:
             assert json.load(a) == json.load(b)

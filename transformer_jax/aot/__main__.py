@@ -1,63 +1,7 @@
-"""python -m transformer_jax.aot --config=CONFIG --topology=v5e:16x16 [--num_slices=N] [--config.KEY=VALUE ...]
+"""python -m transformer_jax.aot: the preflight, as `transformer-jax preflight` (aot/preflight.py)."""
 
-Compiles the run's train step, dev-loss step and beam search for the topology (libtpu: the `tpu`
-extra; GPUs such as --topology=h100-8: JAX's CUDA plugin, `pip install "jax[cuda12]==<jax version>"`),
-prints per-device memory against the chip's HBM, FLOPs, collectives and a roofline speed,
-and ends with "fits" (exit 0) or a "does not fit" line naming what to change (exit 1).
-"""
-
-import os
-import sys
-
-os.environ.setdefault("JAX_PLATFORMS", "cpu")  # only compile-only devices are used; never a local accelerator
-os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # the CUDA plugin's library checks want a GPU
-
-from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from transformer_jax.cli import run_command, user_errors  # noqa: E402
-
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Run config file (see configs/); --config_help lists every key.", lock_config=True)
-_TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology (v5e:16x16, v4:4x4x4, ...), Cloud type (v5e-256) "
-                                "or GPUs of one host (h100, h100-8).")
-_SLICES = flags.DEFINE_integer("num_slices", 1, "Slices joined by the data-center network (multi-slice).")
-_WORKDIR = flags.DEFINE_string(
-    "workdir", None, "Compile for the batch shapes this run directory's corpus gives, as train.py will (its "
-    "corpus is prepared there, as train.py would, or reused; --config.data.prepared=DIR needs no workdir); "
-    "without a corpus, rows of data.max_length.")
-_HBM_GB = flags.DEFINE_float("hbm_gb", None, "Memory per device in GB instead of the chip's (e.g. to keep headroom).")
-flags.mark_flags_as_required(["config", "topology"])
-
-
-def main(argv: list[str]) -> None:
-    del argv
-    with user_errors():
-        import jax
-
-        # The environment default above comes too late when `python -m` has imported jax with the package:
-        # set the platform before any backend starts, so an installed CUDA plugin is only compiled for.
-        jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS") or "cpu")
-        from transformer_jax.aot.plan import plan_run
-        from transformer_jax.base.files import exists
-        from transformer_jax.errors import ConfigError
-
-        if not _TOPOLOGY.value.strip():
-            raise ConfigError("--topology is empty; name one, e.g. --topology=v5e:2x4, v5e-256, v5p-128 or h100-8")
-        if _WORKDIR.value is not None and not exists(_WORKDIR.value):  # a mistyped path must not become a workdir
-            raise ConfigError(f"--workdir={_WORKDIR.value} does not exist; the preflight reads (or prepares) the "
-                              "corpus of an existing run directory: fix the path, or create the new run's directory "
-                              f"first (mkdir -p {_WORKDIR.value})")
-        if _HBM_GB.value is not None and not 0 < _HBM_GB.value < float("inf"):
-            raise ConfigError(f"--hbm_gb={_HBM_GB.value} must be a positive number of GB per device "
-                              "(leave it out to use the chip's own memory)")
-
-        report, fits = plan_run(_CONFIG.value, _TOPOLOGY.value, _SLICES.value,
-                                None if _HBM_GB.value is None else int(_HBM_GB.value * 1e9), _WORKDIR.value)
-        print(report)
-        if not fits:
-            sys.exit(1)
-
+from transformer_jax.aot import preflight
+from transformer_jax.cli import run_command
 
 if __name__ == "__main__":
-    run_command(main)
+    run_command(preflight.main, module=preflight)

@@ -11,6 +11,7 @@ import shutil
 import sys
 import time
 import traceback
+import types
 from typing import Any, Iterator, TextIO
 
 from absl import flags
@@ -128,9 +129,73 @@ def _config_file_failure(path: str | None, error: Exception) -> str:
     return f"config file {where}: {type(error).__name__}: {detail}"
 
 
-def parse_flags(argv: list[str]) -> list[str]:
+# The configs that ship with the package (the checkout's configs/, installed as transformer_jax.configs).
+PACKAGED_CONFIGS = "transformer_jax.configs"
+# The flags that print a command's help (its docstring and its flags) and exit 0.
+HELP = ("--help", "-h", "-?", "--helpshort")
+
+
+def packaged_config(value: str) -> str:
+    """--config's value with a packaged config's name (`demo`, `parallel_text:DIR,SRC,TGT`; also `demo.py` or
+    `configs/demo.py` where no such file is here) replaced by the installed file's path; else unchanged."""
+    import importlib.resources
+
+    path, colon, argument = value.partition(":")
+    if os.path.exists(path) or not path or os.path.dirname(path) not in ("", "configs"):
+        return value
+    name = os.path.basename(path).removesuffix(".py")
+    try:
+        installed = importlib.resources.files(PACKAGED_CONFIGS) / f"{name}.py"
+    except ModuleNotFoundError:
+        return value
+    return f"{installed}{colon}{argument}" if installed.is_file() else value
+
+
+def packaged_config_names() -> list[str]:
+    """The names of the packaged configs (`--config=NAME`)."""
+    import importlib.resources
+
+    try:
+        files = importlib.resources.files(PACKAGED_CONFIGS).iterdir()
+    except ModuleNotFoundError:
+        return []
+    return sorted(item.name.removesuffix(".py") for item in files if item.name.endswith(".py")
+                  and not item.name.startswith("_"))
+
+
+def _with_packaged_configs(argv: list[str]) -> list[str]:
+    """argv with each --config value naming a packaged config replaced by its file (`packaged_config`)."""
+    resolved = list(argv)
+    for index, arg in enumerate(argv[1:], start=1):
+        if arg.startswith("--config="):
+            resolved[index] = "--config=" + packaged_config(arg.split("=", 1)[1])
+        elif arg == "--config" and index + 1 < len(argv):
+            resolved[index + 1] = packaged_config(argv[index + 1])
+    return resolved
+
+
+def command_help(module: types.ModuleType) -> str:
+    """A command's --help: its module's docstring, then its flags (those it defines, and the shared ones it uses)."""
+    listed = [line for line in flags.FLAGS.module_help(module.__name__).splitlines()
+              if line.strip() and line.strip() != f"{module.__name__}:"]  # not absl's line naming the module
+    if any(line.startswith("  --config:") for line in listed):
+        listed.append(f"  {CONFIG_HELP}: list every run config key with its default and meaning")
+    return "{}\n\nflags:\n{}\n".format((module.__doc__ or "").strip(), "\n".join(listed))
+
+
+def register_key_flags(holders: list[flags.FlagHolder], depth: int = 2) -> None:
+    """Make the flags key flags of the module `depth` frames up (the one that called the function defining them),
+    so that the command's --help lists them."""
+    module = sys._getframe(depth).f_globals["__name__"]  # noqa: SLF001 - absl's own way to name a calling module
+    for holder in holders:
+        flags.FLAGS.register_key_flag_for_module(module, flags.FLAGS[holder.name])
+
+
+def parse_flags(argv: list[str], module: types.ModuleType | None = None) -> list[str]:
     """absl flag parsing where a bad flag, config file or --config override is one line and exit status 2;
-    `--config_help` prints every run config key with its default and meaning (docs/configuration.md's source)."""
+    `--config_help` prints every run config key with its default and meaning (docs/configuration.md's source);
+    with the command's `module`, --help prints its docstring and flags. A --config naming a packaged config
+    (`--config=demo`) reads the installed file."""
     from absl import flags
 
     if CONFIG_HELP in argv[1:]:
@@ -138,8 +203,18 @@ def parse_flags(argv: list[str]) -> list[str]:
 
         print(plain_text(), end="")
         sys.exit(0)
+    if module is not None and any(arg in HELP for arg in argv[1:]):
+        print(command_help(module), end="")
+        sys.exit(0)
+    argv = _with_packaged_configs(argv)
 
     path = _config_path(argv)
+    if path and not path.endswith(".json") and "://" not in path and not os.path.exists(path):
+        named = os.path.dirname(path) in ("", "configs")  # a name, as a packaged config's would be
+        shipped = (f", and no config of that name ships with the package; pass a config file's path, or one of "
+                   f"{', '.join(packaged_config_names())}") if named else "; pass the path of a config file"
+        print(f"error: --config={path}: no such file{shipped}", file=sys.stderr)
+        sys.exit(USER_ERROR_EXIT)
     if path and path.endswith(".json"):
         print(f"error: --config={path} is a JSON file, but a config is a Python file defining get_config() "
               f"(see configs/); to rerun a run's saved settings pass --config=configs/rerun.py:{path}",
@@ -175,7 +250,8 @@ def parse_flags(argv: list[str]) -> list[str]:
             # ml_collections writes "'key'\nDid you mean ..." and multi-line file errors: keep one line.
             lines = [line.strip() for line in str(error).replace("\\n", "\n").splitlines() if line.strip()]
             detail = " ".join(lines[-2:] if isinstance(error, OSError) else lines).replace("'", "").replace("\\", "")
-            detail = f"invalid command line: {detail}; see --help and configs/"
+            configs = " and configs/" if "config" in flags.FLAGS else ""
+            detail = f"invalid command line: {detail}; see --help{configs}"
         else:
             raise
         print(f"error: {detail}", file=sys.stderr)
@@ -334,7 +410,7 @@ def start_backends() -> None:
 
 def define_cluster_flags() -> ClusterFlags:
     """Define --multihost, --coordinator_address, --num_processes, --process_id and --compilation_cache."""
-    return ClusterFlags(
+    cluster = ClusterFlags(
         flags.DEFINE_bool("multihost", False, "Join a multi-process run with jax.distributed.initialize() "
                           "(auto-detected on TPU pods and SLURM; elsewhere give the three flags below). Every "
                           "process runs the same command."),
@@ -349,6 +425,8 @@ def define_cluster_flags() -> ClusterFlags:
         flags.DEFINE_integer("cluster_timeout", 300, "Seconds to wait for the coordinator to answer and for every "
                              "process to join (multihost)."),
     )
+    register_key_flags([getattr(cluster, field.name) for field in dataclasses.fields(ClusterFlags)])
+    return cluster
 
 
 def saved_steps(workdir: str, names: list[str] | None = None) -> list[int]:

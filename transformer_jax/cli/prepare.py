@@ -1,11 +1,13 @@
-"""python -m transformer_jax.cli.prepare --config=CONFIG --output=DIR [--workers=N] [--config.KEY=VALUE ...]
+"""transformer-jax prepare --config=CONFIG --output=DIR [--workers=N] [--config.KEY=VALUE ...]
 
 Prepares the config's training corpus once, on one machine, before the run (a pod need not exist yet):
 trains the tokenizer, encodes the training split into token shards with N worker processes and writes
 the length index and the dev/test text to DIR (a local directory or gs://bucket/path). Then every
 process of the run reads only the pairs of its own rows:
 
-  python train.py --config=CONFIG --workdir=RUN --config.data.prepared=DIR
+  transformer-jax train --config=CONFIG --workdir=RUN --config.data.prepared=DIR
+
+(Also `python -m transformer_jax.cli.prepare`, the same flags.)
 """
 
 import os
@@ -30,6 +32,10 @@ def main(argv: list[str]) -> None:
     del argv
     with user_errors(), interrupts_reported(lambda: "the corpus is not prepared (it has no manifest.json); "
                                             "the same command prepares it"):
+        import jax
+
+        # The environment default above comes too late when the package (and so jax) was imported first.
+        jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS") or "cpu")
         from transformer_jax.config import check_run_config
         from transformer_jax.data import prepare_corpus
         from transformer_jax.data.prepared import MANIFEST

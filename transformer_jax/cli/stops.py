@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import signal
 import sys
 import threading
+import types
 from typing import Callable, Iterator, NoReturn
 
 from transformer_jax.cli.commands import INTERRUPTED_EXIT, TERMINATED_EXIT, parse_flags
@@ -38,6 +40,19 @@ class Stopped(SystemExit):
 # in the training loop's own handler, which stops at a step boundary with a checkpoint).
 _unanswered: list[int] = []
 RESEND_AFTER_S = 1.0
+
+# SIGTERM/SIGINT that arrived before the command's work began (while its imports ran, which take seconds),
+# recorded by the entry point's first lines (`early_signals`); `interrupts_reported` acts on them.
+_arrived_early: list[int] = []
+
+
+def early_signals() -> list[int]:
+    """Record SIGTERM and SIGINT from now until `interrupts_reported` starts (a signal the process was
+    started ignoring stays ignored: a shell's background job ignores SIGINT); returns the list they go to."""
+    for number in STOP_SIGNALS:
+        if signal.getsignal(number) is not signal.SIG_IGN:
+            signal.signal(number, lambda number, frame: _arrived_early.append(number))
+    return _arrived_early
 
 
 def _resend_if_unanswered(signal_number: int) -> None:
@@ -71,12 +86,12 @@ def interrupts_reported(finished: Callable[[], str], terminated_exit: int = TERM
     the same command resumes. The training loop takes SIGTERM over while it runs (it saves a checkpoint and
     stops at a step boundary), then gives it back. Unwinding releases the run lock; every file is written
     atomically, so nothing is left half written. The exit is a `Stopped` (a SystemExit).
-    `arrived`: SIGTERM/SIGINT that a script's first lines recorded while its imports ran (they take
-    seconds): the command stops here with its line, as if they had arrived now.
+    `arrived` (and `early_signals`' record): SIGTERM/SIGINT that arrived while the command's imports ran
+    (they take seconds): the command stops here with its line, as if they had arrived now.
     """
     previous = _handled_signals(_raise_stop)
     try:
-        for number in arrived or ():
+        for number in [*(arrived or ()), *_arrived_early]:
             _raise_stop(number, None)
         yield
     except KeyboardInterrupt:
@@ -136,13 +151,15 @@ def end_process(code: int | str | None) -> NoReturn:
     os._exit(code or 0)
 
 
-def run_command(main: Callable[[list[str]], None]) -> NoReturn:
+def run_command(main: Callable[[list[str]], None], argv: list[str] | None = None,
+                module: types.ModuleType | None = None) -> NoReturn:
     """absl's app.run of `main` with this project's flag parsing (`parse_flags`), ended by the process itself:
-    at once after a stop's line (`Stopped`), else by `end_process`. A bug's traceback is Python's own."""
+    at once after a stop's line (`Stopped`), else by `end_process`. A bug's traceback is Python's own.
+    `module`: the command's module, whose docstring and flags `--help` prints (else the script's)."""
     from absl import app
 
     try:
-        app.run(main, flags_parser=parse_flags)
+        app.run(main, argv=argv, flags_parser=functools.partial(parse_flags, module=module))
     except Stopped as stop:
         _flush_standard_streams()
         os._exit(stop.code)

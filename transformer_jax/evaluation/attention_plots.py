@@ -55,7 +55,7 @@ def attention_pair(run: Run, params: Any, source: str, target: str | None,
         origin = f"the model's translation by {options.describe()}"
     else:
         target_ids = np.array(run.tokenizer.encode(target), np.int32)
-        origin = "given by --plot_attention_target"
+        origin = "given by --attention_target"
     decoder_input_ids = np.concatenate([[BOS_ID], target_ids]).astype(np.int32)[:max_len]
     return source_ids, decoder_input_ids, origin
 
@@ -114,7 +114,7 @@ def write_figures(workdir: str, spec: str, options_for: Callable[[Any], DecodeOp
     `options_for(run_config)`); `spec` names the checkpoint (see `select_steps`).
     """
     if attention_target is not None and attention is None:
-        raise ConfigError("--plot_attention_target needs --plot_attention=SOURCE_SENTENCE")
+        raise ConfigError("--attention_target needs --attention=SOURCE_SENTENCE")
     layout.check_layout(workdir, [layout.PLOTS])  # before any work
     if attention is not None or positional_encoding:
         layout.check_layout(workdir, [layout.TENSORBOARD])

@@ -1,6 +1,6 @@
 """Exporting a trained model to other runtimes: CTranslate2, and Hugging Face Marian (MarianMTModel).
 
-  export_target("ctranslate2:DIR" | "hf:DIR")   parse and check eval.py's --export value before any work
+  export_target("ctranslate2" | "hf", DIR)   check the format, the directory and the runtime before any work
   export_run(run, params, target)    write the run's model (and its tokenizer) there
   export_ctranslate2(params, config, vocabulary, DIR)   the library call, for any parameters
   marian_files(params, config, tokenizer, ...)   a Marian directory's files (export/hf_directory.py, converted
@@ -31,13 +31,12 @@ class ExportTarget:
     directory: str
 
 
-def export_target(value: str) -> ExportTarget:
-    """Parse FORMAT:DIR; fail with a ConfigError on an unknown format, a non-empty DIR or a missing runtime."""
-    fmt, separator, directory = value.partition(":")
-    if not separator or not directory:
-        raise ConfigError(f"--export={value} is not FORMAT:DIR; e.g. --export=ctranslate2:model_ct2")
+def export_target(fmt: str, directory: str) -> ExportTarget:
+    """Check an export before any work: a ConfigError on an unknown format, a non-empty DIR or a missing runtime."""
     if fmt not in FORMATS:
-        raise ConfigError(f"--export format {fmt!r} is unknown; choose one of {list(FORMATS)}")
+        raise ConfigError(f"export format {fmt!r} is unknown; choose one of {list(FORMATS)}")
+    if not directory.strip():
+        raise ConfigError("the export's --output directory is empty; pass the directory to write the model to")
     check_output_directory(directory)
     if fmt == "ctranslate2":
         import_ctranslate2()

@@ -1,0 +1,159 @@
+"""The flags the commands that use a trained run share: which run and checkpoint, how to join a pod, how to search.
+
+Each command module calls the `define_*` functions it needs, once, at import: absl's flags are global, so a
+command defines only its own, and `transformer-jax COMMAND --help` lists exactly them (they are registered as
+the calling module's key flags).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from typing import Any, Iterator
+
+from absl import flags
+
+from transformer_jax.cli.commands import ClusterFlags, define_cluster_flags, register_key_flags
+from transformer_jax.errors import ConfigError
+
+SEARCH_MODES = ["beam", "greedy", "sample"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFlags:
+    """--workdir and --checkpoint, and (where the command runs on a pod) the cluster flags and --cpu_devices."""
+
+    workdir: flags.FlagHolder
+    checkpoint: flags.FlagHolder
+    cluster: ClusterFlags | None
+    cpu_devices: flags.FlagHolder | None
+
+    @property
+    def lead(self) -> bool:
+        """Whether this process reports (prints, writes files): process 0 of a multi-process run, else the one."""
+        import jax
+
+        return self.cluster is None or not self.cluster.multihost.value or jax.process_index() == 0
+
+    def say(self, *args: Any, **kwargs: Any) -> None:
+        """print(), from the reporting process only."""
+        if self.lead:
+            print(*args, **kwargs)
+
+    def start(self) -> None:
+        """Before any work: the compilation cache, the CPU devices, the multi-process run, JAX's backends."""
+        from transformer_jax.base import set_cpu_devices
+        from transformer_jax.cli.commands import start_backends
+
+        if self.cluster is None:
+            start_backends()
+            return
+        self.cluster.use_compilation_cache(self.workdir.value)
+        if self.cpu_devices is not None:
+            set_cpu_devices(self.cpu_devices.value)  # before JAX starts its backends
+        self.cluster.join()
+
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[Any]:
+        """The run of --workdir (checkpoints.Run), its checkpoint manager closed on leaving."""
+        from transformer_jax.checkpoints import open_run
+
+        run = open_run(self.workdir.value)
+        try:
+            yield run
+        finally:
+            run.checkpointer.close()
+
+    def params(self, run: Any) -> tuple[list[int], Any]:
+        """The steps --checkpoint names and their (averaged) parameters."""
+        from transformer_jax.checkpoints import checkpoint_params, select_steps
+
+        steps = select_steps(run.checkpointer, self.checkpoint.value, run.config.eval.average_last)
+        return steps, checkpoint_params(run, steps)
+
+
+def define_run_flags(*, checkpoint: str = "latest", cluster: bool = True, devices: bool = False) -> RunFlags:
+    """--workdir (required) and --checkpoint; `cluster`: --multihost and the flags it goes with; `devices`:
+    --cpu_devices (commands that decode batches)."""
+    workdir = flags.DEFINE_string("workdir", None, "The --workdir of a training run (or an imported model).")
+    flags.mark_flag_as_required("workdir")
+    spec = flags.DEFINE_string("checkpoint", checkpoint, "latest, best, a step, average:N (mean of the last N), or "
+                               "average (the run's eval.average_last).")
+    cpu_devices = flags.DEFINE_integer(
+        "cpu_devices", None, "On a CPU backend, devices that split each batch's rows (0: one per core, at most 8; "
+        "default: the count XLA_FLAGS or JAX_NUM_CPU_DEVICES set, else 0). GPU/TPU backends are not affected.") \
+        if devices else None
+    shared = define_cluster_flags() if cluster else None
+    holders = [workdir, spec, *([cpu_devices] if cpu_devices is not None else [])]
+    holders += [getattr(shared, field.name) for field in dataclasses.fields(ClusterFlags)] if shared is not None else []
+    register_key_flags(holders)
+    return RunFlags(workdir, spec, shared, cpu_devices)
+
+
+@dataclasses.dataclass(frozen=True)
+class SearchFlags:
+    """The search settings and decoding dtype (each defaults to the run's eval section); `batch_size` and
+    `batch_tokens` where a command decodes batches of many sentences."""
+
+    mode: flags.FlagHolder
+    beam_size: flags.FlagHolder
+    alpha: flags.FlagHolder
+    max_extra_length: flags.FlagHolder
+    seed: flags.FlagHolder
+    temperature: flags.FlagHolder
+    top_k: flags.FlagHolder
+    top_p: flags.FlagHolder
+    dtype: flags.FlagHolder
+    batch_size: flags.FlagHolder | None
+    batch_tokens: flags.FlagHolder | None
+
+    def options(self, run_config: Any) -> Any:
+        """The run's search settings (decoding.DecodeOptions), overridden by the flags given (each for its mode)."""
+        from transformer_jax.config import decode_options
+
+        mode = self.mode.value or "beam"
+        for flag, belongs in ((self.beam_size, "beam"), (self.alpha, "beam"), (self.seed, "sample"),
+                              (self.temperature, "sample"), (self.top_k, "sample"), (self.top_p, "sample")):
+            if flag.value is not None and mode != belongs:
+                raise ConfigError(f"--{flag.name} applies to --mode={belongs}, not --mode={mode}; drop it, or pass "
+                                  f"--mode={belongs}")
+        return decode_options(run_config).replace(
+            mode=self.mode.value, beam_size=self.beam_size.value, alpha=self.alpha.value,
+            max_extra_length=self.max_extra_length.value, seed=self.seed.value, temperature=self.temperature.value,
+            top_k=self.top_k.value, top_p=self.top_p.value)
+
+    def translation(self, run_config: Any) -> dict:
+        """How sentences are batched and the dtype they are decoded in: the run's, overridden by the flags."""
+        from transformer_jax.config import decoding_dtype, translation_batching
+
+        batching = translation_batching(run_config)
+        if self.batch_size is not None:
+            batching = batching.replace(batch_size=self.batch_size.value, batch_tokens=self.batch_tokens.value)
+        dtype = decoding_dtype(run_config) if self.dtype.value is None else self.dtype.value
+        return dict(batching=batching, dtype=dtype)
+
+
+def define_search_flags(*, batching: bool = True) -> SearchFlags:
+    """--mode and its settings, --dtype; `batching`: --batch_size and --batch_tokens."""
+    holders = [
+        flags.DEFINE_enum("mode", None, SEARCH_MODES, "Decoding mode (default: beam)."),
+        flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's eval.beam_size)."),
+        flags.DEFINE_float("alpha", None, "Length penalty alpha (default: the run's eval.alpha)."),
+        flags.DEFINE_integer("max_extra_length", None, "Output length limit: input length + this."),
+        flags.DEFINE_integer("seed", None, "Sampling seed (--mode=sample; default 0)."),
+        flags.DEFINE_float("temperature", None, "Sampling temperature, > 0 (--mode=sample; default 1)."),
+        flags.DEFINE_integer("top_k", None, "Sample among the k most likely tokens; 0 = all (--mode=sample; "
+                             "default 0)."),
+        flags.DEFINE_float("top_p", None, "Nucleus sampling mass in (0, 1]; 1 = all (--mode=sample; default 1)."),
+        flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Decode with weights and matmuls in this dtype "
+                          "(default: the run's eval.dtype, else the model's)."),
+    ]
+    if batching:
+        holders += [
+            flags.DEFINE_integer("batch_size", None, "Sentences decoded together (default: the run's "
+                                 "data.eval_batch_size)."),
+            flags.DEFINE_integer("batch_tokens", None, "Source token slots per batch, at most --batch_size rows "
+                                 "(default: the run's eval.batch_tokens; 0 = --batch_size sentences)."),
+        ]
+    register_key_flags(holders)
+    return SearchFlags(*holders, *([None, None] if not batching else []))

@@ -1,0 +1,51 @@
+"""transformer-jax translate --workdir=DIR [--input=FILE|-] [--checkpoint=...] [search flags] > OUT
+
+Translates a UTF-8 text file line by line (standard input by default) and prints one translation a line,
+in the input's order, to standard output. On several hosts every process runs the same command with
+--multihost; process 0 prints.
+"""
+
+import sys
+
+from absl import flags
+
+from transformer_jax.cli.commands import user_errors
+from transformer_jax.cli.run_flags import define_run_flags, define_search_flags
+from transformer_jax.cli.stops import interrupts_reported, signals_held
+from transformer_jax.errors import ConfigError
+
+_RUN = define_run_flags(devices=True)
+_INPUT = flags.DEFINE_string("input", "-", "The text file to translate ('-': standard input).")
+_SEARCH = define_search_flags()
+
+
+def check_output_encoding() -> None:
+    """Translations are printed: standard output must hold every character (not so with PYTHONIOENCODING=ascii)."""
+    encoding = sys.stdout.encoding or "unknown"
+    try:
+        "\U0001F600".encode(encoding)
+    except (UnicodeEncodeError, LookupError):
+        raise ConfigError(f"standard output's encoding is {encoding}, which cannot print every translation; "
+                          "set PYTHONIOENCODING=utf-8 (or a UTF-8 locale such as LANG=C.UTF-8)") from None
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    from transformer_jax.base import make_mesh, quiet_console
+    from transformer_jax.evaluation import translate_file
+
+    quiet_console()
+    printed = [0]  # translations written to standard output so far
+    with user_errors(), interrupts_reported(lambda: f"{printed[0]} translations printed above; nothing else was "
+                                            "written"):
+        if not _INPUT.value.strip():
+            raise ConfigError("--input is empty; pass the file to translate, or - for standard input")
+        check_output_encoding()
+        _RUN.start()
+        with _RUN.opened() as run:
+            options, translation = _SEARCH.options(run.config), _SEARCH.translation(run.config)  # checked first
+            _, params = _RUN.params(run)
+            for line in translate_file(run, params, _INPUT.value, options, mesh=make_mesh(), **translation):
+                with signals_held():  # a stop between printing and counting would under-report
+                    _RUN.say(line, flush=True)
+                    printed[0] += 1
