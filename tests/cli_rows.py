@@ -1,7 +1,7 @@
 """Run one CLI (train.py, eval.py or `transformer-jax COMMAND`) on many command lines in one process (for
 tests/cli/test_bad_inputs.py).
 
-    python tests/cli_rows.py train.py|eval.py|COMMAND ROWS.json OUT.json
+    python tests/cli_rows.py train.py|eval.py|COMMAND|transformer-jax ROWS.json OUT.json
 
 ROWS.json holds a list of argument lists; OUT.json receives, for each, {"returncode", "stdout", "stderr"}
 as a separate run of the script would give them: the row goes to its command (eval.py's old forms through
@@ -69,6 +69,8 @@ def run_row(script: str, args: list[str], loaded: dict) -> dict:
         try:
             if script == "eval.py":
                 name, argv = eval_command([script, *args])
+            elif script == PROGRAM:  # the row names its command: ["score", "--workdir=...", ...]
+                name, argv = args[0], [script, *args[1:]]
             else:
                 name, argv = "train" if script == "train.py" else script, [script, *args]
             if loaded.get("name") != name:

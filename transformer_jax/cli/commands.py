@@ -230,7 +230,7 @@ def parse_flags(argv: list[str], module: types.ModuleType | None = None) -> list
             getattr(flags.FLAGS.config, "keys")  # a config file loads lazily: fail here, not mid-run
         return remaining
     except Exception as error:  # noqa: BLE001 - sorted below: the command line, or the config file's own code
-        returned_none = re.search(r"must have a value other than None|NoneType>?\.\w+ does not exist",
+        returned_none = re.search(r"--config must have a value other than None|NoneType>?\.\w+ does not exist",
                                   str(error).replace("'", ""))
         if path and returned_none:  # get_config() gave None: absl's and ml_collections' wording name no cause
             print(f"error: --config={path}: get_config() returned None (a missing return statement?); it must "
@@ -239,6 +239,10 @@ def parse_flags(argv: list[str], module: types.ModuleType | None = None) -> list
             sys.exit(USER_ERROR_EXIT)
         # ml_collections re-raises a TypeError/ValueError of the config file as a new one holding the traceback,
         # which absl wraps again: the config file's own error is the innermost of the chain.
+        required = re.search(r"Flag (--\w+) must have a value other than None", str(error))
+        if required and required.group(1) != "--config":
+            print(f"error: {required.group(1)} is required; see --help", file=sys.stderr)
+            sys.exit(USER_ERROR_EXIT)
         original = _config_file_error(error, path) if "Error whilst parsing config file" in str(error) else error
         if isinstance(original, TypeError) and "get_config()" in str(original):
             detail = _get_config_arguments(path, original, argv)

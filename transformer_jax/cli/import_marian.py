@@ -1,16 +1,15 @@
-"""Import a Hugging Face Marian (OPUS-MT) model as a run directory that eval.py and train.py use.
+"""transformer-jax import --hf_dir=opus-mt-en-de --workdir=runs/opus_en_de [--source_lang=en --target_lang=de]
+                       [--text_data=DIR]        (also python -m transformer_jax.cli.import_marian, the same flags)
 
-  python -m transformer_jax.cli.import_marian --hf_dir=opus-mt-en-de --workdir=runs/opus_en_de \\
-      [--source_lang=en --target_lang=de] [--text_data=DIR]
-
+Imports a Hugging Face Marian (OPUS-MT) model as a run directory that the other commands use.
 The run directory gets config.json (the model's settings; data.source "text" reading --text_data, whose
-test.<lang> and dev.<lang> files eval.py --split then scores), tokenizer.model (the Marian vocabulary,
+test.<lang> and dev.<lang> files `transformer-jax score --split` then scores), tokenizer.model (the Marian vocabulary,
 data/marian_vocabulary.py) and checkpoints/0 (the parameters, export/marian.py). It is written whole into a
 folder beside --workdir and renamed once complete (base.files.directory_written_whole); --workdir must be
 absent or empty.
 
-Then: `eval.py --workdir=DIR --translate=FILE`, `eval.py --workdir=DIR --split=test`, and fine-tuning with
-`train.py --config=... --workdir=NEW --config.training.init_from=DIR`.
+Then: `transformer-jax translate --workdir=DIR --input=FILE`, `transformer-jax score --workdir=DIR --split=test`,
+and fine-tuning with `transformer-jax train --config=... --workdir=NEW --config.training.init_from=DIR`.
 """
 
 from __future__ import annotations

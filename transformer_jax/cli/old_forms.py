@@ -63,7 +63,7 @@ def eval_command(argv: list[str]) -> tuple[str, list[str]]:
     found = {name: found[name] for name in OLD_FLAGS if name in found}  # named in eval.py's order, as it did
     commands = list(dict.fromkeys(OLD_FLAGS[name][0] for name in found))
     if not commands:
-        return "score", list(argv)
+        return "score", [argv[0], *rest]  # a false --plot_* left out
     if len(commands) > 1:
         first, second = (next(name for name in found if OLD_FLAGS[name][0] == command) for command in commands[:2])
         _refuse(f"--{first} and --{second} are two commands; run them one at a time")
