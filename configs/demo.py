@@ -1,6 +1,7 @@
 """Demo: a small Transformer on the built-in synthetic EN->DE corpus, on CPU.
 
-Command:  python train.py --config=configs/demo.py --workdir=runs/demo   (or `make demo`)
+Command:  transformer-jax train --config=demo --workdir=runs/demo   (or `make demo`)
+          (in a checkout, the same: python train.py --config=configs/demo.py --workdir=runs/demo)
 Hardware: 2 CPU cores.
 Expected: test SacreBLEU 79.85 (chrF 89.11) after 600 steps, about 6.5 minutes of training and 7 to 8
           minutes for `make demo` in all (7 min 17 s measured 2026-11-23 on an otherwise idle 2-core

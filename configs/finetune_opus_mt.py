@@ -1,8 +1,9 @@
 """Fine-tune an imported OPUS-MT (Hugging Face Marian) model on your own parallel text.
 
-Command:  python -m transformer_jax.cli.import_marian --hf_dir=opus-mt-en-de --workdir=runs/opus_en_de
-          python train.py --config=configs/finetune_opus_mt.py --workdir=runs/opus_tuned \
+Command:  transformer-jax import --hf_dir=opus-mt-en-de --workdir=runs/opus_en_de
+          transformer-jax train --config=finetune_opus_mt --workdir=runs/opus_tuned
               --config.training.init_from=runs/opus_en_de --config.data.path=DIR
+          (in a checkout, python train.py --config=configs/finetune_opus_mt.py takes the same flags)
 DIR holds train/dev/test.<lang> line-aligned files (data.source "text"). The model, its tokenizer and its
 parameters come from training.init_from (docs/opus_mt.md); the settings below are the fine-tuning's own.
 """

@@ -1,7 +1,8 @@
 """Your own parallel text: a run sized from the corpus in one directory.
 
-Command:  python train.py --config=configs/parallel_text.py:DIR,SRC,TGT --workdir=runs/mine
-          e.g. --config=configs/parallel_text.py:data/my_corpus,en,de  [--config.KEY=VALUE ...]
+Command:  transformer-jax train --config=parallel_text:DIR,SRC,TGT --workdir=runs/mine
+          e.g. --config=parallel_text:data/my_corpus,en,de  [--config.KEY=VALUE ...]
+          (in a checkout, the same: python train.py --config=configs/parallel_text.py:DIR,SRC,TGT ...)
 Layouts:  DIR/train.SRC + DIR/train.TGT (line-aligned), dev.* (or fairseq's valid.*), test.* optional;
           or DIR/train.tsv, dev.tsv, test.tsv with a header line naming the columns (`en<TAB>de`) or
           --config.data.tsv_columns=SOURCE,TARGET. Without a test split the final scores are dev's (labelled so).

@@ -1,7 +1,7 @@
 """Rerun a run's saved settings: the config.json a training run wrote, as a config.
 
-Command:  python train.py --config=configs/rerun.py:runs/demo/config.json --workdir=runs/demo_again
-          [--config.KEY=VALUE ...]
+Command:  transformer-jax train --config=rerun:runs/demo/config.json --workdir=runs/demo_again
+          [--config.KEY=VALUE ...]   (in a checkout: python train.py --config=configs/rerun.py:FILE ...)
 Hardware: whatever the saved run needed.
 Expected: the same run as the one that wrote the file (resumed, when --workdir is that run's).
 A key the schema does not know, or a damaged file, is one error line naming the file.

@@ -1,6 +1,7 @@
 """Smoke test: the demo run shrunk to seconds (tiny model, 600 built-in pairs, 6 steps), on CPU.
 
-Command:  python train.py --config=configs/smoke.py --workdir=/tmp/smoke
+Command:  transformer-jax train --config=smoke --workdir=/tmp/smoke
+          (in a checkout, the same: python train.py --config=configs/smoke.py --workdir=/tmp/smoke)
 Hardware: any CPU; about 30 seconds, most of it compiling.
 Expected: every stage runs (tokenizer, training with dev loss and checkpoints, beam-search test
           translation, SacreBLEU); the BLEU itself is near 0 after 6 steps. The test suite builds

@@ -1,6 +1,7 @@
 """The paper's base model on WMT14 EN->DE (TFDS wmt14_translate/de-en, newstest2013 dev, newstest2014 test).
 
-Command:  python train.py --config=configs/wmt14_ende_base.py --workdir=runs/base
+Command:  transformer-jax train --config=wmt14_ende_base --workdir=runs/base
+          (in a checkout, the same: python train.py --config=configs/wmt14_ende_base.py --workdir=runs/base)
 Hardware: the paper used 8 P100 GPUs for 100k steps (12 hours) with ~25k source + ~25k target
           tokens per step. On one GPU, keep the global batch with --config.training.accumulation_steps=8
           (and --config.data.tokens_per_batch=3125), or lower the batch and expect a lower BLEU.

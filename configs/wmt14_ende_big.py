@@ -1,6 +1,7 @@
 """The paper's big model on WMT14 EN->DE.
 
-Command:  python train.py --config=configs/wmt14_ende_big.py --workdir=runs/big
+Command:  transformer-jax train --config=wmt14_ende_big --workdir=runs/big
+          (in a checkout, the same: python train.py --config=configs/wmt14_ende_big.py --workdir=runs/big)
 Hardware: the paper used 8 P100 GPUs for 300k steps (3.5 days).
 Expected: paper, newstest2014: 28.4 tokenized BLEU (last 20 checkpoints averaged). Not yet measured
           with this code.

@@ -1,15 +1,16 @@
 """Every preflight command the README and docs/*.md show runs, and ends as they say: `fits`.
 
 What is run, and how:
-- Every `python -m transformer_jax.aot ...` line of a ```bash block (continuation lines joined), with
-  this interpreter whatever python the page names (`python`, `~/cuda-venv/bin/python`) and with the
-  environment assignments the page puts before it (`JAX_PLATFORMS=cpu`).
+- Every `transformer-jax preflight ...` line of a ```bash block (continuation lines joined; also the
+  `python -m transformer_jax.aot ...` form), as `python -m transformer_jax preflight ...` with this interpreter
+  whatever the page names (`transformer-jax`, `~/cuda-venv/bin/transformer-jax`) and with the environment
+  assignments the page puts before it (`JAX_PLATFORMS=cpu`).
 - Corpus arguments (`--config.data.prepared=...`, `--workdir=...`) of commands on the WMT configs are
   dropped, and those commands compile rows of data.max_length: their corpus is WMT14 (in a bucket or a
   run directory), which a test cannot download, and a WMT config refuses a corpus prepared from other
   data settings. The commands on other configs (the rehearsal's, configs/smoke.py) run as shown, their
   relative paths (`runs/...`) moved under a temporary directory, after the pages' own
-  `python -m transformer_jax.cli.prepare` lines on those configs have made the corpus they name.
+  `transformer-jax prepare` lines on those configs have made the corpus they name.
 - Commands that are the same after that run once (the README's pod preflight is the pod recipe's).
 - TPU topologies need libtpu (the `tpu` extra) and run with JAX_PLATFORMS=cpu. GPU topologies (`h100...`)
   run with exactly the environment the page shows, since `JAX_PLATFORMS=cpu` is part of what a reader
@@ -38,12 +39,14 @@ from test_readme import bash_blocks, doc_pages
 from transformer_jax.aot.topology import CUDA_PLUGINS, GPU_TYPES
 
 AOT, PREPARE = "transformer_jax.aot", "transformer_jax.cli.prepare"
+PROGRAM_COMMANDS = {AOT: "preflight", PREPARE: "prepare"}  # the `transformer-jax` command of each module
 CORPUS_FLAGS = ("--config.data.prepared=", "--workdir=", "--output=")
 
 
 @dataclasses.dataclass(frozen=True)
 class Command:
-    """One `python -m MODULE ARGS` line of a page, with the environment assignments before it."""
+    """One `transformer-jax COMMAND ARGS` (or `python -m MODULE ARGS`) line of a page, with the environment
+    assignments before it."""
 
     module: str
     args: tuple[str, ...]
@@ -72,7 +75,8 @@ class Command:
         return dataclasses.replace(self, args=tuple(a for a in self.args if not a.startswith(CORPUS_FLAGS)))
 
     def argv(self, scratch: pathlib.Path) -> list[str]:
-        """This interpreter running the command, its relative corpus paths moved under `scratch`."""
+        """This interpreter running the command (`python -m transformer_jax COMMAND`), its relative corpus paths
+        moved under `scratch`."""
         def moved(arg: str) -> str:
             flag = next((f for f in CORPUS_FLAGS if arg.startswith(f)), None)
             if flag is None:
@@ -80,22 +84,26 @@ class Command:
             path = arg[len(flag):]
             assert not path.startswith(("/", "~", "gs://")), f"{self.page}: the test cannot make {path}"
             return flag + str(scratch / path)
-        return [sys.executable, "-m", self.module, *map(moved, self.args)]
+        return [sys.executable, "-m", "transformer_jax", PROGRAM_COMMANDS[self.module], *map(moved, self.args)]
 
 
 def shown_commands(module: str) -> list[Command]:
-    """Every line of the pages' bash blocks that runs `python -m module`."""
+    """Every line of the pages' bash blocks that runs `transformer-jax COMMAND` (module's) or `python -m module`."""
+    name = PROGRAM_COMMANDS[module]
     commands = []
     for path, text in doc_pages():
         for line in "\n".join(bash_blocks(text)).splitlines():
-            if f"-m {module}" not in line:
+            if f"-m {module}" not in line and f"transformer-jax {name}" not in line:
                 continue
             words = shlex.split(line, comments=True)
-            start = next((i for i in range(1, len(words) - 1) if words[i:i + 2] == ["-m", module]), None)
+            start = next((i for i in range(len(words) - 1) if words[i:i + 2] == ["-m", module] and i > 0
+                          or words[i].split("/")[-1] == "transformer-jax" and words[i + 1] == name), None)
             if start is None:
                 continue  # named in a comment only
-            assert words[start - 1].endswith(("python", "python3")), f"{path.name}: who runs {line!r}?"
-            env = tuple(tuple(word.split("=", 1)) for word in words[:start - 1] if "=" in word)
+            runner = start - 1 if words[start] == "-m" else start  # `python -m MODULE` or `transformer-jax NAME`
+            if words[start] == "-m":
+                assert words[runner].endswith(("python", "python3")), f"{path.name}: who runs {line!r}?"
+            env = tuple(tuple(word.split("=", 1)) for word in words[:runner] if "=" in word)
             commands.append(Command(module, tuple(words[start + 2:]), env, path.name))
     return commands
 
