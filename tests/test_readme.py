@@ -266,3 +266,44 @@ def test_the_own_text_lines_train_and_evaluate_on_files_as_written(tmp_path):
     saved = json.loads((tmp_path / "runs" / "my_corpus" / "config.json").read_text())
     assert saved["data"]["source"] == "text" and saved["model"]["d_model"] == 128  # the smallest tier
 
+
+
+def test_the_translator_example_translates_a_run_in_the_callers_order(trained_run, tmp_path, monkeypatch, capsys):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "demo").symlink_to(trained_run["workdir"])  # the example's run, a trained tiny one
+    monkeypatch.chdir(tmp_path)
+    run_marked_block("translator-example")
+    printed = [eval(line) for line in capsys.readouterr().out.splitlines()]  # two printed lists of strings
+    assert [len(translations) for translations in printed] == [3, 1] and printed[0][1] == ""
+
+
+def test_the_back_translation_recipe_runs_in_its_order(tmp_path):
+    """docs/back_translation.md's lines on a tiny corpus (`transformer-jax` as this checkout's
+    `python -m transformer_jax`, each training capped at a few steps): each runs, and the union holds the real pairs
+    and the tagged synthetic ones. No BLEU claim."""
+    import subprocess
+    import sys
+
+    from runs import script_env
+    from transformer_jax.data.builtin.corpus import generate_pairs
+
+    path, block = marked_block("back-translation", "bash")
+    assert path.name == "back_translation.md"
+    lines = [line for line in block.splitlines() if line.strip()]
+    pairs = generate_pairs(200, seed=7)
+    (tmp_path / "my_corpus").mkdir()
+    for split, part in (("train", pairs[:120]), ("valid", pairs[120:140])):
+        for side, lang in enumerate(("en", "de")):
+            (tmp_path / "my_corpus" / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in part))
+    (tmp_path / "mono.de").write_text("".join(target + "\n" for _, target in pairs[140:]))
+    for line in lines:
+        command = line.replace("transformer-jax ", f"{sys.executable} -m transformer_jax ")
+        if " train " in command:
+            command += " --config.training.num_train_steps=6 --config.training.warmup_steps=3"
+        done = subprocess.run(command, shell=True, cwd=tmp_path, env=script_env(), capture_output=True, text=True,
+                              timeout=600)
+        assert done.returncode == 0, f"{line}\n{done.stderr[-3000:]}"
+    union = (tmp_path / "union" / "train.en").read_text().splitlines()
+    assert len(union) == 120 + 60 == len((tmp_path / "union" / "train.de").read_text().splitlines())
+    assert all(line.startswith("<BT> ") for line in union[120:]) and not union[0].startswith("<BT>")
+    assert "SacreBLEU" in done.stdout  # the last line scored the forward model

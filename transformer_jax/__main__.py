@@ -27,6 +27,8 @@ COMMANDS = {
     "import": Command("transformer_jax.cli.import_marian", "import a Hugging Face Marian (OPUS-MT) model as a run"),
     "score": Command("transformer_jax.cli.score", "translate a split with a checkpoint and print SacreBLEU"),
     "translate": Command("transformer_jax.cli.translate", "translate a text file (or standard input) line by line"),
+    "translate-corpus": Command("transformer_jax.cli.translate_corpus", "translate whole corpora resumably, over "
+                                "every process (back-translation)"),
     "average": Command("transformer_jax.cli.average", "write the averaged parameters of the last checkpoints"),
     "export": Command("transformer_jax.cli.export", "write a checkpoint as a CTranslate2 or Hugging Face model"),
     "plot": Command("transformer_jax.cli.plot", "draw learning curves, positional encodings, attention maps"),

@@ -25,6 +25,7 @@ OWN_FLAGS = {
     "import": {"hf_dir", "workdir", "source_lang", "target_lang", "text_data"},
     "score": RUN | CLUSTER | SEARCH | BATCHES | {"split"},
     "translate": RUN | CLUSTER | SEARCH | BATCHES | {"input"},
+    "translate-corpus": RUN | CLUSTER | SEARCH | BATCHES | {"input", "output_dir", "suffix", "shard_lines"},
     "average": RUN | CLUSTER | {"output"},
     "export": RUN | CLUSTER | {"format", "output"},
     "plot": RUN | SEARCH | {"curves", "positional_encoding", "attention", "attention_target"},
@@ -75,7 +76,7 @@ def test_each_command_keeps_the_one_line_error_convention(tmp_path):
 def test_the_program_lists_its_commands_and_refuses_an_unknown_one():
     listed = program("--help")
     assert listed.returncode == 0
-    assert re.findall(r"^  (\w+) ", listed.stdout, re.M) == list(COMMANDS)
+    assert re.findall(r"^  ([\w-]+) ", listed.stdout, re.M) == list(COMMANDS)
     bare = program()
     assert bare.returncode == 2 and "usage: transformer-jax COMMAND" in bare.stderr
     assert_one_line_error(program("evaluate", "--workdir=w"), "'evaluate' is not a transformer-jax command",

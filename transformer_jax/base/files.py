@@ -160,19 +160,23 @@ def write_atomically(path: str, content: str | bytes) -> None:
     OSError naming `path`. An object store has no rename, but replaces each object atomically on upload:
     the content is written to `path` directly.
     """
+    write_streamed(path, iter([content.encode("utf-8") if isinstance(content, str) else content]))
+
+
+def write_streamed(path: str, chunks: Iterator[bytes]) -> None:
+    """Write the `chunks` to `path` as `write_atomically` does (readers see the old file or the whole new one),
+    without holding them in memory: a local temporary renamed over `path`, or one object upload."""
     if not is_local(path):
-        if isinstance(content, bytes):
-            epath.Path(path).write_bytes(content)
-        else:
-            epath.Path(path).write_text(content)
+        with epath.Path(path).open("wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
         return
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     temporary = unique_name(f"{path}.tmp")
-    mode = "wb" if isinstance(content, bytes) else "w"
     try:
-        with open(temporary, mode) as f:
-            f.write(content)
+        with open(temporary, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
         os.replace(temporary, path)
     except BaseException as error:
         if os.path.exists(temporary):

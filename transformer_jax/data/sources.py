@@ -18,10 +18,13 @@ from __future__ import annotations
 
 import codecs
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from absl import logging
+from etils import epath
+
+from transformer_jax.base.files import is_local
 
 from transformer_jax.errors import DataError
 
@@ -66,6 +69,28 @@ def read_lines(path: str, strip: bool = True, read_once: bool = False) -> list[s
     if lines[-1] == "":
         lines.pop()
     return [line.strip() for line in lines] if strip else [line.removesuffix("\r") for line in lines]
+
+
+def stream_lines(path: str, strip: bool = False) -> Iterator[tuple[int, str, int]]:
+    """(line number from 1, the line without its "\\n" and "\\r" (`strip`: without surrounding space), the bytes read
+    so far) of a UTF-8 text file, local or gs://, read a line at a time: memory does not grow with the file. A line
+    that is not UTF-8 is a DataError naming the file and the line; a leading byte-order mark is dropped."""
+    if is_local(path):
+        check_text_file(path, read_once=True)
+    elif not epath.Path(path).exists():
+        raise DataError(f"{path} does not exist; check the path")
+    with (open(path, "rb") if is_local(path) else epath.Path(path).open("rb")) as f:
+        position = 0
+        for number, raw in enumerate(f, start=1):
+            position += len(raw)
+            if number == 1:
+                raw = raw.removeprefix(codecs.BOM_UTF8)
+            try:
+                line = raw.decode("utf-8").removesuffix("\n").removesuffix("\r")
+            except UnicodeDecodeError as error:
+                raise DataError(f"{path} line {number} is not valid UTF-8 (byte 0x{raw[error.start]:02x}); "
+                                "re-encode the file as UTF-8 (e.g. iconv -t UTF-8)") from None
+            yield number, line.strip() if strip else line, position
 
 
 def read_parallel_text(source_path: str, target_path: str) -> list[Pair]:

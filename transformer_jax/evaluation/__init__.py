@@ -6,6 +6,7 @@ train.py and eval.py share; translating text) -> `introspection` (attention weig
 encodings), `plots` and `attention_plots` (figures).
 """
 
+from transformer_jax.evaluation import corpus_translation
 from transformer_jax.evaluation.attention_plots import write_figures
 from transformer_jax.evaluation.plots import plot_learning_curves
 from transformer_jax.evaluation.scores import sacrebleu_scores, tokenized_compound_split_bleu, translation_scores
@@ -19,10 +20,11 @@ from transformer_jax.evaluation.translate_split import (
     write_evaluation,
     write_results,
 )
+from transformer_jax.evaluation.translator import Translator
 
 
 __all__ = [
-    "evaluate_checkpoint", "evaluate_split", "format_results", "plot_learning_curves", "sacrebleu_scores",
+    "Translator", "corpus_translation", "evaluate_checkpoint", "evaluate_split", "format_results", "plot_learning_curves", "sacrebleu_scores",
     "tokenized_compound_split_bleu", "translate_encoded", "translate_file", "translate_lines", "translation_scores",
     "write_evaluation", "write_figures", "write_results",
 ]

@@ -20,7 +20,10 @@ import functools
 import json
 import logging
 import os
+import queue
 import sys
+import threading
+import time
 from typing import Any, Callable, Iterable, Iterator
 
 import flax.linen as nn
@@ -50,6 +53,10 @@ from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.special_tokens import EOS_ID
 from transformer_jax.training.dev_loss import evaluate_loss, place_rows
 from transformer_jax.training.programs import dev_loss_step
+
+
+# How long a block of standard input waits for more lines after its first (`standard_input_blocks`).
+STDIN_WAIT_S = 0.1
 
 
 @functools.partial(jax.jit, static_argnames=("config", "options"))
@@ -232,18 +239,33 @@ def translate_lines(run: Run, params: Any, lines: Iterable[str], options: Decode
                     mesh: Mesh | None = None) -> Iterator[str]:
     """Translations of `lines`, yielded in order; `batching.batch_size` lines are decoded together
     (their rows split over `mesh` when given)."""
+    yield from translate_blocks(run, params, blocks_of(lines, batching.batch_size), options, batching=batching,
+                                dtype=dtype, mesh=mesh)
+
+
+def blocks_of(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    """`lines` (each without its line break) in lists of `size`, the last one shorter."""
+    block: list[str] = []
+    for line in lines:
+        block.append(line.rstrip("\n"))
+        if len(block) == size:
+            yield block
+            block = []
+    if block:
+        yield block
+
+
+def translate_blocks(run: Run, params: Any, blocks: Iterable[list[str]], options: DecodeOptions, *,
+                     batching: TranslationBatching = TranslationBatching(), dtype: str = "",
+                     mesh: Mesh | None = None) -> Iterator[str]:
+    """Translations of each block of lines, yielded in order as each block is done; a block is sorted by length
+    into token-budget batches (`batching`) whose rows are split over `mesh` when given."""
     if options.mode == "sample":
         mesh = None  # sampling is not split over devices (see translate_encoded)
     if mesh is not None:
-        params = replicate(nn.meta.unbox(params), mesh)  # once, not for every chunk
-    buffer: list[str] = []
-    for line in lines:
-        buffer.append(line.rstrip("\n"))
-        if len(buffer) == batching.batch_size:
-            yield from _translate_chunk(run, params, buffer, options, batching, dtype, mesh)
-            buffer = []
-    if buffer:
-        yield from _translate_chunk(run, params, buffer, options, batching, dtype, mesh)
+        params = replicate(nn.meta.unbox(params), mesh)  # once, not for every block
+    for block in blocks:
+        yield from _translate_chunk(run, params, block, options, batching, dtype, mesh)
 
 
 def translate_file(run: Run, params: Any, path: str, options: DecodeOptions, *,
@@ -254,9 +276,9 @@ def translate_file(run: Run, params: Any, path: str, options: DecodeOptions, *,
     if path == "-" and jax.process_count() > 1:
         raise ConfigError("--translate=- reads standard input in one process; run it without --multihost, "
                           "or pass a file that every process can read")
-    if path == "-":
-        yield from translate_lines(run, params, standard_input_lines(), options,
-                                   batching=batching.replace(batch_size=1), dtype=dtype)
+    if path == "-":  # blocks of what has arrived: a pipe fills them, a line typed alone is answered alone
+        yield from translate_blocks(run, params, standard_input_blocks(batching.batch_size), options,
+                                    batching=batching, dtype=dtype, mesh=mesh)
         return
     if os.path.isdir(path):
         raise DataError(f"--translate file {path} is a directory; pass a text file or -")
@@ -264,6 +286,41 @@ def translate_file(run: Run, params: Any, path: str, options: DecodeOptions, *,
         raise DataError(f"--translate file {path} does not exist; pass a text file or -")
     lines = read_lines(path, read_once=True)  # a pipe (`<(command)`) or a device is read once, as a file
     yield from translate_lines(run, params, lines, options, batching=batching, dtype=dtype, mesh=mesh)
+
+
+def standard_input_blocks(size: int, wait_s: float = STDIN_WAIT_S) -> Iterator[list[str]]:
+    """Standard input's lines in blocks of at most `size`: a block is what has arrived by `wait_s` after its first
+    line (or `size` lines, sooner), so a pipe gives full blocks and a line typed alone is a block of one."""
+    arrived: queue.Queue = queue.Queue(maxsize=4 * size)  # the reader stays a few blocks ahead, no further
+
+    def read() -> None:
+        try:
+            for line in standard_input_lines():
+                arrived.put(line)
+        except DataError as error:
+            arrived.put(error)
+        arrived.put(None)
+
+    threading.Thread(target=read, name="standard input", daemon=True).start()
+    ended: DataError | None | bool = False  # the end (None) or an error seen while a block was filling
+    while ended is False:
+        first = arrived.get()
+        if not isinstance(first, str):
+            ended = first
+            break
+        block, deadline = [first], time.monotonic() + wait_s
+        while len(block) < size:
+            try:
+                line = arrived.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if not isinstance(line, str):  # the end, or an error: after this block
+                ended = line
+                break
+            block.append(line)
+        yield block
+    if isinstance(ended, DataError):
+        raise ended
 
 
 def standard_input_lines() -> Iterator[str]:

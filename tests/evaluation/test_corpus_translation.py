@@ -1,0 +1,151 @@
+"""Bulk translation (`transformer-jax translate-corpus`): an output the same bytes after SIGKILLs at random points as
+without them, with one process and with two; bad input named in one line, nothing overwritten."""
+
+import json
+import os
+import pathlib
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from runs import ROOT, assert_one_line_error, free_port, run_rows, script_env
+
+SHARD_LINES = 40
+WORDS = "the a dog cat house tree sleeps runs sees big small red green over under and".split()
+
+
+def write_corpus(path: pathlib.Path, lines: int, seed: int = 0) -> pathlib.Path:
+    """`lines` sentences of 0 to 24 words (every 37th empty), as monolingual text is."""
+    rng = random.Random(seed)
+    path.write_text("".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 24)) if i % 37) + "\n"
+                            for i in range(lines)))
+    return path
+
+
+def command(workdir, corpus, out, *extra, process: tuple[int, int, int] | None = None) -> list[str]:
+    cluster = []
+    if process is not None:
+        index, count, port = process
+        cluster = ["--multihost", f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={count}",
+                   f"--process_id={index}"]
+    return [sys.executable, "-m", "transformer_jax", "translate-corpus", f"--workdir={workdir}", f"--input={corpus}",
+            f"--output_dir={out}", f"--shard_lines={SHARD_LINES}", *extra, *cluster]
+
+
+def start(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(args, cwd=ROOT, env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def run_job(workdir, corpus, out, *extra, processes: int = 1) -> list[tuple[str, str]]:
+    """The job to its end (all its processes), each exiting 0; their (stdout, stderr)."""
+    port = free_port()
+    jobs = [start(command(workdir, corpus, out, *extra, process=(i, processes, port) if processes > 1 else None))
+            for i in range(processes)]
+    results = [job.communicate(timeout=600) for job in jobs]
+    for job, (_, stderr) in zip(jobs, results):
+        assert job.returncode == 0, stderr[-3000:]
+    return results
+
+
+def kill_when(workdir, corpus, out, parts: pathlib.Path, shards: int, delay: float, *extra,
+              processes: int = 1) -> bool:
+    """Start the job and SIGKILL all its processes once `shards` shard files are written (then `delay` s more);
+    False if it finished first."""
+    port = free_port()
+    jobs = [start(command(workdir, corpus, out, *extra, process=(i, processes, port) if processes > 1 else None))
+            for i in range(processes)]
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and all(job.poll() is None for job in jobs):
+        written = len(list(parts.glob("*.txt"))) if parts.is_dir() else 0
+        if written >= shards:
+            time.sleep(delay)
+            break
+        time.sleep(0.02)
+    finished = all(job.poll() == 0 for job in jobs)
+    for job in jobs:
+        if job.poll() is None:
+            job.send_signal(signal.SIGKILL)
+        job.communicate(timeout=60)
+    return not finished
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> pathlib.Path:
+    return write_corpus(tmp_path_factory.mktemp("mono") / "mono.en", 8 * SHARD_LINES + 13)  # 9 shards
+
+
+@pytest.mark.parametrize("processes, search", [(1, ["--mode=sample", "--top_k=5", "--seed=3"]),
+                                               (2, ["--mode=sample", "--temperature=0.7", "--top_p=0.9"])])
+def test_a_job_killed_at_random_points_ends_with_the_bytes_of_one_never_stopped(trained_run, corpus, tmp_path,
+                                                                                  processes, search):
+    workdir = trained_run["workdir"]
+    run_job(workdir, corpus, tmp_path / "whole", *search, processes=processes)
+    expected = (tmp_path / "whole" / "mono.en.de").read_bytes()
+    assert expected.count(b"\n") == 8 * SHARD_LINES + 13
+    assert len(set(expected.split(b"\n"))) > 100  # translations, not a column of empty lines
+
+    out, parts = tmp_path / "killed", tmp_path / "killed" / "mono.en.de.parts"
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    kills = 0
+    for shards in sorted(rng.sample(range(1, 10), 3)):  # 1 to 9 shards written: the last is killed while joining
+        kills += kill_when(workdir, corpus, out, parts, shards, rng.uniform(0, 0.3), *search, processes=processes)
+    assert kills >= 2, f"the job finished before most kills (seed {seed})"
+    stderrs = [stderr for _, stderr in run_job(workdir, corpus, out, *search, processes=processes)]
+    assert (out / "mono.en.de").read_bytes() == expected, f"seed {seed}"
+    record = json.loads((out / "mono.en.de.json").read_text())
+    assert record == json.loads((tmp_path / "whole" / "mono.en.de.json").read_text())
+    assert record["lines"] == 8 * SHARD_LINES + 13 and record["empty"] == len([i for i in range(333) if i % 37 == 0])
+    assert not parts.exists() and sorted(os.listdir(out)) == ["mono.en.de", "mono.en.de.json"]
+    redone = sum(stderr.count("mono.en: shard ") for stderr in stderrs)
+    assert redone < 9 or "already translated" in "".join(stderrs), f"the rerun started over (seed {seed})"
+
+
+def test_outputs_do_not_depend_on_the_number_of_processes(trained_run, corpus, tmp_path):
+    """A shard is translated the same by any process (its samples drawn from its own seed): one process's output
+    is the two-process job's. (The tiny run's greedy outputs are empty lines: sampling shows the text.)"""
+    run_job(trained_run["workdir"], corpus, tmp_path / "one", "--mode=sample", "--seed=5")
+    run_job(trained_run["workdir"], corpus, tmp_path / "two", "--mode=sample", "--seed=5", processes=2)
+    assert (tmp_path / "one" / "mono.en.de").read_bytes() == (tmp_path / "two" / "mono.en.de").read_bytes()
+
+
+def test_bad_input_is_one_line_and_nothing_is_overwritten(trained_run, tmp_path):
+    workdir = trained_run["workdir"]
+    bad = tmp_path / "bad.en"
+    bad.write_bytes(b"the dog\nthe cat\nthe \xe9t\xe9\n")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "mono.en.de").write_text("someone's file\n")
+    mono = write_corpus(tmp_path / "mono.en", 5)
+    rows = [
+        ([f"--input={bad}", f"--output_dir={tmp_path / 'out'}"], [f"{bad} line 3 is not valid UTF-8"]),
+        ([f"--input={mono}", f"--output_dir={theirs}"], ["mono.en.de exists and is not this job's output",
+                                                          "nothing is overwritten"]),
+        ([f"--input={tmp_path / '*.fr'}"], ["matches no file"]),
+        ([f"--input={mono}", "--shard_lines=0"], ["--shard_lines=0 must be at least 1"]),
+        ([f"--input={mono}", f"--input={tmp_path / 'x' / 'mono.en'}", f"--output_dir={tmp_path / 'out'}"],
+         ["two inputs would write"]),
+    ]
+    results = run_rows("transformer-jax", [["translate-corpus", f"--workdir={workdir}", *args] for args, _ in rows],
+                       tmp_path)
+    for (_, fragments), result in zip(rows, results):
+        assert_one_line_error(result, *fragments)
+    assert (theirs / "mono.en.de").read_text() == "someone's file\n" and os.listdir(theirs) == ["mono.en.de"]
+    assert not (tmp_path / "out" / "bad.en.de").exists()  # the two good lines are kept as a shard, not an output
+
+
+def test_a_finished_output_is_kept_and_other_settings_are_refused(trained_run, tmp_path):
+    workdir = trained_run["workdir"]
+    mono = write_corpus(tmp_path / "mono.en", 7)
+    rows = [["translate-corpus", f"--workdir={workdir}", f"--input={mono}", "--mode=greedy"]] * 2
+    rows.append(["translate-corpus", f"--workdir={workdir}", f"--input={mono}", "--mode=beam"])
+    first, again, other = run_rows("transformer-jax", rows, tmp_path)
+    assert first.returncode == again.returncode == 0, first.stderr[-2000:] + again.stderr[-2000:]
+    assert "already translated" in again.stderr
+    assert_one_line_error(other, "mono.en.de was translated with other settings (search)")
+    assert len((tmp_path / "mono.en.de").read_text().splitlines()) == 7  # beside its input

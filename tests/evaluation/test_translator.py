@@ -1,0 +1,88 @@
+"""The text API (`Translator`) and standard input read in blocks: batched, in the caller's order, as the file path."""
+
+import io
+import select
+import subprocess
+import sys
+
+import pytest
+
+import transformer_jax.evaluation.translate_split as translate_split
+from runs import ROOT, script_env
+from transformer_jax.checkpoints import checkpoint_params, open_run
+from transformer_jax.data.shapes import TranslationBatching
+from transformer_jax.decoding import DecodeOptions
+from transformer_jax.evaluation import Translator, translate_file
+
+WORDS = "the a dog cat house tree sleeps runs sees big small red".split()
+
+
+def sentences(count: int) -> list[str]:
+    return ["" if i % 9 == 4 else " ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(1 + i % 13))
+            for i in range(count)]
+
+
+@pytest.fixture(scope="module")
+def translator(trained_run):
+    with Translator(str(trained_run["workdir"])) as loaded:
+        yield loaded
+
+
+def test_translations_come_back_in_the_callers_order_however_they_are_batched(translator):
+    texts = sentences(40)
+    sampled = translator.translate(texts, mode="sample", seed=1, top_k=5)
+    assert len(sampled) == 40 and all(out == "" for text, out in zip(texts, sampled) if not text)
+    assert len(set(sampled)) > 20
+    # Batched by tokens or by sentences, alone or together: each sentence gets the same translation.
+    by_tokens = translator.translate(texts, mode="beam", batch_tokens=64)
+    assert by_tokens == translator.translate(texts, mode="beam", batch_size=7)
+    assert by_tokens[:5] == [translator.translate([text], mode="beam")[0] for text in texts[:5]]
+    assert translator.translate([]) == []
+
+
+def test_a_sentence_longer_than_the_model_is_cut_and_counted(translator):
+    before = translator.truncated
+    (out,) = translator.translate([" ".join(WORDS * 40)], mode="greedy")
+    assert translator.truncated == before + 1 and isinstance(out, str)
+
+
+def test_standard_input_is_decoded_in_blocks_with_the_files_translations(trained_run, tmp_path, monkeypatch):
+    lines = sentences(1000)
+    path = tmp_path / "in.txt"
+    path.write_text("".join(line + "\n" for line in lines))
+    run = open_run(str(trained_run["workdir"]))
+    params = checkpoint_params(run, [run.checkpointer.latest_step()])
+    options = DecodeOptions(mode="greedy", max_extra_length=4)
+    chunks = []
+    original = translate_split._translate_chunk
+    monkeypatch.setattr(translate_split, "_translate_chunk",
+                        lambda run, params, texts, *args: chunks.append(len(texts)) or original(run, params, texts,
+                                                                                                 *args))
+    batching = TranslationBatching(batch_size=50, batch_tokens=256)
+    from_file = list(translate_file(run, params, str(path), options, batching=batching))
+    file_chunks, chunks[:] = list(chunks), []
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(path.read_bytes())))
+    from_stdin = list(translate_file(run, params, "-", options, batching=batching))
+    run.checkpointer.close()
+    assert from_stdin == from_file and len(from_stdin) == 1000
+    assert chunks == file_chunks == [50] * 20  # blocks of 50 lines (each in token-budget batches), not line by line
+
+
+def test_a_line_typed_alone_is_answered_before_the_input_ends(trained_run):
+    """An interactive user: one line, standard input left open, and its translation arrives."""
+    translate = subprocess.Popen([sys.executable, "-m", "transformer_jax", "translate",
+                                  f"--workdir={trained_run['workdir']}", "--mode=sample"], cwd=ROOT, env=script_env(),
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in ("the dog sleeps", "the red house"):
+            translate.stdin.write(line + "\n")
+            translate.stdin.flush()
+            ready, _, _ = select.select([translate.stdout], [], [], 120)  # start-up and compiling included
+            assert ready, "no translation while standard input stays open"
+            assert translate.stdout.readline().endswith("\n")
+        translate.stdin.close()
+        assert translate.wait(timeout=60) == 0, translate.stderr.read()[-2000:]
+    finally:
+        if translate.poll() is None:
+            translate.kill()
+            translate.wait()

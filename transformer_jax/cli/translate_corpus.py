@@ -1,0 +1,75 @@
+"""transformer-jax translate-corpus --workdir=DIR --input=FILES [--output_dir=OUT] [--shard_lines=N] [search flags]
+
+Translates whole corpora (millions of lines: back-translation, distillation) resumably. --input names files or
+globs (local or gs://; repeat it, or separate them by commas); each output is `<input>.<suffix>` beside it, or
+in --output_dir, line for line with its input, and `<output>.json` records the settings and counts (lines, empty
+lines, lines cut to the model's max_len). Each file is read in shards of --shard_lines lines; each finished shard
+is kept in `<output>.parts/`, so the same command, run again after a stop of any kind (SIGTERM, SIGKILL, a
+preempted VM), goes on from the first unfinished shard, and the output is the same bytes as an uninterrupted
+run's. With --multihost every process takes its own shards (on storage they all reach: gs://, or a shared
+file system) and translates them on its own devices.
+"""
+
+import os
+import sys
+
+from absl import flags
+
+from transformer_jax.cli.commands import user_errors
+from transformer_jax.cli.run_flags import define_run_flags, define_search_flags
+from transformer_jax.cli.stops import interrupts_reported
+from transformer_jax.errors import ConfigError
+
+_RUN = define_run_flags(devices=True)
+_INPUT = flags.DEFINE_multi_string("input", None, "Text files to translate, or globs (local or gs://); repeat the "
+                                   "flag or separate them by commas.")
+_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Write the outputs here (default: beside each input).")
+_SUFFIX = flags.DEFINE_string("suffix", None, "The outputs' suffix: <input name>.<suffix> (default: the run's "
+                              "target language).")
+_SHARD_LINES = flags.DEFINE_integer("shard_lines", 10_000, "Lines a shard: the unit of work that is kept, shared "
+                                    "out among processes, and redone at most after a stop.")
+_SEARCH = define_search_flags()
+flags.mark_flag_as_required("input")
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    import dataclasses
+
+    import jax
+
+    from transformer_jax.base import quiet_console
+    from transformer_jax.evaluation import Translator, corpus_translation
+
+    quiet_console()
+    kept = "the shards finished so far are kept in each output's .parts folder; the same command goes on from them"
+    with user_errors(), interrupts_reported(lambda: kept):
+        if _SHARD_LINES.value < 1:
+            raise ConfigError(f"--shard_lines={_SHARD_LINES.value} must be at least 1")
+        patterns = [part.strip() for value in _INPUT.value for part in value.split(",") if part.strip()]
+        if not patterns:
+            raise ConfigError("--input is empty; pass the files (or globs) to translate")
+        if _OUTPUT_DIR.value is not None and not _OUTPUT_DIR.value.strip():
+            raise ConfigError("--output_dir is empty; pass a directory, or leave it out to write beside each input")
+        _RUN.start()
+        translator = Translator(_RUN.workdir.value, _RUN.checkpoint.value, dtype=_SEARCH.dtype.value)
+        try:
+            run_config = translator.run.config
+            options = _SEARCH.options(run_config)
+            batching = _SEARCH.translation(run_config)["batching"]
+            translator.batching = batching
+            suffix = _SUFFIX.value or run_config.data.target_lang
+            files = corpus_translation.plan_files(corpus_translation.expand_inputs(patterns), _OUTPUT_DIR.value,
+                                                  suffix)
+            settings = {"workdir": os.path.abspath(_RUN.workdir.value), "checkpoint": _RUN.checkpoint.value,
+                        "steps": translator.steps, "search": dataclasses.asdict(options), "dtype": translator.dtype,
+                        "batching": dataclasses.asdict(batching), "shard_lines": _SHARD_LINES.value}
+            say = (lambda line: print(line, file=sys.stderr, flush=True)) if _RUN.lead else (lambda line: None)
+            records = corpus_translation.translate_corpus(
+                translator, files, settings, dataclasses.asdict(options), shard_lines=_SHARD_LINES.value,
+                process_index=jax.process_index(), process_count=jax.process_count(), say=say)
+        finally:
+            translator.close()
+        for record in records:
+            _RUN.say(f"{record['input']}: {record['lines']} lines translated ({record['empty']} empty, "
+                     f"{record['truncated']} cut to the model's max_len)")

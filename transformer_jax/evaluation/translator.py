@@ -1,0 +1,78 @@
+"""Translating text with a trained run, from Python: load the run once, then translate lists of strings.
+
+    from transformer_jax.evaluation import Translator
+
+    with Translator("runs/demo") as translator:          # ours, or an imported OPUS-MT run
+        translator.translate(["the dog sleeps .", "the house"])                  # beam search, the run's settings
+        translator.translate(lines, mode="sample", top_k=10, seed=1)             # back-translation's sampling
+
+Sentences are sorted by length internally and cut into token-budget batches (the run's eval.batch_tokens,
+else batches of data.eval_batch_size), each batch's rows split over this process's devices (sampling runs on one
+device: its draws depend on a row's place); the translations come back in the caller's order, one line each.
+An empty string gives an empty translation; a sentence longer than the model's max_len is cut to it (counted in
+`truncated`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import jax
+
+from transformer_jax.base.sharding import make_mesh
+from transformer_jax.checkpoints.selection import Run, checkpoint_params, open_run, select_steps
+from transformer_jax.config.schema import decode_options, decoding_dtype, translation_batching
+from transformer_jax.data.encoded import encode_pairs
+from transformer_jax.decoding.options import DecodeOptions
+from transformer_jax.evaluation.translate_split import replicate, translate_encoded
+
+
+class Translator:
+    """A run's model, loaded once, translating lists of strings (`translate`).
+
+    Args:
+      workdir: a training run's directory, or one `transformer-jax import` wrote.
+      checkpoint: latest, best, a step, average:N or average (see `checkpoints.select_steps`).
+      dtype: "float32" or "bfloat16" (default: the run's eval.dtype, else the model's).
+      devices: the devices that split each batch's rows (default: this process's).
+    """
+
+    def __init__(self, workdir: str, checkpoint: str = "latest", *, dtype: str | None = None,
+                 devices: Sequence[jax.Device] | None = None) -> None:
+        self.run: Run = open_run(workdir)
+        self.steps = select_steps(self.run.checkpointer, checkpoint, self.run.config.eval.average_last)
+        self.mesh = make_mesh(devices=list(devices or jax.local_devices()))
+        self.params = replicate(checkpoint_params(self.run, self.steps), self.mesh)
+        self.dtype = decoding_dtype(self.run.config) if dtype is None else dtype
+        self.batching = translation_batching(self.run.config)
+        self.options = decode_options(self.run.config)
+        self.truncated = 0  # sentences cut to the model's max_len, over every call
+
+    def search(self, **settings: Any) -> DecodeOptions:
+        """The run's search settings with `settings` (DecodeOptions' fields; None keeps the run's) applied."""
+        return self.options.replace(**settings)
+
+    def translate(self, texts: Sequence[str], *, batch_size: int | None = None, batch_tokens: int | None = None,
+                  **settings: Any) -> list[str]:
+        """Translations of `texts`, in their order. `settings`: mode, beam_size, alpha, max_extra_length, seed,
+        temperature, top_k, top_p (DecodeOptions); `batch_size` and `batch_tokens` override the run's batching."""
+        texts = list(texts)
+        if not texts:
+            return []
+        options = self.search(**settings)
+        encoded = encode_pairs([(text, "") for text in texts], self.run.tokenizer)
+        self.truncated += int((encoded.source.lengths > self.run.model_config.max_len).sum())
+        rows = max(1, min(len(texts), self.batching.batch_size))  # a few sentences: a batch of their size
+        batching = self.batching.replace(batch_size=batch_size or rows, batch_tokens=batch_tokens)
+        return translate_encoded(self.params, self.run.model_config, encoded, self.run.tokenizer, options,
+                                 batching=batching, dtype=self.dtype, show_progress=False, mesh=self.mesh)
+
+    def close(self) -> None:
+        self.run.checkpointer.close()
+
+    def __enter__(self) -> Translator:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
