@@ -11,7 +11,7 @@ The package, by what a reader comes for (floors, lowest first: a folder imports 
   training/    loss, schedule and Adam, train step, the run builder (programs.py), the loop
   evaluation/  SacreBLEU/chrF, translating splits, plots
   export/      a trained model for other runtimes (CTranslate2)
-  cli/         what train.py, eval.py and the preflight share: flags, one-line errors, the run lock
+  cli/         the transformer-jax commands (train, score, translate, ...): flags, one-line errors, the run lock
   aot/         compiling a run for TPU topologies and GPUs on a host without them
 
 Importing this package loads only JAX and Flax: the training and evaluation stacks load when used.

@@ -109,6 +109,8 @@ def test_a_config_is_found_by_name_in_the_package_from_any_directory(tmp_path, m
     (["--workdir=w", "--plot_curves", "--plot_attention=the dog", "--noplot_positional_encoding"], "plot",
      ["--attention=the dog", "--curves", "--workdir=w"]),
     (["--workdir=w", "--plot_curves=false"], "score", ["--workdir=w"]),
+    (["--workdir=w", "--mode", "greedy", "--export=hf:out", "--dtype=bfloat16"], "export",
+     ["--format=hf", "--output=out", "--workdir=w"]),
 ])
 def test_eval_py_forms_of_old_reach_the_new_commands_with_a_note(capsys, old, command, new):
     name, argv = eval_command(["eval.py", *old])

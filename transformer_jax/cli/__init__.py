@@ -1,7 +1,10 @@
-"""The command-line layer train.py, eval.py and `python -m transformer_jax.aot` share.
+"""The `transformer-jax` commands (transformer_jax/__main__.py dispatches to them) and what they share.
 
-`lock` (one job owns a run directory) -> `commands` (flag parsing, one-line user errors, workdir checks
-and ownership, multi-process start-up) -> `stops` (Ctrl-C and SIGTERM as one line, the process's exit).
+Shared: `lock` (one job owns a run directory) -> `commands` (flag parsing, one-line user errors, workdir checks
+and ownership, multi-process start-up) -> `stops` (Ctrl-C and SIGTERM as one line, the process's exit) ->
+`run_flags` (the flags of the commands that use a trained run); `old_forms` (eval.py's flags of old).
+One module a command, each defining only its own flags: `train`, `prepare`, `import_marian`, `score`,
+`translate`, `translate_corpus`, `average`, `export`, `plot` (the preflight is aot/preflight.py).
 """
 
 from transformer_jax.base.files import storage_named  # a storage fault as one line (train.py, eval.py)

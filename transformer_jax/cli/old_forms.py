@@ -23,6 +23,10 @@ OLD_FLAGS = {
     "plot_curves": ("plot", "curves"),
 }
 BOOLEANS = ("plot_positional_encoding", "plot_curves")
+# eval.py's flags that a command does not use (eval.py took and ignored them there): dropped, and named in the note.
+_DECODING = ("mode", "beam_size", "alpha", "max_extra_length", "seed", "temperature", "top_k", "top_p", "dtype",
+             "batch_size", "batch_tokens", "cpu_devices")
+IGNORED = {"average": _DECODING, "export": _DECODING, "plot": ("batch_size", "batch_tokens", "cpu_devices")}
 USER_ERROR_EXIT = 2
 
 
@@ -84,7 +88,24 @@ def eval_command(argv: list[str]) -> tuple[str, list[str]]:
             new.append(f"--{new_name}" if value is None else f"--{new_name}={value}")
     if commands[0] == "average" and not any(arg.split("=")[0] == "--checkpoint" for arg in rest):
         new.append("--checkpoint=latest")  # eval.py's default; `average` defaults to the run's eval.average_last
+    rest, dropped = _without(rest, IGNORED.get(commands[0], ()))
     old = " ".join(written for written, _ in found.values())
-    print(f"note: eval.py {old} is `transformer-jax {commands[0]} {' '.join(new)}` now; eval.py's form keeps "
-          "working", file=sys.stderr)
+    unused = f" ({', '.join(dropped)}: not used by {commands[0]}, dropped)" if dropped else ""
+    print(f"note: eval.py {old} is `transformer-jax {commands[0]} {' '.join(new)}` now{unused}; eval.py's form "
+          "keeps working", file=sys.stderr)
     return commands[0], [argv[0], *new, *rest]
+
+
+def _without(args: list[str], names: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """`args` without the flags `names` (--name=VALUE or --name VALUE), and the flags dropped as written."""
+    kept, dropped, index = [], [], 0
+    while index < len(args):
+        name, equals, _ = args[index].removeprefix("--").partition("=")
+        if args[index].startswith("--") and name in names:
+            take = 1 if equals or index + 1 == len(args) else 2
+            dropped.append(" ".join(args[index:index + take]))
+            index += take
+            continue
+        kept.append(args[index])
+        index += 1
+    return kept, dropped

@@ -53,7 +53,7 @@ def default_config() -> ml_collections.ConfigDict:
     data.tokenizer_type = "unigram"  # SentencePiece model: "unigram" | "bpe"
     data.byte_fallback = True  # unknown characters become byte pieces instead of <unk>
     data.tokenizer_sample_size = 1_000_000  # sentences sampled across the corpus to train SentencePiece
-    data.prepared = ""  # a prepared corpus (python -m transformer_jax.cli.prepare; local or gs://); "" = <workdir>/corpus
+    data.prepared = ""  # a prepared corpus (transformer-jax prepare; local or gs://); "" = <workdir>/corpus
     data.prepare_workers = 1  # processes encoding the training shards when a run prepares its own corpus
 
     # token slots (rows x width, padding included) per batch and side, in rows of data.max_length (of
@@ -71,7 +71,7 @@ def default_config() -> ml_collections.ConfigDict:
     training.warmup_steps = 4_000  # linear warm-up of the paper's schedule
     training.learning_rate_scale = 1.0  # multiplies d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
     training.peak_learning_rate = 0.0  # > 0: the same warm-up and inverse-square-root decay, peaking at this rate after warmup_steps (fairseq's inverse_sqrt; fine-tuning); 0: the paper's formula
-    training.init_from = ""  # a run directory (e.g. one made by python -m transformer_jax.cli.import_marian) whose newest parameters, model and tokenizer a new run starts from (fine-tuning)
+    training.init_from = ""  # a run directory (e.g. one made by transformer-jax import) whose newest parameters, model and tokenizer a new run starts from (fine-tuning)
     training.adam_b1 = 0.9  # Adam beta1 (paper section 5.3)
     training.adam_b2 = 0.98  # Adam beta2
     training.adam_eps = 1e-9  # Adam epsilon
@@ -96,12 +96,12 @@ def default_config() -> ml_collections.ConfigDict:
 
     config.eval = evaluation = ml_collections.ConfigDict()
     # Search defaults are DecodeOptions' (decoding/options.py), batching TranslationBatching's (data/shapes.py).
-    evaluation.beam_size = _DECODING.beam_size  # beam search width for test translation and eval.py (paper section 6.1)
+    evaluation.beam_size = _DECODING.beam_size  # beam search width for test translation and transformer-jax score (paper section 6.1)
     evaluation.alpha = _DECODING.alpha  # length penalty ((5 + len) / 6)^alpha
     evaluation.max_extra_length = _DECODING.max_extra_length  # output length limit: input length + this
     evaluation.batch_tokens = _BATCHING.batch_tokens  # source tokens per decoding batch (0: eval_batch_size rows)
     evaluation.dtype = ""  # decode in "float32"/"bfloat16" weights and matmuls ("": the model's dtype)
-    evaluation.average_last = 5  # checkpoints averaged by eval.py --checkpoint=average (paper: 5 base, 20 big)
+    evaluation.average_last = 5  # checkpoints averaged by --checkpoint=average of score, average and export (paper: 5 base, 20 big)
     return config
 
 
@@ -238,7 +238,7 @@ def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> Transfor
 
 
 def write_run_config(config: ml_collections.ConfigDict, workdir: str) -> None:
-    """Save the run's config as `<workdir>/config.json` (eval.py rebuilds the model from it)."""
+    """Save the run's config as `<workdir>/config.json` (the evaluation commands rebuild the model from it)."""
     write_atomically(layout.run_path(workdir, layout.CONFIG), config.to_json_best_effort(indent=2))
 
 

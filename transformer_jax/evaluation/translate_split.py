@@ -41,7 +41,7 @@ from transformer_jax.data.batching import restore_order
 from transformer_jax.data.encoded import EncodedPairs, encode_pairs
 from transformer_jax.data.pipeline import EvalSet, eval_set, run_split
 from transformer_jax.data.shapes import TranslationBatching, round_rows
-from transformer_jax.data.sources import read_lines
+from transformer_jax.data.sources import stream_lines
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.data.translation_batches import translation_batches
 from transformer_jax.decoding.options import DecodeOptions
@@ -284,7 +284,8 @@ def translate_file(run: Run, params: Any, path: str, options: DecodeOptions, *,
         raise DataError(f"--translate file {path} is a directory; pass a text file or -")
     if not os.path.exists(path):
         raise DataError(f"--translate file {path} does not exist; pass a text file or -")
-    lines = read_lines(path, read_once=True)  # a pipe (`<(command)`) or a device is read once, as a file
+    # Read a line at a time (a pipe, `<(command)`, too): memory does not grow with the file.
+    lines = (line for _, line, _ in stream_lines(path, strip=True))
     yield from translate_lines(run, params, lines, options, batching=batching, dtype=dtype, mesh=mesh)
 
 
