@@ -149,3 +149,41 @@ def test_a_finished_output_is_kept_and_other_settings_are_refused(trained_run, t
     assert "already translated" in again.stderr
     assert_one_line_error(other, "mono.en.de was translated with other settings (search)")
     assert len((tmp_path / "mono.en.de").read_text().splitlines()) == 7  # beside its input
+
+
+def test_a_glob_in_a_bucket_is_translated_into_the_bucket_and_resumed(trained_run, gcs_emulator, tmp_path):
+    """gs:// inputs (a glob) and --output_dir, on a local GCS emulator: a killed job goes on to the bytes of a whole
+    one, and the bucket holds only the outputs and their records."""
+    import uuid
+
+    import fsspec
+    from gcs_emulator import BUCKET, emulator_in_this_process
+
+    root = f"gs://{BUCKET}/corpus-{uuid.uuid4().hex[:8]}"
+    local = [write_corpus(tmp_path / f"part{i}.en", 3 * SHARD_LINES + i, seed=i) for i in range(2)]
+    with emulator_in_this_process(gcs_emulator):
+        bucket = fsspec.filesystem("gs", skip_instance_cache=True, use_listings_cache=False)
+        for path in local:
+            bucket.pipe_file(f"{root}/in/{path.name}", path.read_bytes())
+    env = script_env(**gcs_emulator)
+    args = ["--mode=sample", "--seed=2"]
+
+    def job(out: str) -> subprocess.Popen:
+        return subprocess.Popen(command(trained_run["workdir"], f"{root}/in/*.en", out, *args), cwd=ROOT, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    whole = job(f"{root}/whole")
+    assert whole.wait(timeout=600) == 0, whole.stderr.read()[-3000:]
+    stopped = job(f"{root}/resumed")
+    time.sleep(12)  # start-up and a shard or two
+    stopped.send_signal(signal.SIGKILL)
+    stopped.wait()
+    resumed = job(f"{root}/resumed")
+    assert resumed.wait(timeout=600) == 0, resumed.stderr.read()[-3000:]
+    with emulator_in_this_process(gcs_emulator):
+        bucket = fsspec.filesystem("gs", skip_instance_cache=True, use_listings_cache=False)
+        names = sorted(path.rsplit("/", 1)[-1] for path in bucket.find(f"{root}/resumed".removeprefix("gs://")))
+        assert names == ["part0.en.de", "part0.en.de.json", "part1.en.de", "part1.en.de.json"]
+        for name in ("part0.en.de", "part1.en.de"):
+            output = bucket.cat_file(f"{root}/resumed/{name}")
+            assert output == bucket.cat_file(f"{root}/whole/{name}") and output.count(b"\n") > 3 * SHARD_LINES - 1

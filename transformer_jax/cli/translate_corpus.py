@@ -39,6 +39,7 @@ def main(argv: list[str]) -> None:
     import jax
 
     from transformer_jax.base import quiet_console
+    from transformer_jax.base.files import is_local
     from transformer_jax.evaluation import Translator, corpus_translation
 
     quiet_console()
@@ -61,7 +62,9 @@ def main(argv: list[str]) -> None:
             suffix = _SUFFIX.value or run_config.data.target_lang
             files = corpus_translation.plan_files(corpus_translation.expand_inputs(patterns), _OUTPUT_DIR.value,
                                                   suffix)
-            settings = {"workdir": os.path.abspath(_RUN.workdir.value), "checkpoint": _RUN.checkpoint.value,
+            workdir = _RUN.workdir.value
+            settings = {"workdir": os.path.abspath(workdir) if is_local(workdir) else workdir,
+                        "checkpoint": _RUN.checkpoint.value,
                         "steps": translator.steps, "search": dataclasses.asdict(options), "dtype": translator.dtype,
                         "batching": dataclasses.asdict(batching), "shard_lines": _SHARD_LINES.value}
             say = (lambda line: print(line, file=sys.stderr, flush=True)) if _RUN.lead else (lambda line: None)

@@ -137,7 +137,7 @@ def _shards(item: CorpusFile, shard_lines: int) -> Iterator[tuple[int, list[str]
     """(shard number, its lines, bytes read so far, the file's size) of `item`'s input, read a line at a time."""
     size = 0
     if exists(item.input) and not is_dir(item.input):
-        size = os.path.getsize(item.input) if is_local(item.input) else epath.Path(item.input).stat().st_size
+        size = os.path.getsize(item.input) if is_local(item.input) else epath.Path(item.input).stat().length
     lines: list[str] = []
     shard, position = 0, 0
     for _, line, position in stream_lines(item.input):
