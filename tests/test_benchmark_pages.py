@@ -1,0 +1,164 @@
+"""BENCHMARKS.md is a summary a reader can navigate: one page per benchmark under docs/benchmarks/, each naming
+the raw output it comes from, and every figure the README's benchmark paragraphs cite is on the page they link to."""
+
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+SUMMARY = ROOT / "BENCHMARKS.md"
+PAGES = ROOT / "docs" / "benchmarks"
+RESULTS = ROOT / "benchmarks" / "results"
+HISTORY = PAGES / "history.md"
+
+LINK = re.compile(r"\[([^\]]*)\]\(([^)\s#]*)(?:#([^)\s]*))?\)")
+# A figure: a decimal number (39.3, 0.70, 1,028.5), or a whole number with a unit or a ratio sign (593 ms, 1.12×).
+FIGURE = re.compile(r"(?<![\w.,])(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+|\d+(?=\s?(?:×|%|ms\b|s\b|GB\b|GiB\b|MiB\b|µs\b)))"
+                    r"(?![\d]|[.,]\d)")
+# A number right after a product's name is its version (CTranslate2 4.8.5, fairseq 0.12), not a figure.
+VERSION_BEFORE = re.compile(r"(?:fairseq|CTranslate2|JAX|jax|Python|libtpu|Flax|PyTorch|torch|transformers|version)\s*$")
+
+
+def benchmark_pages() -> list[pathlib.Path]:
+    return sorted(PAGES.glob("*.md"))
+
+
+def strip_code(text: str) -> str:
+    """The text without fenced blocks, inline code and HTML comments (their numbers are settings, not figures)."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    return re.sub(r"`[^`\n]*`", "", text)
+
+
+def figures(text: str) -> list[str]:
+    """The figures a piece of prose cites, versions left out."""
+    return [match.group(1) for match in FIGURE.finditer(text)
+            if not VERSION_BEFORE.search(text[:match.start()])]
+
+
+def states(page_text: str, figure: str) -> bool:
+    """Whether a page states the figure as a whole number (12.9 is not in 112.9 or 12.95)."""
+    return re.search(rf"(?<![\d.,]){re.escape(figure)}(?!\d|[.,]\d)", page_text) is not None
+
+
+def is_benchmark_page(path: pathlib.Path) -> bool:
+    return path.resolve() == SUMMARY or path.resolve().parent == PAGES
+
+
+def cited_figures(text: str, base: pathlib.Path) -> list[tuple[str, pathlib.Path]]:
+    """(figure, page) for every figure of every paragraph that links to BENCHMARKS.md or docs/benchmarks/: the
+    figures before a link belong to it (back to the previous link); those after the last link to the last
+    benchmark link. Figures before a link to another page are that page's business, not checked here."""
+    cited = []
+    for paragraph in re.split(r"\n\s*\n", strip_code(text)):
+        links = list(LINK.finditer(paragraph))
+        targets = [(base / link.group(2)) if link.group(2) else None for link in links]
+        if not any(target is not None and is_benchmark_page(target) for target in targets):
+            continue
+        start, last_benchmark = 0, None
+        for link, target in zip(links, targets):
+            segment = paragraph[start:link.start()] + link.group(1)
+            start = link.end()
+            if target is None or not is_benchmark_page(target):
+                continue
+            last_benchmark = target
+            cited += [(figure, target) for figure in figures(segment)]
+        cited += [(figure, last_benchmark) for figure in figures(paragraph[start:])]
+    return cited
+
+
+def missing_figures(text: str, base: pathlib.Path) -> list[str]:
+    return [f"{figure} (not on {page.relative_to(ROOT)})" for figure, page in cited_figures(text, base)
+            if not page.exists() or not states(page.read_text(encoding="utf-8"), figure)]
+
+
+def test_every_figure_the_readme_cites_is_on_the_page_it_links_to():
+    readme = README.read_text(encoding="utf-8")
+    cited = cited_figures(readme, ROOT)
+    pages = {page.name for _, page in cited}
+    # The accelerator, CPU speed and time-to-BLEU paragraphs: dozens of figures over several pages.
+    assert len(cited) >= 40 and {"accelerators.md", "train_step.md", "decoding.md", "time_to_bleu.md"} <= pages
+    assert not missing_figures(readme, ROOT), missing_figures(readme, ROOT)
+
+
+def test_the_figure_check_catches_a_figure_the_page_lacks():
+    prose = ("On one H200 ours takes 0.70× the example's time (39.3 against 56.0 ms, 6.74 GB) and 987.65 ms on "
+             "another day ([accelerators](docs/benchmarks/accelerators.md)); CTranslate2 4.8.5 is a version. "
+             "Greedy reached 4321.5 sentences/s ([decoding](docs/benchmarks/decoding.md)).")
+    assert {figure for figure, _ in cited_figures(prose, ROOT)} == {"0.70", "39.3", "56.0", "6.74", "987.65",
+                                                                    "4321.5"}
+    assert missing_figures(prose, ROOT) == ["987.65 (not on docs/benchmarks/accelerators.md)",
+                                            "4321.5 (not on docs/benchmarks/decoding.md)"]
+    # A figure is a whole number on the page: 6.7 is not stated by a page that says 6.74.
+    assert states("peak 6.74 GB", "6.74") and not states("peak 6.74 GB", "6.7") and not states("16.74", "6.74")
+
+
+def raw_files_named(text: str) -> set[str]:
+    return set(re.findall(r"benchmarks/results/([\w\-]+(?:\.[\w\-]+)*\.\w+)", text))
+
+
+def test_every_benchmark_page_names_raw_output_that_exists():
+    pages = benchmark_pages()
+    assert len(pages) >= 8 and HISTORY in pages
+    for page in [SUMMARY, *pages]:
+        named = raw_files_named(page.read_text(encoding="utf-8"))
+        missing = sorted(name for name in named if not (RESULTS / name).exists())
+        assert not missing, f"{page.name} names raw files that do not exist: {missing}"
+        if page.parent == PAGES and page != HISTORY:
+            assert named, f"{page.name} names no raw file under benchmarks/results/"
+
+
+def test_every_raw_file_is_named_by_a_page():
+    """A raw file no page names backs no figure a reader can find (`x.json` beside a named `x.txt` counts)."""
+    named = set().union(*(raw_files_named(page.read_text(encoding="utf-8")) for page in benchmark_pages()))
+    stems = {name.rsplit(".", 1)[0] for name in named}
+    raw = [path.name for path in RESULTS.iterdir() if path.is_file() and path.name != "INDEX.md"]
+    assert len(raw) >= 50
+    orphans = sorted(name for name in raw if name.rsplit(".", 1)[0] not in stems)
+    assert not orphans, f"no docs/benchmarks page names {orphans}"
+
+
+def heading_anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", text, flags=re.S), re.M)
+    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+
+
+def broken_links(path: pathlib.Path) -> list[str]:
+    broken = []
+    for _, target, anchor in LINK.findall(re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)):
+        if "://" in target:
+            continue
+        linked = (path.parent / target) if target else path
+        if not linked.is_file():
+            broken.append(f"{path.name}: {target}")
+        elif anchor and anchor not in heading_anchors(linked.read_text(encoding="utf-8")):
+            broken.append(f"{path.name}: {target}#{anchor}")
+    return broken
+
+
+def test_the_summary_is_short_and_every_link_leads_to_a_page_and_heading():
+    text = SUMMARY.read_text(encoding="utf-8")
+    assert len(text.splitlines()) < 200
+    linked = {(SUMMARY.parent / target).resolve() for _, target, _ in LINK.findall(text) if target}
+    assert {page.resolve() for page in benchmark_pages()} <= linked, "BENCHMARKS.md leaves out a section page"
+    broken = [link for path in [SUMMARY, *benchmark_pages()] for link in broken_links(path)]
+    assert not broken, f"links to files or headings that do not exist: {broken}"
+
+
+def test_every_section_page_links_back_to_the_summary_before_its_first_section():
+    for page in benchmark_pages():
+        head = page.read_text(encoding="utf-8").split("\n## ", 1)[0]
+        assert "](../../BENCHMARKS.md)" in head, f"{page.name} does not link back to BENCHMARKS.md"
+
+
+DIARY = [r"\bsessions?\b", r"\b(?:round|session) \d+(?![\d.])", r"\bissues?\b", r"\bby my count\b",
+         r"\b(?:I|my|me)\b", r"\b(?:this|last|next) round\b"]
+
+
+def test_the_pages_read_as_results_not_a_diary():
+    for page in [SUMMARY, *benchmark_pages()]:
+        prose = strip_code(page.read_text(encoding="utf-8"))
+        found = [match.group(0) for pattern in DIARY for match in re.finditer(pattern, prose,
+                                                                               0 if "I|my" in pattern else re.I)]
+        assert not found, f"{page.name} reads as a diary: {found}"
