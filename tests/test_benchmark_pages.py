@@ -156,9 +156,62 @@ DIARY = [r"\bsessions?\b", r"\b(?:round|session) \d+(?![\d.])", r"\bissues?\b", 
          r"\b(?:I|my|me)\b", r"\b(?:this|last|next) round\b"]
 
 
+def diary_wording(text: str) -> list[str]:
+    """The diary phrases of a page's prose (code left out): sessions, rounds, issue numbers, the first person."""
+    prose = strip_code(text)
+    return [match.group(0) for pattern in DIARY for match in re.finditer(pattern, prose,
+                                                                         0 if "I|my" in pattern else re.I)]
+
+
 def test_the_pages_read_as_results_not_a_diary():
     for page in [SUMMARY, *benchmark_pages()]:
-        prose = strip_code(page.read_text(encoding="utf-8"))
-        found = [match.group(0) for pattern in DIARY for match in re.finditer(pattern, prose,
-                                                                               0 if "I|my" in pattern else re.I)]
+        found = diary_wording(page.read_text(encoding="utf-8"))
         assert not found, f"{page.name} reads as a diary: {found}"
+
+
+INDEX = RESULTS / "INDEX.md"
+
+
+def index_table(text: str) -> list[str]:
+    """The rows of INDEX.md's table (one or more raw files each), checked to be one table: a row cut off from
+    the header by a paragraph would render as plain text."""
+    lines = text.splitlines()
+    table = [number for number, line in enumerate(lines) if line.startswith("|")]
+    assert table and table == list(range(table[0], table[0] + len(table))), "INDEX.md's table is broken up"
+    return [lines[number] for number in table[2:]]
+
+
+def files_of_row(row: str) -> list[str]:
+    """The raw files a row names in its first cell: `x.txt`, `.json` is x.txt and x.json."""
+    named = []
+    for name in re.findall(r"`([^`]+)`", row.split("|")[1]):
+        named.append(named[-1].rsplit(".", 1)[0] + name if name.startswith(".") and named else name)
+    return named
+
+
+def test_files_of_row_reads_a_json_beside_its_text():
+    assert files_of_row("| `a-1.txt`, `.json`, `b.jsonl` | aot | x | y |") == ["a-1.txt", "a-1.json", "b.jsonl"]
+
+
+def test_the_results_index_links_to_pages_and_headings_that_exist():
+    text = INDEX.read_text(encoding="utf-8")
+    links = [target for _, target, _ in LINK.findall(text) if "://" not in target]
+    # Every row links to where its figure is written up, on the section pages or the history.
+    assert len(links) >= len(index_table(text))
+    assert {(INDEX.parent / target).resolve().parent for target in links} >= {PAGES}
+    assert not broken_links(INDEX), f"INDEX.md links to files or headings that do not exist: {broken_links(INDEX)}"
+
+
+def test_the_results_index_reads_as_results_not_a_diary():
+    found = diary_wording(INDEX.read_text(encoding="utf-8"))
+    assert not found, f"INDEX.md reads as a diary: {found}"
+
+
+def test_every_raw_file_has_a_row_in_the_results_index():
+    rows = index_table(INDEX.read_text(encoding="utf-8"))
+    indexed = [name for row in rows for name in files_of_row(row)]
+    raw = sorted(path.name for path in RESULTS.iterdir() if path.is_file() and path.name != "INDEX.md")
+    assert len(raw) >= 50
+    assert not sorted(set(raw) - set(indexed)), f"no row of INDEX.md names {sorted(set(raw) - set(indexed))}"
+    assert not sorted(set(indexed) - set(raw)), f"INDEX.md names files not there: {sorted(set(indexed) - set(raw))}"
+    assert len(indexed) == len(set(indexed)), "INDEX.md names a file in two rows"
