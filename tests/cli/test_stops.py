@@ -92,7 +92,7 @@ def eval_signalled(trained_run):
 @pytest.mark.parametrize("program, flags, finished", [
     ("translate_rows", (), "nothing was written"),
     ("translate_rows", ("--split=dev", "--mode=greedy"), "nothing was written"),
-    ("_translate", ("--translate=-",), "0 translations printed above; nothing else was written"),
+    ("translate_rows", ("--translate=-",), "0 translations printed above; nothing else was written"),
 ])
 def test_sigterm_while_eval_compiles_is_one_line_and_status_143(eval_signalled, program, flags, finished):
     """The stop abandons XLA's compile of the search; the process ends at once after its line (no status 139)."""

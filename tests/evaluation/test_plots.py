@@ -248,7 +248,7 @@ def test_attention_target_is_the_models_translation_or_the_given_one(trained):
 
         _, given, origin = attention_pair(run_, params, "the dog sleeps .", "der Hund schläft .", options)
         assert given.tolist() == [BOS_ID] + run_.tokenizer.encode("der Hund schläft .")
-        assert origin == "given by --plot_attention_target"
+        assert origin == "given by --attention_target"
     finally:
         run_.checkpointer.close()
 
@@ -258,4 +258,4 @@ def test_plot_errors_are_one_line(tmp_path, trained):
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     assert "error: no metrics in" in missing.stderr
     orphan = run("eval.py", f"--workdir={trained}", "--plot_attention_target=der Hund")
-    assert orphan.returncode == 2 and "error: --plot_attention_target needs --plot_attention" in orphan.stderr
+    assert orphan.returncode == 2 and "error: --attention_target needs --attention" in orphan.stderr

@@ -217,6 +217,7 @@ def translate_corpus(translator: Translator, files: list[CorpusFile], settings: 
     the outputs this process found finished."""
     check_outputs(files, settings)
     progress = Progress(say)
+    settings_seed = search.get("seed") or 0
     records = []
     for file_index, item in enumerate(files):
         if finished(item, settings):
@@ -234,8 +235,9 @@ def translate_corpus(translator: Translator, files: list[CorpusFile], settings: 
                 continue
             start = time.perf_counter()
             truncated_before = translator.truncated
-            seed = shard_seed(search.get("seed") or 0, file_index, shard)
-            outputs = translator.translate(lines, **{**search, "seed": seed})
+            if search.get("mode") == "sample":  # the draws of a shard fixed by its place, whoever translates it
+                search = {**search, "seed": shard_seed(settings_seed, file_index, shard)}
+            outputs = translator.translate(lines, **search)
             counts = {"lines": len(lines), "empty": sum(not line.strip() for line in lines),
                       "truncated": translator.truncated - truncated_before}
             base = os.path.join(item.parts, _shard_name(shard))

@@ -16,6 +16,7 @@ translations and scores; process 0 alone writes them.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -138,6 +139,9 @@ def translate_encoded(
     platform = jax.default_backend() if mesh is None else mesh_platform(mesh)
     params, config = decoding_precision(params, config, dtype, platform)
     rng = jax.random.key(options.seed)
+    # The seed is in `rng`: the compiled search (options are static) is the same for every seed, so that a bulk
+    # job's shards, each with its own seed, reuse one program instead of compiling their own.
+    options = dataclasses.replace(options, seed=0)
     outputs: list[str] = []
     indices: list[int] = []
     pending: tuple[jax.Array, np.ndarray] | None = None
