@@ -45,6 +45,8 @@ SECTIONS = {
                "generate and CTranslate2 on the same weights; the compiled search's roofline on v5e-8 and an H100",
     "time_to_bleu": "the same model and recipe trained for the same wall time by fairseq 0.12 (its own venv: "
                     "--fairseq_venv) and by us, test SacreBLEU, updates and target tokens/s",
+    "bulk": "translate-corpus: the cost of resumability (shard writes) against decoding, sentences/s by mode and "
+            "dtype, peak memory at N and 8N input lines",
     "accelerators": "our train step against the Flax WMT example's compiled for TPU v5e-8 / v5p-8 and H100 (HBM bytes, "
                     "peak memory, largest batch), timed where this host has the chip (--flax_checkout)",
 }
@@ -108,6 +110,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="time_to_bleu: our data.tokens_per_batch (fairseq's --max-tokens stays 4096)")
     parser.add_argument("--bleu_corpus", default=None,
                         help="time_to_bleu: train/dev/test.en/.de files (default: the built-in corpus)")
+    parser.add_argument("--bulk_lines", type=int, default=20_000, help="bulk: input lines a job translates")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker_spec", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
