@@ -126,3 +126,20 @@ def test_sigterm_as_eval_writes_the_scores_waits_for_both_files_and_names_them(e
     written = last.rsplit(" to ", 1)[1]
     assert "BLEU" in result.stdout and os.path.getsize(written) > 0
     assert os.path.exists(written.replace(".hyp", ".json"))
+
+
+@pytest.mark.parametrize("signal_number, status, line", [(signal.SIGINT, 130, "interrupted: the work"),
+                                                         (signal.SIGTERM, 143, "stopped by SIGTERM: the work")])
+def test_a_stop_lost_in_a_callback_is_acted_on_when_the_work_ends(capsys, signal_number, status, line):
+    """A stop raised where Python drops it (a callback it runs for itself, as JAX's during a compile) is not lost:
+    the command stops with its line when its work returns, even before the signal is sent again."""
+    with pytest.raises(stops.Stopped) as stopped:
+        with stops.interrupts_reported(lambda: "the work"):
+            try:  # what a callback that swallows the handler's exception does
+                os.kill(os.getpid(), signal_number)
+                time.sleep(0.05)
+            except (KeyboardInterrupt, stops.Terminated):
+                pass
+    assert stopped.value.code == status
+    assert capsys.readouterr().err.strip() == line
+    assert not stops._unanswered  # nothing is sent again

@@ -89,20 +89,29 @@ def interrupts_reported(finished: Callable[[], str], terminated_exit: int = TERM
     `arrived` (and `early_signals`' record): SIGTERM/SIGINT that arrived while the command's imports ran
     (they take seconds): the command stops here with its line, as if they had arrived now.
     """
+    def stop(signal_number: int) -> NoReturn:
+        _unanswered.clear()
+        if signal_number == signal.SIGINT:
+            print(f"interrupted: {finished()}", file=sys.stderr)
+            raise Stopped(INTERRUPTED_EXIT) from None
+        resumes = "; the same command resumes the run" if resumable else ""
+        print(f"stopped by SIGTERM: {finished()}{resumes}", file=sys.stderr)
+        raise Stopped(terminated_exit) from None
+
     previous = _handled_signals(_raise_stop)
     try:
         for number in [*(arrived or ()), *_arrived_early]:
             _raise_stop(number, None)
         yield
     except KeyboardInterrupt:
-        _unanswered.clear()
-        print(f"interrupted: {finished()}", file=sys.stderr)
-        raise Stopped(INTERRUPTED_EXIT) from None
+        stop(signal.SIGINT)
     except Terminated:
-        _unanswered.clear()
-        resumes = "; the same command resumes the run" if resumable else ""
-        print(f"stopped by SIGTERM: {finished()}{resumes}", file=sys.stderr)
-        raise Stopped(terminated_exit) from None
+        stop(signal.SIGTERM)
+    else:
+        # A stop raised inside a callback Python ran for itself (JAX's, during a compile) is lost there, and its
+        # resend may come after the work: the signal arrived while the command worked, so it is acted on now.
+        if _unanswered:
+            stop(_unanswered[0])
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
