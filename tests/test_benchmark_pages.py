@@ -4,6 +4,8 @@ the raw output it comes from, and every figure the README's benchmark paragraphs
 import pathlib
 import re
 
+from test_readme import broken_links
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SUMMARY = ROOT / "BENCHMARKS.md"
@@ -116,25 +118,6 @@ def test_every_raw_file_is_named_by_a_page():
     assert len(raw) >= 50
     orphans = sorted(name for name in raw if name.rsplit(".", 1)[0] not in stems)
     assert not orphans, f"no docs/benchmarks page names {orphans}"
-
-
-def heading_anchors(text: str) -> set[str]:
-    """The anchors GitHub gives a page's headings: lower case, punctuation dropped, spaces to hyphens."""
-    headings = re.findall(r"^#+ (.+)$", re.sub(r"```.*?```", "", text, flags=re.S), re.M)
-    return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
-
-
-def broken_links(path: pathlib.Path) -> list[str]:
-    broken = []
-    for _, target, anchor in LINK.findall(re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)):
-        if "://" in target:
-            continue
-        linked = (path.parent / target) if target else path
-        if not linked.is_file():
-            broken.append(f"{path.name}: {target}")
-        elif anchor and anchor not in heading_anchors(linked.read_text(encoding="utf-8")):
-            broken.append(f"{path.name}: {target}#{anchor}")
-    return broken
 
 
 def test_the_summary_is_short_and_every_link_leads_to_a_page_and_heading():

@@ -204,17 +204,23 @@ def heading_anchors(text: str) -> set[str]:
     return {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
 
 
-def test_every_relative_link_in_the_docs_leads_to_a_file_and_heading():
+def broken_links(path: pathlib.Path) -> list[str]:
+    """The relative links of page `path` (outside code blocks) to a file or heading that does not exist."""
     broken = []
-    for path, text in doc_pages():
-        for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
-            if "://" in target:
-                continue
-            linked = (path.parent / target) if target else path
-            if not linked.exists():
-                broken.append(f"{path.name}: {target}")
-            elif anchor and anchor not in heading_anchors(linked.read_text(encoding="utf-8")):
-                broken.append(f"{path.name}: {target}#{anchor}")
+    text = re.sub(r"```.*?```", "", path.read_text(encoding="utf-8"), flags=re.S)
+    for target, anchor in re.findall(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)", text):
+        if "://" in target:
+            continue
+        linked = (path.parent / target) if target else path
+        if not linked.exists():
+            broken.append(f"{path.name}: {target}")
+        elif anchor and anchor not in heading_anchors(linked.read_text(encoding="utf-8")):
+            broken.append(f"{path.name}: {target}#{anchor}")
+    return broken
+
+
+def test_every_relative_link_in_the_docs_leads_to_a_file_and_heading():
+    broken = [link for path, _ in doc_pages() for link in broken_links(path)]
     assert not broken, f"links to files or headings that do not exist: {broken}"
 
 
