@@ -16,6 +16,7 @@ is not this job's (no matching `.json` or `.parts/` settings) stops the job befo
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import time
@@ -57,8 +58,6 @@ def expand_inputs(patterns: list[str]) -> list[str]:
     for pattern in patterns:
         if any(char in pattern for char in "*?["):
             if is_local(pattern):
-                import glob
-
                 matched = sorted(glob.glob(pattern))
             else:
                 root, _, rest = pattern.partition("://")
