@@ -19,7 +19,7 @@ for _stop in (signal.SIGTERM, signal.SIGINT):
 import sys  # noqa: E402
 
 from transformer_jax.__main__ import run_subcommand  # noqa: E402
-from transformer_jax.cli.old_forms import eval_command  # noqa: E402
+from transformer_jax.cli import eval_command  # noqa: E402
 
 if __name__ == "__main__":
     run_subcommand(*eval_command(sys.argv), arrived=ARRIVED)

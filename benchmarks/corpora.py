@@ -10,17 +10,18 @@ import tempfile
 
 import numpy as np
 
+from transformer_jax.base import workdir as layout
 from transformer_jax.config import default_config
 from transformer_jax.data import EncodedPairs, Ragged, Tokenizer, prepare_data
-from transformer_jax.data.prepared import SHARD_PAIRS, TOKENIZER, finish_prepared, shard_dtype, shard_name, write_shard
-from transformer_jax.model import EOS_ID
+from transformer_jax.data import SHARD_PAIRS, finish_prepared, shard_dtype, shard_name, write_shard
+from transformer_jax.model import BOS_ID, EOS_ID
 
 
 def synthetic_batch(rows: int, length: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
     """A full (unpadded) batch of random ids, targets shifted right after BOS."""
     rng = np.random.default_rng(seed)
     tokens = rng.integers(4, vocab, size=(rows, length), dtype=np.int32)
-    shifted = np.concatenate([np.full((rows, 1), 2, np.int32), tokens[:, :-1]], axis=1)
+    shifted = np.concatenate([np.full((rows, 1), BOS_ID, np.int32), tokens[:, :-1]], axis=1)
     return {"inputs": tokens, "targets": tokens, "target_inputs": shifted}
 
 
@@ -73,7 +74,7 @@ def write_wmt_like_prepared(directory: str, num_pairs: int, tokenizer_path: str,
     6 in a million) longer than 256 tokens, as a real corpus has, for a run's length filter to drop.
     """
     os.makedirs(directory, exist_ok=True)
-    shutil.copy(tokenizer_path, os.path.join(directory, TOKENIZER))
+    shutil.copy(tokenizer_path, os.path.join(directory, layout.TOKENIZER))
     tokenizer = Tokenizer.load(tokenizer_path)
     dtype = shard_dtype(tokenizer.vocab_size)
     count = -(-num_pairs // shard_pairs)

@@ -22,12 +22,14 @@ WIDTH = 256
 
 def packed_batch(rows: int, vocab: int, seed: int = 0) -> dict[str, np.ndarray]:
     """Rows of two pairs each (100 and 140 tokens) and 16 padding tokens, with positions and segment ids."""
+    from transformer_jax.model import BOS_ID, PAD_ID
+
     rng = np.random.default_rng(seed)
     segments = np.zeros((rows, WIDTH), np.int32)
     segments[:, :100], segments[:, 100:240] = 1, 2
     positions = np.where(segments == 1, np.arange(WIDTH), np.arange(WIDTH) - 100) * (segments > 0)
-    tokens = rng.integers(4, vocab, size=(rows, WIDTH)).astype(np.int32) * (segments > 0)
-    shifted = np.where(positions == 0, 2, np.roll(tokens, 1, axis=1)) * (segments > 0)
+    tokens = np.where(segments > 0, rng.integers(4, vocab, size=(rows, WIDTH)), PAD_ID).astype(np.int32)
+    shifted = np.where(segments > 0, np.where(positions == 0, BOS_ID, np.roll(tokens, 1, axis=1)), PAD_ID)
     return {"inputs": tokens, "targets": tokens, "target_inputs": shifted.astype(np.int32),
             "inputs_position": positions.astype(np.int32), "targets_position": positions.astype(np.int32),
             "inputs_segmentation": segments, "targets_segmentation": segments}
@@ -47,8 +49,8 @@ def _timed(step: Any, carry: tuple, batch: Any, steps: int) -> tuple[float, tupl
 def time_ours(contender: str, rows: int, steps: int) -> dict[str, Any]:
     """Our train step (the run builder's, configs/wmt14_ende_base.py) at `rows` x 256 on this host's devices."""
     from benchmarks.sections.aot import load_config
-    from transformer_jax.base.sharding import global_batch, make_mesh
-    from transformer_jax.training.programs import build_run_for
+    from transformer_jax.base import global_batch, make_mesh
+    from transformer_jax.run import build_run_for
 
     config = load_config("base")
     config.data.tokens_per_batch = rows * WIDTH
@@ -75,8 +77,8 @@ def time_flax(checkout: str, rows: int, steps: int) -> dict[str, Any]:
     """The Flax WMT example's train step at `rows` x 256 on this host's devices."""
     from benchmarks.peer_flax import example_config, load_example, train_step_function
     from benchmarks.sections.aot import load_config
-    from transformer_jax.base.sharding import global_batch, make_mesh
-    from transformer_jax.model.config import TransformerConfig
+    from transformer_jax.base import global_batch, make_mesh
+    from transformer_jax.model import TransformerConfig
 
     models = load_example(checkout)
     model = TransformerConfig(**{**load_config("base").model.to_dict(), "vocab_size": 37000})
@@ -101,7 +103,7 @@ def time_flax(checkout: str, rows: int, steps: int) -> dict[str, Any]:
 
 def _compiled_figures(contender: str, rows: int, compile_s: float, compiled: Any) -> dict[str, Any]:
     """Who ran where, and XLA's planned peak memory (arguments + outputs - donated + temporaries + code)."""
-    from transformer_jax.aot.compile import program_of
+    from transformer_jax.aot import program_of
 
     program = program_of(contender, compiled)
     return {"contender": contender, "device": jax.devices()[0].device_kind, "rows": rows,
@@ -175,9 +177,9 @@ def time_searches(checkout: str, repeats: int = 3, translation: tuple[int, int] 
     precision) and the example's, at the preflight's translation batch (or `translation`: rows, source width)."""
     from benchmarks.peer_flax import lower_search
     from benchmarks.sections.aot import load_config
-    from transformer_jax.base.sharding import make_mesh
-    from transformer_jax.config.schema import decode_options, decoding_dtype
-    from transformer_jax.training.programs import build_run_for
+    from transformer_jax.base import make_mesh
+    from transformer_jax.config import decode_options, decoding_dtype
+    from transformer_jax.run import build_run_for
 
     config = load_config("base")
     programs = build_run_for(config, make_mesh())

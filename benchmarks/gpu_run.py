@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from benchmarks.workers import REPO
+from transformer_jax.base import workdir as layout
 
 CONFIG = "configs/wmt14_ende_base.py"
 # The lease run's settings on top of the paper's base config: the corpus's own 8k vocabulary, a checkpoint and
@@ -50,12 +51,12 @@ COMPILED = re.compile(r"Finished XLA compilation of (\S+) in ([0-9.]+) s")
 
 
 def corpus_flags(lease: str) -> list[str]:
-    return [f"--config.data.prepared={os.path.join(lease, 'corpus')}", *RUN_FLAGS]
+    return [f"--config.data.prepared={os.path.join(lease, layout.CORPUS)}", *RUN_FLAGS]
 
 
 def prepare(args: argparse.Namespace) -> None:
     """Prepare the corpus under --out/corpus and the preflight's predictions for the GPU kinds the lease lends."""
-    corpus = os.path.join(args.out, "corpus")
+    corpus = os.path.join(args.out, layout.CORPUS)
     flags = [f"--config={CONFIG}", "--config.data.source=text", f"--config.data.path={args.text}",
              "--config.data.vocab_size=8000"]
     subprocess.run([sys.executable, "-m", "transformer_jax.cli.prepare", *flags, f"--output={corpus}"],
@@ -75,7 +76,7 @@ def prepare(args: argparse.Namespace) -> None:
 
 
 def timing_records(workdir: str) -> list[dict[str, Any]]:
-    path = os.path.join(workdir, "timing.jsonl")
+    path = layout.run_path(workdir, layout.TIMING)
     if not os.path.exists(path):
         return []
     with open(path) as f:
@@ -137,7 +138,7 @@ def compile_seconds(log: str) -> dict[str, float]:
 
 def write_test_sources(lease: str, path: str, lines: int) -> int:
     """Write the first `lines` test sources of the prepared corpus to `path`; returns how many."""
-    with open(os.path.join(lease, "corpus", "test.json")) as f:
+    with open(os.path.join(lease, layout.CORPUS, "test.json")) as f:
         test = json.load(f)
     sources = test["source"] if isinstance(test, dict) and "source" in test else [pair[0] for pair in test]
     with open(path, "w") as f:
@@ -199,7 +200,7 @@ def mfu(tokens_per_second: float | None, width: int, rehearse: bool, peak_flops:
     """Model FLOPs utilisation of the real target tokens: FLOPs per token slot of a row `width` wide (source and
     target rows alike, model/flops.py) x real tokens/s / the chip's peak."""
     from transformer_jax.model import TransformerConfig
-    from transformer_jax.model.flops import train_step_flops
+    from transformer_jax.model import train_step_flops
 
     if not tokens_per_second or not peak_flops:
         return None
@@ -244,9 +245,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                   for phase in ("train", "resume", "eval", "translate")}
     kind = "h100" if "H100" in device_kind or args.rehearse else "h200" if "H200" in device_kind else device_kind
     summary["prediction"] = {"kind": kind, **predicted(args.lease, kind)}
-    with open(os.path.join(args.lease, "corpus", "test.json")) as f:
+    with open(os.path.join(args.lease, layout.CORPUS, "test.json")) as f:
         summary["eval"]["sentences"] = len(json.load(f))
-    from transformer_jax.aot.chips import CHIPS
+    from transformer_jax.aot import CHIPS
 
     peak = CHIPS["h100"].peak_bf16_flops  # the H200 has the H100's tensor cores (989 dense bf16 TFLOP/s)
     width = int(summary["prediction"].get("width", 256))

@@ -10,7 +10,7 @@ import ml_collections
 from transformer_jax import TransformerConfig
 from transformer_jax.base import make_mesh
 from transformer_jax.config import default_config
-from transformer_jax.training import RunPrograms, build_run
+from transformer_jax.run import RunPrograms, build_run
 
 SMALL = TransformerConfig(vocab_size=4000, num_layers=2, d_model=128, d_ff=512, num_heads=4, max_len=256)
 BASE = TransformerConfig(vocab_size=37000)  # the paper's base model: N=6, d_model=512, d_ff=2048, h=8

@@ -22,9 +22,9 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from transformer_jax.base.sharding import batch_sharding
-from transformer_jax.model.config import TransformerConfig
-from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer
+from transformer_jax.base import batch_sharding
+from transformer_jax.model import TransformerConfig
+from transformer_jax.training import paper_learning_rate, paper_optimizer
 
 
 def load_example(checkout: str, name: str = "models") -> ModuleType:

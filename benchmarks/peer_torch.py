@@ -19,6 +19,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from transformer_jax import TransformerConfig
+from transformer_jax.model import PAD_ID
 
 
 class PeerTransformer(nn.Module):
@@ -28,7 +29,7 @@ class PeerTransformer(nn.Module):
         super().__init__()
         d = config.d_model
         self.d_model = d
-        self.embedding = nn.Embedding(config.vocab_size, d, padding_idx=0)
+        self.embedding = nn.Embedding(config.vocab_size, d, padding_idx=PAD_ID)
         nn.init.normal_(self.embedding.weight, std=d**-0.5)
         self.transformer = nn.Transformer(
             d, config.num_heads, config.num_layers, config.num_layers, config.d_ff, config.dropout_rate,
@@ -49,7 +50,8 @@ class PeerTransformer(nn.Module):
         causal = nn.Transformer.generate_square_subsequent_mask(tgt_in.shape[1], dtype=torch.bool)
         hidden = self.transformer(
             self._embed(src), self._embed(tgt_in), tgt_mask=causal, tgt_is_causal=True,
-            src_key_padding_mask=src == 0, tgt_key_padding_mask=tgt_in == 0, memory_key_padding_mask=src == 0,
+            src_key_padding_mask=src == PAD_ID, tgt_key_padding_mask=tgt_in == PAD_ID,
+            memory_key_padding_mask=src == PAD_ID,
         )
         return F.linear(hidden, self.embedding.weight)
 
@@ -70,7 +72,7 @@ def peer_train_step(config: TransformerConfig, batch: dict[str, np.ndarray], smo
         optimizer.zero_grad(set_to_none=True)
         logits = model(src, tgt_in)
         loss = F.cross_entropy(logits.reshape(-1, config.vocab_size), targets.reshape(-1),
-                               ignore_index=0, label_smoothing=smoothing)
+                               ignore_index=PAD_ID, label_smoothing=smoothing)
         loss.backward()
         optimizer.step()
         lr_schedule.step()

@@ -8,7 +8,7 @@ DIR holds train/dev/test.<lang> line-aligned files (data.source "text"). The mod
 parameters come from training.init_from (docs/opus_mt.md); the settings below are the fine-tuning's own.
 """
 
-from transformer_jax.config.schema import default_config
+from transformer_jax.config import default_config
 
 
 def get_config():

@@ -7,7 +7,7 @@ Expected: the same run as the one that wrote the file (resumed, when --workdir i
 A key the schema does not know, or a damaged file, is one error line naming the file.
 """
 
-from transformer_jax.config.schema import read_run_config
+from transformer_jax.config import read_run_config
 
 
 def get_config(config_json: str):

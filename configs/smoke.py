@@ -8,7 +8,7 @@ Expected: every stage runs (tokenizer, training with dev loss and checkpoints, b
           its runs from this config (tests/conftest.py).
 """
 
-from transformer_jax.config.schema import default_config
+from transformer_jax.config import default_config
 
 
 def get_config():

@@ -13,7 +13,7 @@ Data:     prepare once with `python -c "import tensorflow_datasets as tfds; tfds
           --config.data.tfds_data_dir if it is not in the TFDS default location.
 """
 
-from transformer_jax.config.schema import default_config
+from transformer_jax.config import default_config
 
 
 def get_config():

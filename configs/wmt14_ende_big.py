@@ -7,7 +7,7 @@ Expected: paper, newstest2014: 28.4 tokenized BLEU (last 20 checkpoints averaged
           with this code.
 """
 
-from transformer_jax.config.schema import default_config
+from transformer_jax.config import default_config
 
 
 def get_config():

@@ -70,12 +70,12 @@ def trained_run(tmp_path_factory) -> dict:
     Read only: a test that changes a run copies it first (runs.copy_run).
     """
     from runs import write_config
-    from transformer_jax.training.loop import Trainer
+    from transformer_jax.run import Trainer, assemble_run
 
     directory = tmp_path_factory.mktemp("trained")
     config = write_config(directory)
     workdir = directory / "run"
-    trainer = Trainer(tiny_run_config(), str(workdir))
+    trainer = Trainer(assemble_run(tiny_run_config(), str(workdir)))
     trainer.run()
     trainer.close()
     return {"config": config, "workdir": workdir}

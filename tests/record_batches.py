@@ -25,7 +25,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from transformer_jax.data.batching import BatchIterator  # noqa: E402
-from transformer_jax.training.metrics_log import MetricsLog  # noqa: E402
+from transformer_jax.run.metrics_log import MetricsLog  # noqa: E402
 
 OUTPUT = pathlib.Path(os.environ["RECORD_TO"])
 TRAIN_PY = pathlib.Path(__file__).resolve().parents[1] / "train.py"

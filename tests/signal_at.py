@@ -25,9 +25,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import transformer_jax.data.pipeline as pipeline  # noqa: E402
 import transformer_jax.evaluation as evaluation  # noqa: E402
-import transformer_jax.training.loop as loop  # noqa: E402
+import transformer_jax.run.loop as loop  # noqa: E402
 from transformer_jax.checkpoints.manager import Checkpointer  # noqa: E402
-from transformer_jax.training.loop import Trainer  # noqa: E402
+from transformer_jax.run import Trainer  # noqa: E402
 from jax._src import compiler  # noqa: E402
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[1] / os.environ.get("SCRIPT", "train.py")

@@ -42,7 +42,7 @@ IN_THE_BASE_INSTALL = textwrap.dedent(f"""
     optimizer = paper_optimizer(paper_learning_rate(config.d_model, 4))
     optimizer.init(params)
     try:
-        transformer_jax.training.Trainer
+        import transformer_jax.run  # the training run (Trainer, the run builder): the `train` extra
         needs_extra = False
     except ModuleNotFoundError:
         needs_extra = True

@@ -6,7 +6,7 @@ import pathlib
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "transformer_jax"
 # Lowest first. `errors.py` is the root of user errors; the top-level __init__ re-exports the modules.
 # `cli` (flags, one-line errors, the run lock) serves the entry points: train.py, eval.py and `aot`'s __main__.
-FLOORS = ("errors", "base", "model", "decoding", "data", "config", "checkpoints", "training", "evaluation",
+FLOORS = ("errors", "base", "model", "decoding", "data", "config", "checkpoints", "training", "run", "evaluation",
           "export", "cli", "aot")
 
 

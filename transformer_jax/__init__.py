@@ -8,7 +8,8 @@ The package, by what a reader comes for (floors, lowest first: a folder imports 
   data/        corpora, SentencePiece, batch shapes and batches; the built-in synthetic corpus in data/builtin/
   config/      every run setting with its default and checks, and the reference generated from it
   checkpoints/ Orbax save/restore, integrity checks, choosing and averaging checkpoints
-  training/    loss, schedule and Adam, train step, the run builder (programs.py), the loop
+  training/    the paper's loss, schedule and Adam, train state and step (the base install)
+  run/         a training run: the run builder, assemble_run (mesh, data, programs, checkpointer), the Trainer
   evaluation/  SacreBLEU/chrF, translating splits, plots
   export/      a trained model for other runtimes (CTranslate2)
   cli/         the transformer-jax commands (train, score, translate, ...): flags, one-line errors, the run lock
@@ -33,7 +34,6 @@ from transformer_jax.model.embeddings import TokenEmbedding
 from transformer_jax.model.feed_forward import FeedForward
 from transformer_jax.model.layers import DecoderLayer, EncoderLayer
 from transformer_jax.model.masks import (
-    PAD_ID,
     causal_mask,
     combine_masks,
     padding_mask,
@@ -43,6 +43,7 @@ from transformer_jax.model.positional_encoding import (
     PositionalEncoding,
     sinusoidal_encoding,
 )
+from transformer_jax.model.special_tokens import PAD_ID
 from transformer_jax.model.stacks import Decoder, Encoder
 from transformer_jax.model.transformer import Transformer
 

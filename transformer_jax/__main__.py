@@ -12,6 +12,8 @@ import importlib
 import sys
 from typing import NoReturn
 
+__all__ = ["COMMANDS", "main", "run_subcommand"]
+
 
 @dataclasses.dataclass(frozen=True)
 class Command:
@@ -47,7 +49,7 @@ def usage() -> str:
 def run_subcommand(name: str, argv: list[str] | None = None, arrived: list[int] = ()) -> NoReturn:
     """Run command `name` with the flags of `argv` (argv[0] is the program); `arrived`: SIGTERM/SIGINT that the
     caller recorded before this (a script's first lines), acted on when the command starts."""
-    from transformer_jax.cli.stops import early_signals, run_command
+    from transformer_jax.cli import early_signals, run_command
 
     early_signals().extend(arrived)  # the command's imports take seconds: a stop meanwhile is acted on after
     argv = list(sys.argv if argv is None else argv)

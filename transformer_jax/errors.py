@@ -7,6 +7,9 @@ with status 2; any other exception is a bug and keeps its traceback. Library cal
 
 from __future__ import annotations
 
+__all__ = ["CheckpointError", "ConfigError", "CorruptCheckpointError", "DataError", "MeshError", "ShapeMismatchError",
+           "StorageError", "TrainingError", "UserError"]
+
 
 class UserError(Exception):
     """Something a user supplied or asked for cannot be used; the message names it and the fix."""

@@ -76,7 +76,7 @@ def mesh_axes(contender: str) -> tuple[int, int]:
 
 def lowered_step(contender: str, model: str, mesh: Any, rows: int, checkout: str) -> tuple[Any, Any]:
     """(lowered train step, model config) of `contender` at `rows` (global) x WIDTH on `mesh`."""
-    from transformer_jax.aot.compile import run_programs
+    from transformer_jax.aot import run_programs
 
     config = _model(model)
     config.data.tokens_per_batch = rows * WIDTH
@@ -109,14 +109,14 @@ def unfused_instructions(hlo: str) -> list[str]:
 def hbm_buffers(hlo: str) -> list[tuple[list[int], int]]:
     """(dims, bytes) of each array instruction outside fusions in optimized HLO that holds a buffer in device
     memory (HBM): bitcasts move nothing, and S(1) is the TPU core's own vector memory."""
-    from transformer_jax.aot.compile import _DTYPE_BYTES
+    from transformer_jax.aot import HLO_DTYPE_BYTES
 
     buffers = []
     for line in unfused_instructions(hlo):
         match = re.match(r"\s*(?:ROOT )?%\S+ = (pred|[suf]\d+|bf16)\[([\d,]+)\](\{[^}]*\})? (\S+)\(", line)
         if match and match.group(4) != "bitcast" and "S(1)" not in (match.group(3) or ""):
             dims = [int(d) for d in match.group(2).split(",")]
-            buffers.append((dims, _DTYPE_BYTES.get(match.group(1), 4) * math.prod(dims)))
+            buffers.append((dims, HLO_DTYPE_BYTES.get(match.group(1), 4) * math.prod(dims)))
     return buffers
 
 
@@ -157,10 +157,10 @@ def compile_figures(contender: str, model: str, topology_name: str, rows_per_dev
                     ) -> dict[str, Any]:
     """One contender's compiled train step on a topology: per-device memory, bytes, FLOPs, roofline."""
     from transformer_jax.aot import describe, mesh_for
-    from transformer_jax.aot.compile import program_of
-    from transformer_jax.aot.report import program_seconds, splash_flops
-    from transformer_jax.model.flops import attention_score_flops, train_step_flops
-    from transformer_jax.training.loss_kernel import logits_matmul_flops
+    from transformer_jax.aot import program_of
+    from transformer_jax.aot import program_seconds, splash_flops
+    from transformer_jax.model import attention_score_flops, train_step_flops
+    from transformer_jax.training import logits_matmul_flops
 
     topology = describe(topology_name)
     mesh = mesh_for(topology, *mesh_axes(contender))
@@ -202,8 +202,8 @@ def search_figures(contender: str, model: str, topology_name: str, checkout: str
     """The beam search (beam 4, alpha 0.6, outputs up to source + 50 tokens, the compute dtype's caches) of ours
     (the preflight's) or the Flax example's (its predict_step), at the preflight's translation batch."""
     from transformer_jax.aot import describe, mesh_for
-    from transformer_jax.aot.compile import program_of, run_programs
-    from transformer_jax.config.schema import decode_options, decoding_dtype
+    from transformer_jax.aot import program_of, run_programs
+    from transformer_jax.config import decode_options, decoding_dtype
 
     topology = describe(topology_name)
     mesh = mesh_for(topology, -1, 1)

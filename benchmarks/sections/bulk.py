@@ -35,20 +35,20 @@ MODES = {"greedy, float32": ("greedy", "float32"), "beam 4, float32": ("beam", "
 def make_run(workdir: str) -> None:
     """A run of the demo's architecture, two updates on the built-in corpus."""
     from configs.smoke import get_config
-    from transformer_jax.training import Trainer
+    from transformer_jax.run import Trainer, assemble_run
 
     config = get_config()
     config.data.update(builtin_train_size=4000, vocab_size=1000, tokenizer_sample_size=8000, tokens_per_batch=2048)
     config.model.update(num_layers=2, d_model=128, d_ff=512, num_heads=4)
     config.training.update(num_train_steps=2, warmup_steps=1, eval_every=2, checkpoint_every=2)
     config.eval.update(beam_size=4, max_extra_length=8)
-    trainer = Trainer(config, workdir)
+    trainer = Trainer(assemble_run(config, workdir))
     trainer.run()
     trainer.close()
 
 
 def write_input(path: str, lines: int, seed: int) -> None:
-    from transformer_jax.data.builtin import generate_pairs
+    from transformer_jax.data import generate_pairs
 
     with open(path, "w") as f:
         f.writelines(source + "\n" for source, _ in generate_pairs(lines, seed=seed))

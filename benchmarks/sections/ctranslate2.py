@@ -46,6 +46,7 @@ from transformer_jax import Transformer
 from transformer_jax.base import set_cpu_devices
 from transformer_jax.decoding import decoding_precision
 from transformer_jax.export import export_ctranslate2
+from transformer_jax.model import PAD_ID
 
 OUTPUT_LENGTH = SOURCE_LENGTH + EXTRA_LENGTH
 ROUNDS = 7
@@ -95,7 +96,7 @@ def check_lengths(outputs: dict[str, Any]) -> None:
             lengths = {len(result.hypotheses[0]) for result in output}
         else:
             tokens = np.asarray(output[0][:, 0] if isinstance(output, tuple) else output)
-            lengths = set((tokens != 0).sum(-1).tolist())
+            lengths = set((tokens != PAD_ID).sum(-1).tolist())
         if lengths != {OUTPUT_LENGTH}:
             raise RuntimeError(f"{name} produced output lengths {sorted(lengths)}, not {OUTPUT_LENGTH}")
 

@@ -53,12 +53,13 @@ import numpy as np
 from benchmarks.corpora import write_wmt_like_prepared, write_wmt_like_text
 from benchmarks.workers import REPO, peak_rss_bytes, worker_command
 from transformer_jax import TransformerConfig
+from transformer_jax.base import workdir as layout
 from transformer_jax.config import default_config
 from transformer_jax.data import BatchIterator, PreparedCorpus, choose_packed_rows, load_splits, train_tokenizer
-from transformer_jax.data.encoded import filter_by_length
-from transformer_jax.data.prepared import write_prepared
-from transformer_jax.data.shapes import width_multiple
-from transformer_jax.training.prefetch import Prefetcher
+from transformer_jax.data import filter_by_length
+from transformer_jax.data import write_prepared
+from transformer_jax.data import width_multiple
+from transformer_jax.run import Prefetcher
 
 MAX_LENGTH = 256
 MODEL = TransformerConfig(vocab_size=37_000)  # the paper's base model: what the row width is chosen for
@@ -274,13 +275,13 @@ def report_preparing(root: str, pairs: int) -> list[dict[str, Any]]:
     write_wmt_like_text(text, pairs)
     train = load_splits("text", path=text, splits=("train",))["train"]
     sentences = [side for pair in train[:10_000] for side in pair]
-    tokenizer = train_tokenizer(sentences, os.path.join(root, "tokenizer.model"), TEXT_VOCAB)
+    tokenizer = train_tokenizer(sentences, os.path.join(root, layout.TOKENIZER), TEXT_VOCAB)
     print(f"wrote {pairs:,} text pairs and trained a tokenizer of {tokenizer.vocab_size:,} pieces on 20,000 of their "
           f"sentences in {time.perf_counter() - start:.0f} s (not timed below)", flush=True)
     results = []
     for workers in (1, 2):
         output = os.path.join(root, f"prepared-{workers}")
-        result = time_preparing(text, os.path.join(root, "tokenizer.model"), output, workers)
+        result = time_preparing(text, os.path.join(root, layout.TOKENIZER), output, workers)
         shutil.rmtree(output)
         results.append(result)
         print(f"preparing  {workers} worker(s)  {pairs:,} pairs in 4 shards  {result['total_s']:6.1f} s = read text "
@@ -363,7 +364,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"an epoch and building {MEMORY_BATCHES} batches ({FEEDS[0].name})", flush=True)
         for size in sizes:
             corpus, start = os.path.join(root, f"corpus-{size}"), time.perf_counter()
-            write_wmt_like_prepared(corpus, size, os.path.join(root, "tokenizer.model"))
+            write_wmt_like_prepared(corpus, size, os.path.join(root, layout.TOKENIZER))
             print(f"made a prepared corpus of {size:,} WMT-like pairs in {time.perf_counter() - start:.0f} s",
                   flush=True)
             memory[size] = measure({"task": "memory", "corpus": corpus})

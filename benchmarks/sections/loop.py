@@ -27,6 +27,7 @@ import collections
 import contextlib
 import os
 import tempfile
+import inspect
 import time
 from typing import Any, Callable, Iterator
 from unittest import mock
@@ -35,10 +36,7 @@ import jax
 
 from transformer_jax.config import default_config
 from transformer_jax.data import BatchIterator
-from transformer_jax.training import loop
-from transformer_jax.training.log_window import LogWindow
-from transformer_jax.training.periodic_eval import PeriodicEval
-from transformer_jax.training.preemption import StopAgreement
+from transformer_jax.run import LogWindow, PeriodicEval, StopAgreement, Trainer, assemble_run
 
 RECIPE = dict(num_layers=3, d_model=256, d_ff=1024, num_heads=4)
 TINY = dict(num_layers=1, d_model=64, d_ff=256, num_heads=2)
@@ -47,19 +45,20 @@ CASES = {  # name: (model, updates between checkpoints)
     "tiny, checkpoint every 50": (TINY, 50),
     "tiny, checkpoint every 1,000 (default)": (TINY, 1_000),
 }
+LOOP_MODULE = inspect.getmodule(Trainer)  # the loop calls its module's check_skip_streak by name
 # (owner, attribute, what the part is): the loop's parts, each timed where it runs.
 PARTS = (
-    (loop.Trainer, "update", "update: batches + dispatch of the step"),
-    (loop.Trainer, "_next_global_batch", "  next batch from the prefetch queue"),
+    (Trainer, "update", "update: batches + dispatch of the step"),
+    (Trainer, "_next_global_batch", "  next batch from the prefetch queue"),
     (BatchIterator, "__next__", "build a packed batch (prefetch thread)"),
-    (loop.Trainer, "_place", "copy it to the devices (prefetch thread)"),
+    (Trainer, "_place", "copy it to the devices (prefetch thread)"),
     (LogWindow, "add", "log window: add a step (progress bar)"),
     (LogWindow, "close", "log window: close (waits for its steps; logs)"),
     (StopAgreement, "__call__", "stop check"),
-    (loop.Trainer, "_check_workdir", "workdir check"),
-    (loop, "check_skip_streak", "skipped-update check"),
+    (Trainer, "_check_workdir", "workdir check"),
+    (LOOP_MODULE, "check_skip_streak", "skipped-update check"),
     (PeriodicEval, "__call__", "periodic evaluation (none due)"),
-    (loop.Trainer, "save", "checkpoint save"),
+    (Trainer, "save", "checkpoint save"),
 )
 
 
@@ -102,7 +101,7 @@ class Parts:
             yield
 
 
-def step_alone(trainer: loop.Trainer, batches: list[Any]) -> float:
+def step_alone(trainer: Trainer, batches: list[Any]) -> float:
     """Seconds per update of the compiled step over `batches` (on the devices), back to back, from a fresh state."""
     state = trainer.programs.init_state()
     jax.block_until_ready(state)
@@ -119,7 +118,7 @@ def measure(corpus: str | None, model: dict[str, int], steps: int, tokens_per_ba
     config = run_config(corpus, model, steps, tokens_per_batch, checkpoint_every)
     with tempfile.TemporaryDirectory() as workdir:
         started = time.perf_counter()
-        trainer = loop.Trainer(config, workdir)
+        trainer = Trainer(assemble_run(config, workdir))
         prepared = time.perf_counter()
         trainer.compile_steps()
         compile_done = time.perf_counter()
@@ -128,9 +127,9 @@ def measure(corpus: str | None, model: dict[str, int], steps: int, tokens_per_ba
         before = step_alone(trainer, batches)
         trainer.data.train.set_state(position)  # the loop sees the same batches
         parts, span = Parts(), {}
-        train = loop.Trainer._train
+        train = Trainer._train
 
-        def timed_train(self: loop.Trainer, *args: Any) -> int:
+        def timed_train(self: Trainer, *args: Any) -> int:
             span["start"] = time.perf_counter()
             reached = train(self, *args)
             jax.block_until_ready(self.state)
@@ -138,7 +137,7 @@ def measure(corpus: str | None, model: dict[str, int], steps: int, tokens_per_ba
             return reached
 
         compiled = trainer.programs.train_step.jitted._cache_size()
-        with parts.wrapping(), mock.patch.object(loop.Trainer, "_train", timed_train):
+        with parts.wrapping(), mock.patch.object(Trainer, "_train", timed_train):
             trainer.run()
         compiled_in_loop = trainer.programs.train_step.jitted._cache_size() - compiled
         trainer.close()

@@ -90,10 +90,10 @@ def our_translators(hf_dir: str, src: np.ndarray, devices: int) -> dict[str, Cal
 
     from benchmarks.sections.decode import split_rows
     from transformer_jax.decoding import decoding_precision
-    from transformer_jax.decoding.beam_search import beam_search
-    from transformer_jax.decoding.sampling import greedy_decode
-    from transformer_jax.export.hf_directory import read_marian
-    from transformer_jax.export.marian import marian_to_ours, model_config_of
+    from transformer_jax.decoding import beam_search
+    from transformer_jax.decoding import greedy_decode
+    from transformer_jax.export import read_marian
+    from transformer_jax.export import marian_to_ours, model_config_of
 
     hf_config, tensors, vocabulary = read_marian(hf_dir)
     config = model_config_of(hf_config, tensors).replace(attention_backend="einsum", dropout_rate=0.0)
@@ -200,8 +200,8 @@ def worker(spec: dict[str, Any]) -> None:
 def predicted(topology_name: str) -> dict[str, Any]:
     """Sentences/s the compiled beam search (beam 4, bfloat16) of this model bounds on `topology_name`."""
     from transformer_jax.aot import describe, mesh_for
-    from transformer_jax.aot.compile import program_of, run_programs
-    from transformer_jax.config.schema import decode_options, default_config
+    from transformer_jax.aot import program_of, run_programs
+    from transformer_jax.config import decode_options, default_config
 
     config = default_config()
     config.model.update(num_layers=6, d_model=512, d_ff=2048, num_heads=8, activation="swish", output_bias=True,

@@ -8,7 +8,7 @@ the asynchronous dispatch most. Also times the check alone (no update in flight:
 trip each), and in a process of its own the host's part of a check (no network). Reports the medians
 over `--rounds` rounds (default 16), and the median of the per-round ratios (each pair of rounds ran
 back to back). That a signal stops every process at the same step, and that a check never waits for
-the update in flight, are tests (tests/training/test_preemption.py, test_preemption_signal.py).
+the update in flight, are tests (tests/run/test_preemption.py, test_preemption_signal.py).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import ml_collections
 
 from benchmarks.workers import REPO, worker_command
 from transformer_jax.base import make_mesh
-from transformer_jax.training import StopAgreement, StopFlag, Trainer
+from transformer_jax.run import StopAgreement, StopFlag, Trainer, assemble_run
 
 ROUNDS = 16
 PROCESSES = 2
@@ -64,7 +64,7 @@ def seconds_per_step(trainer: Any, must_stop: Any, steps: int) -> tuple[float, f
 
 def measure(name: str, config: ml_collections.ConfigDict, workdir: str, steps: int, rounds: int) -> dict[str, float]:
     """Median ms per step without and with the check, and µs per check alone, for one config."""
-    trainer = Trainer(config, os.path.join(workdir, name))
+    trainer = Trainer(assemble_run(config, os.path.join(workdir, name)))
     must_stop = StopAgreement(StopFlag(), trainer.mesh)
     assert must_stop.collective, "run with several processes: one process checks a local flag only"
     seconds_per_step(trainer, must_stop, 3)  # compile and warm up both

@@ -38,6 +38,7 @@ import numpy as np
 
 from benchmarks.workers import REPO
 from transformer_jax import DecodeOptions, TransformerConfig
+from transformer_jax.base import workdir as layout
 from transformer_jax.checkpoints import checkpoint_params, open_run
 from transformer_jax.config import decode_options, translation_batching
 from transformer_jax.data import (
@@ -51,7 +52,7 @@ from transformer_jax.data import (
 )
 from transformer_jax.decoding import translate_batch
 from transformer_jax.evaluation import translate_encoded
-from transformer_jax.model import EOS_ID
+from transformer_jax.model import EOS_ID, PAD_ID
 
 ROUNDS = 3
 Translator = Callable[[], list[str]]
@@ -72,7 +73,7 @@ def translate_today(params: Any, config: TransformerConfig, encoded: EncodedPair
     for batch in eval_batches(encoded, batch_size):
         rng, key = jax.random.split(rng)
         src = batch["inputs"][:, :config.max_len].copy()  # sources longer than the model keep their EOS
-        src[(batch["inputs"] != 0).sum(1) > config.max_len, -1] = EOS_ID
+        src[(batch["inputs"] != PAD_ID).sum(1) > config.max_len, -1] = EOS_ID
         ids = np.asarray(search(params, src, key, config, options))
         outputs.extend(" ".join(text.splitlines()) for text in tokenizer.decode_batch(ids))
         indices.extend(batch["index"].tolist())
@@ -126,7 +127,7 @@ def measure(translators: dict[str, Translator], rounds: int) -> dict[str, Any]:
 
 def compare_library(workdir: str, sentences: int, rounds: int, batch_tokens: tuple[int, ...]) -> dict[str, Any]:
     """Translate the test split of `workdir`'s run (its first `sentences`; 0: all) with every contender."""
-    if not os.path.isfile(os.path.join(workdir, "config.json")):
+    if not os.path.isfile(layout.run_path(workdir, layout.CONFIG)):
         raise SystemExit(f"{workdir} holds no trained run; train one first (make demo) or pass --split_workdir")
     trained = open_run(workdir)
     try:
@@ -160,13 +161,14 @@ EvalContender = tuple[str, list[str]]
 def run_eval(workdir: str, contender: EvalContender) -> tuple[float, dict[str, Any], bytes]:
     """Wall seconds of one eval.py run, its scores and its hypotheses file (the eval/ folder is cleared first)."""
     tree, flags = contender
-    shutil.rmtree(os.path.join(workdir, "eval"), ignore_errors=True)
+    evaluations = layout.run_path(workdir, layout.EVAL)
+    shutil.rmtree(evaluations, ignore_errors=True)
     env = dict(os.environ, PYTHONPATH=tree, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
     command = [sys.executable, os.path.join(tree, "eval.py"), f"--workdir={workdir}", "--checkpoint=latest", *flags]
     seconds, _ = timed(lambda: subprocess.run(command, cwd=tree, env=env, check=True, capture_output=True))
-    [scores] = [f for f in os.listdir(os.path.join(workdir, "eval")) if f.endswith(".json")]
-    [hypotheses] = [f for f in os.listdir(os.path.join(workdir, "eval")) if f.endswith(".hyp")]
-    with open(os.path.join(workdir, "eval", scores)) as f, open(os.path.join(workdir, "eval", hypotheses), "rb") as h:
+    [scores] = [f for f in os.listdir(evaluations) if f.endswith(".json")]
+    [hypotheses] = [f for f in os.listdir(evaluations) if f.endswith(".hyp")]
+    with open(os.path.join(evaluations, scores)) as f, open(os.path.join(evaluations, hypotheses), "rb") as h:
         return seconds, json.load(f), h.read()
 
 
@@ -177,7 +179,7 @@ KEYS_AFTER_BASELINE = {"model": ("float32_dot_outputs",), "eval": ("batch_tokens
 
 def without_newer_keys(workdir: str) -> None:
     """Drop KEYS_AFTER_BASELINE from the run config in `workdir` (a copy for the baseline revision)."""
-    path = os.path.join(workdir, "config.json")
+    path = layout.run_path(workdir, layout.CONFIG)
     with open(path) as f:
         config = json.load(f)
     for section, keys in KEYS_AFTER_BASELINE.items():
@@ -205,12 +207,12 @@ def compare_cli(workdir: str, revision: str, rounds: int, batch_tokens: tuple[in
                                           "eval.py today, one CPU device": (repo, [cold, "--cpu_devices=1"])}
         runs.update({f"eval.py today, {t} tokens": (repo, [cold, f"--batch_tokens={t}"]) for t in batch_tokens})
         runs.update({f"eval.py today, {dtype}": (repo, [cold, f"--dtype={dtype}"]) for dtype in dtypes})
-        warm = (repo, [f"--compilation_cache={os.path.join(scratch, 'compilation_cache')}"])
+        warm = (repo, [f"--compilation_cache={os.path.join(scratch, layout.COMPILATION_CACHE)}"])
         runs["eval.py today, cache filled"] = warm
         copies = {}
         for name in runs:
             copies[name] = os.path.join(scratch, f"run{len(copies)}")
-            shutil.copytree(workdir, copies[name], ignore=shutil.ignore_patterns("eval", "run.lock"))
+            shutil.copytree(workdir, copies[name], ignore=shutil.ignore_patterns(layout.EVAL, layout.LOCK))
         without_newer_keys(copies[f"eval.py of {revision}"])
         run_eval(copies[list(runs)[-1]], warm)  # fills the cache
         results: dict[str, Any] = {}

@@ -21,9 +21,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from benchmarks.sections.aot import load_config  # noqa: E402
 from transformer_jax.aot import describe, mesh_for  # noqa: E402
-from transformer_jax.aot.compile import program_of  # noqa: E402
-from transformer_jax.data.shapes import PACKED_KEYS, BatchShapes  # noqa: E402
-from transformer_jax.training.programs import build_run  # noqa: E402
+from transformer_jax.aot import program_of  # noqa: E402
+from transformer_jax.data import PACKED_KEYS, BatchShapes  # noqa: E402
+from transformer_jax.run import build_run  # noqa: E402
 
 # Widths compared around each platform's tile, at about 25,000 token slots an update.
 WIDTHS = {"tpu": (96, 112, 120, 128, 256), "gpu": (48, 64, 96, 112, 128, 192, 256)}

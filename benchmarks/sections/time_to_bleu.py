@@ -40,6 +40,7 @@ import time
 from typing import Any
 
 from benchmarks.workers import REPO
+from transformer_jax.base import workdir as layout
 
 VOCAB, WARMUP, PEAK_LR, MAX_TOKENS = 8_000, 300, 1e-3, 4_096
 CHECKPOINT_EVERY = 50  # updates between checkpoints, both sides: BLEU is read at --bleu_at minutes from them
@@ -63,14 +64,14 @@ dataclasses.dataclass = _hashable_dataclass
 
 
 def splits(corpus: str | None) -> dict[str, list[tuple[str, str]]]:
-    from transformer_jax.data.sources import load_splits
+    from transformer_jax.data import load_splits
 
     return load_splits("text", path=corpus) if corpus else load_splits("builtin")
 
 
 def write_fairseq_data(pairs: dict[str, list[tuple[str, str]]], scratch: str, venv: str) -> tuple[str, Any]:
     """Our joint SentencePiece model on the training pairs, the splits as pieces, fairseq-preprocess'd."""
-    from transformer_jax.data.tokenizer import sample_sentences, train_tokenizer
+    from transformer_jax.data import sample_sentences, train_tokenizer
 
     # 8,000 pieces, or as many as the corpus supports (the built-in corpus: fewer)
     tokenizer = train_tokenizer(sample_sentences(pairs["train"], 1_000_000), os.path.join(scratch, "spm.model"), VOCAB)
@@ -172,7 +173,7 @@ def get_config():
 ''')
     workdir = os.path.join(scratch, "ours")
     os.makedirs(workdir)
-    os.link(tokenizer_model, os.path.join(workdir, "tokenizer.model"))  # the same SentencePiece model as fairseq's
+    os.link(tokenizer_model, layout.run_path(workdir, layout.TOKENIZER))  # the same SentencePiece model as fairseq's
     launched = time.time()
     # Its output goes to a file: a pipe nobody reads fills up (the progress bar) and stalls train.py.
     with open(os.path.join(scratch, "ours.log"), "w") as log:
@@ -184,12 +185,12 @@ def get_config():
             process.send_signal(signal.SIGTERM)
             process.wait()
     train_s = time.time() - launched
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    with open(layout.run_path(workdir, layout.METRICS)) as f:
         metrics = [json.loads(line) for line in f if '"train"' in line]
-    with open(os.path.join(workdir, "timing.jsonl")) as f:
+    with open(layout.run_path(workdir, layout.TIMING)) as f:
         # The log windows' records (the others are start-up, evaluation and checkpoint-stall records).
         timing = [record for record in map(json.loads, f) if "tokens_per_second" in record]
-    checkpoints = os.path.join(workdir, "checkpoints")
+    checkpoints = layout.run_path(workdir, layout.CHECKPOINTS)
     saved = sorted((os.path.getmtime(os.path.join(checkpoints, name)) - launched, int(name), name)
                    for name in os.listdir(checkpoints) if name.isdigit())
     return {"updates": metrics[-1]["step"] if metrics else 0, "train_s": train_s, "timing": timing,
@@ -200,7 +201,7 @@ def our_translate(workdir: str, step: int) -> list[str]:
     """eval.py's beam-4 test translations of checkpoint `step`."""
     subprocess.run([sys.executable, "eval.py", f"--workdir={workdir}", f"--checkpoint={step}", "--beam_size=4"],
                    cwd=REPO, capture_output=True, text=True, check=True)
-    with open(glob.glob(os.path.join(workdir, "eval", f"test.*{step}.hyp"))[0], encoding="utf-8") as f:
+    with open(glob.glob(layout.run_path(workdir, layout.EVAL, f"test.*{step}.hyp"))[0], encoding="utf-8") as f:
         return f.read().splitlines()
 
 

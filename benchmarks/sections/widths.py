@@ -24,6 +24,7 @@ from benchmarks.models import BASE, SHORT_SENTENCES, SMALL, on_gpu, one_device_r
 from transformer_jax import TransformerConfig
 from transformer_jax.base import global_batch
 from transformer_jax.data import BatchIterator, EncodedPairs, choose_packed_rows
+from transformer_jax.model import PAD_ID
 
 ROUNDS = 7
 MAX_LENGTH = 256
@@ -39,7 +40,7 @@ def attention_scores(batch: dict[str, np.ndarray]) -> tuple[int, int]:
     if "targets_segmentation" in batch:
         segments = {name: batch[f"{name}_segmentation"] for name in ("inputs", "targets")}
     else:
-        segments = {name: (batch[name] != 0).astype(np.int32) for name in ("inputs", "targets")}
+        segments = {name: (batch[name] != PAD_ID).astype(np.int32) for name in ("inputs", "targets")}
     count = max(int(segments["inputs"].max()), int(segments["targets"].max())) + 1
     for row in range(rows):
         s = np.bincount(segments["inputs"][row], minlength=count)[1:].astype(np.int64)

@@ -13,7 +13,7 @@ import pytest
 from runs import ROOT, tiny_run_config
 from transformer_jax.aot.compile import Program, collectives_in, compile_run, splash_calls_in
 from transformer_jax.aot.cycles import estimate_of
-from transformer_jax.aot.report import splash_flops, table, verdict
+from transformer_jax.aot.report import search_line, splash_flops, table, verdict
 from transformer_jax.aot.topology import CLOUD_TYPES, describe, mesh_for
 from transformer_jax.errors import ConfigError
 
@@ -138,11 +138,31 @@ def run_aot(tmp_path, *args):
 
 
 def test_the_command_prints_the_table_and_fits(tmp_path):
-    result = run_aot(tmp_path, "--topology=v5e-4", "--config.mesh.fsdp=2")
+    result = run_aot(tmp_path, "--topology=v5e-4", "--config.mesh.fsdp=2", "--search_width=16",
+                     "--config.eval.batch_tokens=512", "--config.data.eval_batch_size=64")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "mesh            data=2 x fsdp=2" in result.stdout and "all-gather" in result.stdout
     assert "host input      not measured: no corpus" in result.stdout
     assert result.stdout.rstrip().endswith("fits")
+    widest, bulk = [line for line in result.stdout.splitlines() if line.startswith("search ")]
+    for line in (widest, bulk):
+        assert "beam search (beam 2, alpha 0.6)" in line and "sentences/s" in line and "hours" in line, line
+    # 512 source tokens a batch at width 16: 32 rows (at most 64; a multiple of the 4 devices), outputs of 16 tokens
+    assert "alpha 0.6) 32x16:" in bulk and "outputs of 16 tokens" in bulk, bulk
+
+
+def test_the_search_line_is_one_decode_step_at_the_roofline_times_the_output_length():
+    topology = describe("v5e-8")
+    chip = topology.chip
+    compute_bound = Program("beam search (beam 4, alpha 0.6) 64x32", 0, 0, 0, 0, 0,
+                            flops=chip.peak_bf16_flops * 1e-3, bytes_accessed=chip.hbm_bytes_per_second * 5e-4,
+                            collectives={})
+    # 1 ms a step (compute; memory 0.5 ms), 32 steps for 64 sentences: 2,000 sentences/s, 100M in 13.9 hours
+    line = search_line(compute_bound, topology, rows=64, steps=32)
+    assert "1.00 ms a decode step" in line and " 2,000 sentences/s" in line and " 13.9 hours" in line
+    memory_bound = dataclasses.replace(compute_bound, bytes_accessed=chip.hbm_bytes_per_second * 2e-3)
+    line = search_line(memory_bound, topology, rows=64, steps=32)
+    assert "2.00 ms a decode step" in line and " 1,000 sentences/s" in line and " 27.8 hours" in line
 
 
 def test_on_a_prepared_corpus_the_preflight_compiles_its_widths_and_times_one_host_s_input(tmp_path):
@@ -177,6 +197,13 @@ def test_a_tiny_memory_does_not_fit_and_names_what_to_change(tmp_path):
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stdout.rstrip().splitlines()[-1]
     assert last.startswith("does not fit:") and "--config.mesh.fsdp=2" in last and "model.remat=full" in last
+
+
+def test_a_search_width_the_model_cannot_take_is_one_line(tmp_path):
+    result = run_aot(tmp_path, "--topology=v5e-4", "--search_width=4096")
+    assert result.returncode == 2, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert "--search_width=4096" in line and "max_len of 256" in line, line
 
 
 def test_an_unknown_topology_is_one_line(tmp_path):

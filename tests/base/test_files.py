@@ -6,7 +6,7 @@ import pytest
 
 from transformer_jax.base import files
 from transformer_jax.cli.commands import ensure_writable_workdir
-from transformer_jax.training.metrics_log import MetricsLog, read_metrics
+from transformer_jax.run.metrics_log import MetricsLog, read_metrics
 
 
 @pytest.fixture(params=["local", "gcs"])

@@ -11,8 +11,8 @@ from runs import flip_a_readable_bit, tiny_run_config
 
 from transformer_jax.errors import CheckpointError
 from transformer_jax.checkpoints.manager import Checkpointer
-from transformer_jax.training.loop import Trainer
-from transformer_jax.training.metrics_log import read_metrics
+from transformer_jax.run import Trainer, assemble_run
+from transformer_jax.run.metrics_log import read_metrics
 
 # When Orbax fails to read a damaged file it abandons the other reads of that restore; their
 # coroutines complain when collected ("Exception ignored in ... _read_array_index_and_device_put").
@@ -41,7 +41,7 @@ def finished(tmp_path_factory):
     """A finished 6-step tiny run: checkpoints at 4 and 6 (plus the best by dev loss)."""
 
     workdir = tmp_path_factory.mktemp("finished")
-    trainer = Trainer(tiny_run_config(), str(workdir))
+    trainer = Trainer(assemble_run(tiny_run_config(), str(workdir)))
     trainer.run()
     trainer.close()
     return workdir
@@ -57,7 +57,7 @@ def test_a_damaged_latest_checkpoint_is_reported_set_aside_and_the_run_redone_fr
                for p in (workdir / "checkpoints" / "6").rglob("*") if p.is_file()}
 
     with caplog.at_level(logging.WARNING):
-        trainer = Trainer(run_config, str(workdir))
+        trainer = Trainer(assemble_run(run_config, str(workdir)))
         trainer.run()
         trainer.close()
 
@@ -81,7 +81,7 @@ def test_when_no_checkpoint_restores_the_run_stops_and_moves_nothing(finished, t
     steps = Checkpointer(str(workdir / "checkpoints"), read_only=True).steps()
     for step in steps:
         garble_json(workdir / "checkpoints" / str(step))
-    trainer = Trainer(run_config, str(workdir))
+    trainer = Trainer(assemble_run(run_config, str(workdir)))
     with pytest.raises(CheckpointError, match="no checkpoint in .* can be restored"):
         trainer.restore_latest()
     trainer.close()

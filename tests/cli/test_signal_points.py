@@ -2,8 +2,8 @@
 restarts a run that did not finish), the lock released, nothing half written, and the same command then
 finishes the run.
 
-The loop's own handling (a checkpoint at a step boundary) is tested in tests/training/test_loop.py and,
-across processes, in tests/training/test_multiprocess.py.
+The loop's own handling (a checkpoint at a step boundary) is tested in tests/run/test_loop.py and,
+across processes, in tests/run/test_multiprocess.py.
 """
 
 import signal

@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent(
     from transformer_jax.decoding.options import DecodeOptions
     from transformer_jax.data.shapes import TranslationBatching
     from transformer_jax.decoding.translate import translate_batch, translate_rows
-    from transformer_jax.training.dev_loss import evaluate_loss, place_rows
+    from transformer_jax.run.dev_loss import evaluate_loss, place_rows
     from transformer_jax.evaluation.translate_split import replicate, translate_encoded
     from transformer_jax.base.sharding import batch_sharding, init_sharded, make_mesh
     from transformer_jax.training.state import create_train_state

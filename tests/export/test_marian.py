@@ -32,7 +32,7 @@ from transformer_jax.export.hf_directory import read_marian
 from transformer_jax.export.marian import export_rows, marian_to_ours, model_config_of
 from transformer_jax.model.special_tokens import EOS_ID
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.training.loop import Trainer
+from transformer_jax.run import Trainer, assemble_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXTRA = 20  # output tokens beyond the source length (the tiny models have 64 positions)
@@ -245,7 +245,7 @@ def test_fine_tuning_an_imported_model_then_resuming(opus, tmp_path):
     workdir = str(tmp_path / "tuned")
     config = adopt_initial_model(config, workdir)
     assert config.model.activation == "swish" and config.model.output_bias
-    trainer = Trainer(config, workdir)
+    trainer = Trainer(assemble_run(config, workdir))
     start = nn.meta.unbox(trainer.state.params)
     trainer.run()
     trainer.close()
@@ -256,7 +256,7 @@ def test_fine_tuning_an_imported_model_then_resuming(opus, tmp_path):
     assert 0 < min(moved) and max(moved) < 0.1  # every weight trained a little, from the imported ones
     assert any(float(np.abs(a - b).max()) > 0.1 for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(start)))
     config.training.num_train_steps = 5
-    resumed = Trainer(config, workdir)
+    resumed = Trainer(assemble_run(config, workdir))
     assert resumed.restore_latest()[0] == 3  # its own checkpoint, not the imported parameters
     resumed.run()
     resumed.close()

@@ -9,23 +9,26 @@ Command line: `python -m transformer_jax.aot --config=configs/wmt14_ende_base.py
 (or `--topology=h100-8`).
 """
 
-import importlib
-from typing import Any
-
 from transformer_jax.aot.chips import CHIPS, Chip
+from transformer_jax.aot.compile import HLO_DTYPE_BYTES, compile_run, program_of, run_programs
+from transformer_jax.aot.plan import plan_run
+from transformer_jax.aot.report import PAPER_TOKENS_PER_STEP, program_seconds, splash_flops, table, verdict
 from transformer_jax.aot.topology import Topology, describe, mesh_for
 
-# Loaded on first use: compiling a run loads the data pipeline and the training stack.
-_LATER = {"compile_run": "compile", "run_programs": "compile", "verdict": "report", "table": "report",
-          "PAPER_TOKENS_PER_STEP": "report", "plan_run": "plan"}
-
-
-def __getattr__(name: str) -> Any:
-    """The compile, report and plan functions, imported when first asked for."""
-    if name in _LATER:
-        return getattr(importlib.import_module(f"transformer_jax.aot.{_LATER[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["CHIPS", "PAPER_TOKENS_PER_STEP", "Chip", "Topology", "compile_run", "describe", "mesh_for", "plan_run",
-           "run_programs", "table", "verdict"]
+__all__ = [
+    "CHIPS",
+    "HLO_DTYPE_BYTES",
+    "PAPER_TOKENS_PER_STEP",
+    "Chip",
+    "Topology",
+    "compile_run",
+    "describe",
+    "mesh_for",
+    "plan_run",
+    "program_of",
+    "program_seconds",
+    "run_programs",
+    "splash_flops",
+    "table",
+    "verdict",
+]

@@ -1,6 +1,6 @@
 """Compile a run's programs for a topology from abstract shapes alone: no parameters, no devices.
 
-The programs are the ones `train.py` runs, built by the same run builder (`training/programs.py`) on
+The programs are the ones `train.py` runs, built by the same run builder (`run/programs.py`) on
 a mesh made by the same function (`base/sharding.make_mesh`): the train step for every training batch
 shape (or, with gradient accumulation, the micro-step and the update), the packed dev-loss step and
 the search, each lowered against ShapeDtypeStructs that carry their shardings and compiled by the
@@ -25,11 +25,11 @@ from transformer_jax.config.schema import decode_options, decoding_dtype
 from transformer_jax.data.pipeline import RunData, prepare_data
 from transformer_jax.data.shapes import BatchShapes
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.training.programs import RunPrograms, build_run_for
+from transformer_jax.run.programs import RunPrograms, build_run_for
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
-                "u32": 4, "f64": 8, "s64": 8, "u64": 8}
+HLO_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
+                   "u32": 4, "f64": 8, "s64": 8, "u64": 8}
 _SHAPE = re.compile(r"\b(pred|[suf]\d+|bf16)\[([\d,]*)\]")
 
 
@@ -69,7 +69,7 @@ def collectives_in(hlo_text: str) -> dict[str, tuple[int, int]]:
             # An async start's result is (operands..., outputs...): count the outputs. (all-reduce-start,
             # as XLA:GPU writes it, returns the outputs alone.)
             shapes = shapes[len(shapes) // 2:]
-        size = sum(_DTYPE_BYTES.get(dtype, 4) * _product(dims) for dtype, dims in shapes)
+        size = sum(HLO_DTYPE_BYTES.get(dtype, 4) * _product(dims) for dtype, dims in shapes)
         count_and_bytes = found.setdefault(match.group(2), [0, 0])
         count_and_bytes[0] += 1
         count_and_bytes[1] += size

@@ -4,26 +4,35 @@ from __future__ import annotations
 
 import ml_collections
 
-from transformer_jax.aot.compile import compile_run, run_data, run_shapes
+from transformer_jax.aot.compile import Program, compile_run, program_of, run_data, run_shapes
 from transformer_jax.aot.host_input import host_input
+from transformer_jax.aot.report import advice, search_line, table, verdict
+from transformer_jax.aot.topology import Topology, describe, mesh_for
+from transformer_jax.config.schema import check_run_config, decode_options, decoding_dtype, translation_batching
 from transformer_jax.data.batch_content import describe as describe_batches
-from transformer_jax.training.programs import build_run_for
-from transformer_jax.aot.report import advice, table, verdict
-from transformer_jax.aot.topology import describe, mesh_for
-from transformer_jax.config.schema import check_run_config
+from transformer_jax.data.shapes import translation_rows
+from transformer_jax.errors import ConfigError
+from transformer_jax.run.programs import RunPrograms, build_run_for
 
 
 def plan_run(config: ml_collections.ConfigDict, topology_name: str, num_slices: int = 1,
-             hbm_bytes: int | None = None, workdir: str | None = None) -> tuple[str, bool]:
+             hbm_bytes: int | None = None, workdir: str | None = None, search_width: int = 0) -> tuple[str, bool]:
     """Compile `config`'s programs for the topology (for the batch shapes of the run's corpus, data.prepared or
     `workdir`'s, when there is one, else rows of data.max_length); returns the report (with the host's input
-    time per update when there is a corpus, ending in a verdict line) and whether it fits."""
+    time per update when there is a corpus, ending in a verdict line) and whether it fits.
+
+    The search's speed line is for the widest translation batch, and with `search_width` also for sources padded
+    to that many tokens (a bulk job's typical batch: `translate-corpus` sorts sentences into widths), in the rows
+    the run's translation batching gives that width."""
     check_run_config(config)
     topology = describe(topology_name, num_slices)
     mesh = mesh_for(topology, config.mesh.data, config.mesh.fsdp)
     accumulation = config.training.accumulation_steps
     data = run_data(config, mesh, workdir)
     built = build_run_for(config, mesh, data)
+    if not 0 <= search_width <= built.model_config.max_len:
+        raise ConfigError(f"--search_width={search_width} must be 0 (the widest translation batch only) or a source "
+                          f"width the model takes, at most its max_len of {built.model_config.max_len} tokens")
     try:
         shapes, programs = compile_run(config, mesh, programs=built)
     except Exception as error:  # noqa: BLE001 - only the compiler's out-of-memory verdict is handled
@@ -35,6 +44,7 @@ def plan_run(config: ml_collections.ConfigDict, topology_name: str, num_slices: 
                 f"{advice(mesh, shapes, accumulation)}"), False
     result = verdict(shapes, programs, topology, accumulation, hbm_bytes)
     report = table(topology, mesh, shapes, programs, result, accumulation)
+    report += search_report(config, built, programs, topology, search_width)
     if data is None:
         report += ("\nhost input      not measured: no corpus (give --workdir, or --config.data.prepared=DIR from "
                    "python -m transformer_jax.cli.prepare)")
@@ -45,3 +55,18 @@ def plan_run(config: ml_collections.ConfigDict, topology_name: str, num_slices: 
         return report + "\nfits", True
     return (report + f"\ndoes not fit: {result.peak_bytes / 1e9:.2f} GB per device needed, "
             f"{result.hbm_bytes / 1e9:.2f} GB available; {advice(mesh, shapes, accumulation)}"), False
+
+
+def search_report(config: ml_collections.ConfigDict, built: RunPrograms, programs: list[Program], topology: Topology,
+                  search_width: int) -> str:
+    """The search's speed lines: the compiled widest batch's, and with `search_width` a batch of that width's
+    (compiled here); outputs as long as their sources (a sentence translates to about its own length)."""
+    options, batching = decode_options(config), translation_batching(config)
+    rows, width = built.shapes.translation
+    lines = [search_line(program, topology, rows, width) for program in programs
+             if program.name == f"{options.describe()} {rows}x{width}"]
+    if search_width:
+        rows = translation_rows(search_width, batching.batch_size, batching.batch_tokens, built.mesh.size)
+        name, lowered = built.lower_search(options, decoding_dtype(config), (rows, search_width))
+        lines.append(search_line(program_of(name, lowered.compile()), topology, rows, search_width))
+    return "".join("\n" + line for line in lines)

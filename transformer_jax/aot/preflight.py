@@ -1,8 +1,9 @@
 """transformer-jax preflight --config=CONFIG --topology=v5e:16x16 [--num_slices=N] [--config.KEY=VALUE ...]
 
-Compiles the run's train step, dev-loss step and beam search for the topology (libtpu: the `tpu`
+Compiles the run's train step, dev-loss step and search (beam search by default) for the topology (libtpu: the `tpu`
 extra; GPUs such as --topology=h100-8: JAX's CUDA plugin, `pip install "jax[cuda12]==<jax version>"`),
-prints per-device memory against the chip's HBM, FLOPs, collectives and a roofline speed,
+prints per-device memory against the chip's HBM, FLOPs, collectives and a roofline speed (of training, and of
+translating: sentences/s and the hours for 100M sentences; --search_width adds a bulk job's typical batch),
 and ends with "fits" (exit 0) or a "does not fit" line naming what to change (exit 1).
 """
 
@@ -26,6 +27,10 @@ _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Compile for the batch shapes this run directory's corpus gives, as train.py will (its "
     "corpus is prepared there, as train.py would, or reused; --config.data.prepared=DIR needs no workdir); "
     "without a corpus, rows of data.max_length.")
+_SEARCH_WIDTH = flags.DEFINE_integer(
+    "search_width", 0, "Also compile the search for sources padded to this many tokens (a bulk job's typical batch: "
+    "translate-corpus sorts sentences by length; e.g. 32), in the rows the config's translation batching gives, and "
+    "print its sentences/s and the hours for 100M sentences.")
 _HBM_GB = flags.DEFINE_float("hbm_gb", None, "Memory per device in GB instead of the chip's (e.g. to keep headroom).")
 flags.mark_flags_as_required(["config", "topology"])
 
@@ -39,7 +44,7 @@ def main(argv: list[str]) -> None:
         # set the platform before any backend starts, so an installed CUDA plugin is only compiled for.
         jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS") or "cpu")
         from transformer_jax.aot.plan import plan_run
-        from transformer_jax.base.files import exists
+        from transformer_jax.base import exists
         from transformer_jax.errors import ConfigError
 
         if not _TOPOLOGY.value.strip():
@@ -53,7 +58,8 @@ def main(argv: list[str]) -> None:
                               "(leave it out to use the chip's own memory)")
 
         report, fits = plan_run(_CONFIG.value, _TOPOLOGY.value, _SLICES.value,
-                                None if _HBM_GB.value is None else int(_HBM_GB.value * 1e9), _WORKDIR.value)
+                                None if _HBM_GB.value is None else int(_HBM_GB.value * 1e9), _WORKDIR.value,
+                                _SEARCH_WIDTH.value)
         print(report)
         if not fits:
             sys.exit(1)

@@ -189,6 +189,23 @@ def table(topology: Topology, mesh: Mesh, shapes: RunShapes, programs: list[Prog
     return "\n".join(lines)
 
 
+BULK_SENTENCES = 100_000_000  # a back-translation corpus (Edunov et al. 2018 translated 226M sentences)
+
+
+def search_line(program: Program, topology: Topology, rows: int, steps: int) -> str:
+    """The compiled search's roofline as a translation speed: sentences/s for batches of `rows` sentences whose
+    outputs are `steps` tokens long, and the hours `translate-corpus` needs for BULK_SENTENCES on this topology.
+
+    XLA's cost analysis counts the search's while loop body once, so the program's FLOPs and bytes are one decode
+    step (with the encoder, which runs once a batch: the estimate leans slow)."""
+    chip = topology.chip
+    step_seconds = max(program.flops / chip.peak_bf16_flops, program.bytes_accessed / chip.hbm_bytes_per_second)
+    sentences_per_second = rows / (step_seconds * steps)
+    return (f"search          {program.name}: {step_seconds * 1e3:.2f} ms a decode step (roofline), outputs of "
+            f"{steps} tokens: {sentences_per_second:,.0f} sentences/s; {BULK_SENTENCES / 1e6:.0f}M sentences "
+            f"(translate-corpus) in {BULK_SENTENCES / sentences_per_second / 3600:.1f} hours")
+
+
 def advice(mesh: Mesh, shapes: RunShapes, accumulation: int) -> str:
     """What to change when a run does not fit, naming the settings."""
     hints = []

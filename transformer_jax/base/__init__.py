@@ -9,6 +9,23 @@ compilation cache). Nothing here imports another folder of the package but `erro
 from transformer_jax.base import workdir
 from transformer_jax.base.compile_cache import default_cache_dir, use_compilation_cache
 from transformer_jax.base.console import quiet_console, say
+from transformer_jax.base.files import (
+    directory_written_whole,
+    exists,
+    is_dir,
+    is_file,
+    is_local,
+    list_names,
+    make_dirs,
+    read_text,
+    remove,
+    storage_errno,
+    storage_error,
+    storage_named,
+    storage_remedy,
+    unique_name,
+    write_atomically,
+)
 from transformer_jax.base.sharding import (
     BATCH_AXES,
     DATA_AXIS,
@@ -25,7 +42,36 @@ from transformer_jax.base.sharding import (
 )
 
 __all__ = [
-    "BATCH_AXES", "DATA_AXIS", "FSDP_AXIS", "abstract_with_shardings", "automatic_cpu_devices", "batch_sharding",
-    "default_cache_dir", "global_batch", "init_sharded", "make_mesh", "mesh_platform", "quiet_console", "say", "set_cpu_devices",
-    "state_shardings", "use_compilation_cache", "workdir",
+    "BATCH_AXES",
+    "DATA_AXIS",
+    "FSDP_AXIS",
+    "abstract_with_shardings",
+    "automatic_cpu_devices",
+    "batch_sharding",
+    "default_cache_dir",
+    "directory_written_whole",
+    "exists",
+    "global_batch",
+    "init_sharded",
+    "is_dir",
+    "is_file",
+    "is_local",
+    "list_names",
+    "make_dirs",
+    "make_mesh",
+    "mesh_platform",
+    "quiet_console",
+    "read_text",
+    "remove",
+    "say",
+    "set_cpu_devices",
+    "state_shardings",
+    "storage_errno",
+    "storage_error",
+    "storage_named",
+    "storage_remedy",
+    "unique_name",
+    "use_compilation_cache",
+    "workdir",
+    "write_atomically",
 ]

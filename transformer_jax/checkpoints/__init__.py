@@ -6,7 +6,17 @@
 parameters). This is the only folder that imports Orbax.
 """
 
+from transformer_jax.checkpoints.initial import adopt_initial_model
 from transformer_jax.checkpoints.manager import Checkpointer, best_metric_for
 from transformer_jax.checkpoints.selection import Run, checkpoint_params, open_run, select_steps, write_params
 
-__all__ = ["Checkpointer", "Run", "best_metric_for", "checkpoint_params", "open_run", "select_steps", "write_params"]
+__all__ = [
+    "Checkpointer",
+    "Run",
+    "adopt_initial_model",
+    "best_metric_for",
+    "checkpoint_params",
+    "open_run",
+    "select_steps",
+    "write_params",
+]

@@ -7,7 +7,7 @@ One module a command, each defining only its own flags: `train`, `prepare`, `imp
 `translate`, `translate_corpus`, `average`, `export`, `plot` (the preflight is aot/preflight.py).
 """
 
-from transformer_jax.base.files import storage_named  # a storage fault as one line (train.py, eval.py)
+from transformer_jax.base import storage_named  # a storage fault as one line (train.py, eval.py)
 from transformer_jax.cli.commands import (
     ClusterFlags,
     define_cluster_flags,
@@ -17,18 +17,11 @@ from transformer_jax.cli.commands import (
     training_workdir,
     user_errors,
 )
-from transformer_jax.cli.stops import interrupts_reported, run_command, signals_held
+from transformer_jax.cli.old_forms import eval_command
+from transformer_jax.cli.stops import early_signals, interrupts_reported, run_command, signals_held
 
 __all__ = [
-    "ClusterFlags",
-    "define_cluster_flags",
-    "initialize_distributed",
-    "interrupts_reported",
-    "parse_flags",
-    "run_command",
-    "signals_held",
-    "storage_named",
-    "training_kept",
-    "training_workdir",
-    "user_errors",
+    "ClusterFlags", "define_cluster_flags", "early_signals", "eval_command", "initialize_distributed",
+    "interrupts_reported", "parse_flags", "run_command", "signals_held", "storage_named", "training_kept",
+    "training_workdir", "user_errors",
 ]

@@ -8,7 +8,7 @@ transformer_jax.checkpoints.read_params.
 
 from absl import flags
 
-from transformer_jax.base.files import storage_named
+from transformer_jax.base import storage_named
 from transformer_jax.cli.commands import user_errors
 from transformer_jax.cli.run_flags import define_run_flags
 from transformer_jax.cli.stops import interrupts_reported
@@ -23,7 +23,7 @@ def main(argv: list[str]) -> None:
     del argv
     from transformer_jax.base import quiet_console
     from transformer_jax.checkpoints import write_params
-    from transformer_jax.evaluation.outputs import check_new_output
+    from transformer_jax.evaluation import check_new_output
 
     quiet_console()
     with user_errors(), interrupts_reported(lambda: f"nothing was written at {_OUTPUT.value}"):

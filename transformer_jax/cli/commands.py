@@ -17,21 +17,9 @@ from typing import Any, Iterator, TextIO
 from absl import flags
 
 from transformer_jax.base import workdir as layout
-from transformer_jax.base.compile_cache import default_cache_dir, use_compilation_cache
+from transformer_jax.base import default_cache_dir, use_compilation_cache
 from transformer_jax.errors import ConfigError, UserError
-from transformer_jax.base.files import (
-    exists,
-    is_dir,
-    is_local,
-    list_names,
-    make_dirs,
-    remove,
-    storage_errno,
-    storage_error,
-    storage_remedy,
-    unique_name,
-    write_atomically,
-)
+from transformer_jax.base import exists, is_dir, is_local, list_names, make_dirs, remove, storage_errno, storage_error, storage_remedy, unique_name, write_atomically
 from transformer_jax.cli.lock import owning
 
 # Exit status of a run stopped by a user error (bad flag, config value, data, checkpoint).
@@ -199,7 +187,7 @@ def parse_flags(argv: list[str], module: types.ModuleType | None = None) -> list
     from absl import flags
 
     if CONFIG_HELP in argv[1:]:
-        from transformer_jax.config.reference import plain_text
+        from transformer_jax.config import plain_text
 
         print(plain_text(), end="")
         sys.exit(0)
@@ -335,7 +323,7 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
     # JAX's preemption service would install a C++ SIGTERM handler here that replaces Python's for good:
     # a SIGTERM during start-up, compiling or the test translation would then be swallowed. Its sync point
     # is driven by SIGTERM alone (jaxlib's only notifier), which our own handler and the loop's per-step
-    # agreement (training/preemption.py) already hear, on every platform and at every point of the run.
+    # agreement (run/preemption.py) already hear, on every platform and at every point of the run.
     jax.config.update("jax_enable_preemption_service", False)
     if coordinator_address is not None and not coordinator_address.rpartition(":")[2].isdigit():
         raise ConfigError(f"--coordinator_address={coordinator_address} has no port; pass HOST:PORT of process 0 "
@@ -444,7 +432,7 @@ def saved_steps(workdir: str, names: list[str] | None = None) -> list[int]:
 def training_kept(workdir: str) -> str:
     """What a stop before the end of training leaves, read from the workdir: the newest checkpoint, a checkpoint cut
     short, or the logged steps that no checkpoint keeps."""
-    from transformer_jax.training.metrics_log import read_records
+    from transformer_jax.run import read_records
 
     directory = layout.run_path(workdir, layout.CHECKPOINTS)
     names = list_names(directory) if is_dir(directory) else []

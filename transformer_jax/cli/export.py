@@ -7,7 +7,7 @@ directory: the `hf` extra). OUT must be absent or empty.
 
 from absl import flags
 
-from transformer_jax.base.files import storage_named
+from transformer_jax.base import storage_named
 from transformer_jax.cli.commands import user_errors
 from transformer_jax.cli.run_flags import define_run_flags
 from transformer_jax.cli.stops import interrupts_reported
@@ -22,7 +22,7 @@ flags.mark_flags_as_required(["format", "output"])
 def main(argv: list[str]) -> None:
     del argv
     from transformer_jax.base import quiet_console
-    from transformer_jax.evaluation.outputs import check_outside_checkpoints
+    from transformer_jax.evaluation import check_outside_checkpoints
     from transformer_jax.export import export_run, export_target
 
     quiet_console()

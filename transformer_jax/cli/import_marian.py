@@ -25,16 +25,16 @@ from absl import flags
 
 from transformer_jax.base import quiet_console
 from transformer_jax.base import workdir as layout
-from transformer_jax.base.files import directory_written_whole, write_atomically
-from transformer_jax.checkpoints.manager import Checkpointer
+from transformer_jax.base import directory_written_whole, write_atomically
+from transformer_jax.checkpoints import Checkpointer
 from transformer_jax.cli.commands import user_errors
 from transformer_jax.cli.stops import run_command
-from transformer_jax.config.schema import check_run_config, default_config, write_run_config
-from transformer_jax.data.marian_vocabulary import MarianVocabulary
+from transformer_jax.config import check_run_config, default_config, write_run_config
+from transformer_jax.data import MarianVocabulary
 from transformer_jax.errors import ConfigError
-from transformer_jax.export.hf_directory import check_new_directory, read_marian
-from transformer_jax.export.marian import marian_to_ours, model_config_of
-from transformer_jax.model.config import TransformerConfig
+from transformer_jax.export import check_new_directory, read_marian
+from transformer_jax.export import marian_to_ours, model_config_of
+from transformer_jax.model import TransformerConfig
 
 
 @flax.struct.dataclass

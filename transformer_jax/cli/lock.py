@@ -46,16 +46,7 @@ import uuid
 from typing import Iterator
 
 from transformer_jax.errors import CheckpointError, UserError
-from transformer_jax.base.files import (
-    exists,
-    is_file,
-    is_local,
-    read_text,
-    remove,
-    storage_named,
-    unique_name,
-    write_atomically,
-)
+from transformer_jax.base import exists, is_file, is_local, read_text, remove, storage_named, unique_name, write_atomically
 from transformer_jax.base import workdir as layout
 
 HEARTBEAT_SECONDS = 30.0

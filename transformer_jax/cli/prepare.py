@@ -38,7 +38,7 @@ def main(argv: list[str]) -> None:
         jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS") or "cpu")
         from transformer_jax.config import check_run_config
         from transformer_jax.data import prepare_corpus
-        from transformer_jax.data.prepared import MANIFEST
+        from transformer_jax.data import MANIFEST
         from transformer_jax.errors import ConfigError
 
         config = _CONFIG.value

@@ -13,13 +13,13 @@ from ml_collections import config_flags
 
 from transformer_jax.base import quiet_console
 from transformer_jax.base import workdir as layout
-from transformer_jax.checkpoints.initial import adopt_initial_model
-from transformer_jax.base.files import storage_named
+from transformer_jax.checkpoints import adopt_initial_model
+from transformer_jax.base import storage_named
 from transformer_jax.cli.commands import define_cluster_flags, training_kept, training_workdir, user_errors
 from transformer_jax.cli.stops import interrupts_reported
 from transformer_jax.config import check_run_config, decode_options, decoding_dtype, translation_batching
 from transformer_jax.evaluation import evaluate_split, plot_learning_curves, write_results
-from transformer_jax.training import Trainer
+from transformer_jax.run import Trainer, assemble_run
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Run config file (see configs/); --config_help lists every key.", lock_config=True)
@@ -30,7 +30,7 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 def train(config, workdir: str, stage: list[str]) -> None:
     """Train (resuming), then translate and score the test split; `stage` says what is finished so far."""
-    trainer = Trainer(config, workdir)
+    trainer = Trainer(assemble_run(config, workdir))
     data, model_config = trainer.data, trainer.model_config
     translation = dict(batching=translation_batching(config), dtype=decoding_dtype(config),
                        target_lang=config.data.target_lang, mesh=trainer.mesh)

@@ -5,6 +5,8 @@ saved config.json) -> `reference` (docs/configuration.md's table, generated from
 (a run for your own text files, sized from the corpus).
 """
 
+from transformer_jax.config.parallel_text import parallel_text_config
+from transformer_jax.config.reference import plain_text
 from transformer_jax.config.schema import (
     check_run_config,
     decode_options,
@@ -15,7 +17,8 @@ from transformer_jax.config.schema import (
     translation_batching,
     write_run_config,
 )
-from transformer_jax.config.parallel_text import parallel_text_config
 
-__all__ = ["check_run_config", "decode_options", "decoding_dtype", "default_config", "model_config",
-           "parallel_text_config", "read_run_config", "translation_batching", "write_run_config"]
+__all__ = [
+    "check_run_config", "decode_options", "decoding_dtype", "default_config", "model_config", "parallel_text_config",
+    "plain_text", "read_run_config", "translation_batching", "write_run_config",
+]

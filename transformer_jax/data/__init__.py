@@ -11,16 +11,74 @@ the corpus) -> `translation_batches` (a split's sentences in batches by source l
 """
 
 from transformer_jax.data.batching import BatchIterator, eval_batches, restore_order
-from transformer_jax.data.encoded import EncodedPairs, Ragged, encode_pairs
+from transformer_jax.data.builtin import generate_pairs
+from transformer_jax.data.encoded import EncodedPairs, Ragged, encode_pairs, filter_by_length
+from transformer_jax.data.marian_vocabulary import MarianVocabulary
+from transformer_jax.data.pipeline import (
+    EvalSet,
+    RunData,
+    eval_set,
+    load_run_splits,
+    prepare_corpus,
+    prepare_data,
+    run_split,
+)
+from transformer_jax.data.prepared import (
+    MANIFEST,
+    SHARD_PAIRS,
+    PreparedCorpus,
+    finish_prepared,
+    shard_dtype,
+    shard_name,
+    write_prepared,
+    write_shard,
+)
 from transformer_jax.data.row_width import choose_packed_rows
-from transformer_jax.data.pipeline import EvalSet, RunData, eval_set, load_run_splits, prepare_corpus, prepare_data, run_split
-from transformer_jax.data.prepared import PreparedCorpus
-from transformer_jax.data.shapes import BatchShapes, TranslationBatching, nominal_batch_shapes
+from transformer_jax.data.shapes import (
+    PACKED_KEYS,
+    BatchShapes,
+    TranslationBatching,
+    nominal_batch_shapes,
+    width_multiple,
+)
 from transformer_jax.data.sources import Pair, load_splits, read_lines
-from transformer_jax.data.tokenizer import Tokenizer, train_tokenizer
+from transformer_jax.data.tokenizer import Tokenizer, sample_sentences, train_tokenizer
 
 __all__ = [
-    "BatchIterator", "BatchShapes", "EncodedPairs", "EvalSet", "Pair", "PreparedCorpus", "Ragged", "RunData", "Tokenizer",
-    "TranslationBatching", "choose_packed_rows", "encode_pairs", "eval_batches", "eval_set", "load_run_splits", "load_splits",
-    "nominal_batch_shapes", "prepare_corpus", "prepare_data", "run_split", "read_lines", "restore_order", "train_tokenizer",
+    "MANIFEST",
+    "PACKED_KEYS",
+    "SHARD_PAIRS",
+    "BatchIterator",
+    "BatchShapes",
+    "EncodedPairs",
+    "EvalSet",
+    "MarianVocabulary",
+    "Pair",
+    "PreparedCorpus",
+    "Ragged",
+    "RunData",
+    "Tokenizer",
+    "TranslationBatching",
+    "choose_packed_rows",
+    "encode_pairs",
+    "eval_batches",
+    "eval_set",
+    "filter_by_length",
+    "finish_prepared",
+    "generate_pairs",
+    "load_run_splits",
+    "load_splits",
+    "nominal_batch_shapes",
+    "prepare_corpus",
+    "prepare_data",
+    "read_lines",
+    "restore_order",
+    "run_split",
+    "sample_sentences",
+    "shard_dtype",
+    "shard_name",
+    "train_tokenizer",
+    "width_multiple",
+    "write_prepared",
+    "write_shard",
 ]

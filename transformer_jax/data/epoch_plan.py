@@ -16,8 +16,7 @@ import numpy as np
 from transformer_jax.data.encoded import EncodedPairs, Ragged
 from transformer_jax.data.shapes import rows_per_batch
 from transformer_jax.errors import DataError
-from transformer_jax.model.masks import PAD_ID
-from transformer_jax.model.special_tokens import BOS_ID
+from transformer_jax.model.special_tokens import BOS_ID, PAD_ID
 
 Batch = dict[str, np.ndarray]
 

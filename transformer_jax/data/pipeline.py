@@ -13,7 +13,7 @@ import numpy as np
 
 from transformer_jax.data.batching import BatchIterator
 from transformer_jax.data.encoded import EncodedPairs, encode_pairs, filter_by_length
-from transformer_jax.data.prepared import MANIFEST, TOKENIZER, PreparedCorpus, check_can_write, read_split, write_prepared
+from transformer_jax.data.prepared import MANIFEST, PreparedCorpus, check_can_write, read_split, write_prepared
 from transformer_jax.data.row_width import choose_packed_rows
 from transformer_jax.data.shapes import (
     WIDTH_MULTIPLE,
@@ -202,7 +202,7 @@ def prepare_corpus(config: ml_collections.ConfigDict, directory: str, workers: i
         load_or_train_tokenizer(directory, train_pairs, vocab_size=data.vocab_size, model_type=data.tokenizer_type,
                                 byte_fallback=data.byte_fallback, sample_size=data.tokenizer_sample_size,
                                 seed=config.training.seed)
-        tokenizer_model = os.path.join(directory, TOKENIZER)
+        tokenizer_model = os.path.join(directory, layout.TOKENIZER)
     elif (pieces := Tokenizer.load(tokenizer_model).vocab_size) != data.vocab_size:
         raise DataError(f"data.vocab_size={data.vocab_size} differs from the {pieces} "
                         f"pieces of {tokenizer_model}; set --config.data.vocab_size to that, or use a new workdir")
@@ -235,6 +235,7 @@ def run_corpus(config: ml_collections.ConfigDict, workdir: str | None, process_i
     """
     directory, own = corpus_directory(config, workdir), not config.data.prepared
     workdir_tokenizer = layout.run_path(workdir, layout.TOKENIZER) if workdir else None
+    corpus_tokenizer = os.path.join(directory, layout.TOKENIZER)  # the copy the corpus keeps
     if own and process_index == 0:
         prepare_corpus(config, directory, config.data.prepare_workers,
                        tokenizer_model=workdir_tokenizer if exists(workdir_tokenizer) else _initial_tokenizer(config))
@@ -244,16 +245,16 @@ def run_corpus(config: ml_collections.ConfigDict, workdir: str | None, process_i
         multihost_utils.sync_global_devices("corpus prepared")
     corpus = PreparedCorpus.open(directory)
     check_corpus_key(corpus, corpus_key(config.data, config.training.seed), own)
-    tokenizer = Tokenizer.load(os.path.join(directory, TOKENIZER), copies=[workdir_tokenizer] if workdir_tokenizer else [])
+    tokenizer = Tokenizer.load(corpus_tokenizer, copies=[workdir_tokenizer] if workdir_tokenizer else [])
     if tokenizer.fingerprint != corpus.manifest["tokenizer"]:
-        raise DataError(f"{directory}/{TOKENIZER} is not the tokenizer its corpus was prepared with; "
+        raise DataError(f"{corpus_tokenizer} is not the tokenizer its corpus was prepared with; "
                         f"prepare the corpus again into a new directory")
     if workdir_tokenizer and exists(workdir_tokenizer):
-        if Tokenizer.load(workdir_tokenizer, copies=[os.path.join(directory, TOKENIZER)]).fingerprint != tokenizer.fingerprint:
+        if Tokenizer.load(workdir_tokenizer, copies=[corpus_tokenizer]).fingerprint != tokenizer.fingerprint:
             raise DataError(f"{directory} was prepared with another tokenizer than {workdir_tokenizer} (this run's); "
                             f"point data.prepared at the corpus this run started with, or use a new workdir")
     elif workdir_tokenizer and process_index == 0:
-        write_atomically(workdir_tokenizer, read_bytes(os.path.join(directory, TOKENIZER)))
+        write_atomically(workdir_tokenizer, read_bytes(corpus_tokenizer))
     return corpus, tokenizer
 
 

@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from transformer_jax.base import workdir as layout
 from transformer_jax.base.files import (
     exists,
     is_dir,
@@ -65,7 +66,6 @@ from transformer_jax.model.special_tokens import EOS_ID
 FORMAT = "transformer_jax prepared corpus 1"
 MANIFEST = "manifest.json"
 INDEX = "lengths.npz"
-TOKENIZER = "tokenizer.model"
 EVAL_SPLITS = ("dev", "test")
 SHARD_PAIRS = 1_000_000  # pairs per shard: the unit one preparing worker encodes and writes
 
@@ -77,7 +77,7 @@ def shard_name(index: int, count: int) -> str:
 
 def owned_name(name: str) -> bool:
     """Whether `name` is a file a prepared corpus consists of (the only names preparing may overwrite)."""
-    return (name in (MANIFEST, INDEX, TOKENIZER) or name in (f"{split}.json" for split in EVAL_SPLITS)
+    return (name in (MANIFEST, INDEX, layout.TOKENIZER) or name in (f"{split}.json" for split in EVAL_SPLITS)
             or (name.startswith("train-") and name.endswith(".tokens")))
 
 
@@ -357,7 +357,7 @@ def _write_prepared(directory: str, key: dict[str, Any], tokenizer_path: str, tr
     make_dirs(directory)
     tokenizer = Tokenizer.load(tokenizer_path)
     dtype = shard_dtype(tokenizer.vocab_size)
-    own_tokenizer = os.path.join(directory, TOKENIZER)
+    own_tokenizer = os.path.join(directory, layout.TOKENIZER)
     if os.path.normpath(tokenizer_path) != os.path.normpath(own_tokenizer):
         write_atomically(own_tokenizer, read_bytes(tokenizer_path))
     count = max(1, math.ceil(len(train) / shard_pairs))

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.model.masks import PAD_ID
+from transformer_jax.model.special_tokens import PAD_ID
 
 
 def length_penalty(length: jax.Array, alpha: float | jax.Array) -> jax.Array:

@@ -8,6 +8,7 @@ encodings), `plots` and `attention_plots` (figures).
 
 from transformer_jax.evaluation import corpus_translation
 from transformer_jax.evaluation.attention_plots import write_figures
+from transformer_jax.evaluation.outputs import check_new_output, check_outside_checkpoints
 from transformer_jax.evaluation.plots import plot_learning_curves
 from transformer_jax.evaluation.scores import sacrebleu_scores, tokenized_compound_split_bleu, translation_scores
 from transformer_jax.evaluation.translate_split import (
@@ -22,9 +23,22 @@ from transformer_jax.evaluation.translate_split import (
 )
 from transformer_jax.evaluation.translator import Translator
 
-
 __all__ = [
-    "Translator", "corpus_translation", "evaluate_checkpoint", "evaluate_split", "format_results", "plot_learning_curves", "sacrebleu_scores",
-    "tokenized_compound_split_bleu", "translate_encoded", "translate_file", "translate_lines", "translation_scores",
-    "write_evaluation", "write_figures", "write_results",
+    "Translator",
+    "check_new_output",
+    "check_outside_checkpoints",
+    "corpus_translation",
+    "evaluate_checkpoint",
+    "evaluate_split",
+    "format_results",
+    "plot_learning_curves",
+    "sacrebleu_scores",
+    "tokenized_compound_split_bleu",
+    "translate_encoded",
+    "translate_file",
+    "translate_lines",
+    "translation_scores",
+    "write_evaluation",
+    "write_figures",
+    "write_results",
 ]

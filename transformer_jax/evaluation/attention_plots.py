@@ -9,7 +9,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from transformer_jax.model.special_tokens import BOS_ID, EOS_ID
+from transformer_jax.model.special_tokens import BOS_ID, EOS_ID, PAD_ID
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.config.schema import decoding_dtype
 from transformer_jax.decoding.translate import decoding_precision, translate_batch
@@ -29,7 +29,6 @@ from transformer_jax.evaluation.plots import (
     save_png,
 )
 from transformer_jax.evaluation.translate_split import checkpoint_tag, fit_to_model
-from transformer_jax.model.masks import PAD_ID
 from transformer_jax.base import workdir as layout
 
 

@@ -51,9 +51,9 @@ from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.evaluation.outputs import write_together
 from transformer_jax.evaluation.scores import translation_scores
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.model.special_tokens import EOS_ID
-from transformer_jax.training.dev_loss import evaluate_loss, place_rows
-from transformer_jax.training.programs import dev_loss_step
+from transformer_jax.model.special_tokens import EOS_ID, PAD_ID
+from transformer_jax.run.dev_loss import evaluate_loss, place_rows
+from transformer_jax.run.programs import dev_loss_step
 
 
 # How long a block of standard input waits for more lines after its first (`standard_input_blocks`).
@@ -98,7 +98,7 @@ def fit_to_model(src_BxS: np.ndarray, max_len: int, real_B: np.ndarray | None = 
     rows (`real_B`: which rows are sentences, not a batch's padding rows)."""
     if src_BxS.shape[1] <= max_len:
         return src_BxS
-    lengths = (src_BxS != 0).sum(1)
+    lengths = (src_BxS != PAD_ID).sum(1)
     long_B = (lengths > max_len) & (True if real_B is None else real_B)
     if long_B.any():
         logging.warning(
@@ -146,7 +146,7 @@ def translate_encoded(
     indices: list[int] = []
     pending: tuple[jax.Array, np.ndarray] | None = None
     shown = show_progress and jax.process_index() == 0  # one bar for a multi-process run, not one per host
-    # No carriage-return bar into a log file (see training/progress.py's plain lines).
+    # No carriage-return bar into a log file (see run/progress.py's plain lines).
     with tqdm(total=len(encoded), unit="sent", desc="translate", disable=not shown or plain_lines()) as progress:
         progress.update(int(empty.sum()))
         # One batch in flight: the next is dispatched before the last one's ids are fetched and detokenized.

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from transformer_jax.errors import ConfigError
 from transformer_jax.export.ctranslate2 import check_output_directory, export_ctranslate2, import_ctranslate2
+from transformer_jax.export.hf_directory import check_new_directory, read_marian
+from transformer_jax.export.marian import marian_to_ours, model_config_of
 
 if TYPE_CHECKING:
     from transformer_jax.checkpoints.selection import Run
@@ -66,4 +68,14 @@ def export_run(run: Run, params: Any, target: ExportTarget) -> str:
                               extra_files={layout.TOKENIZER: tokenizer_model})
 
 
-__all__ = ["FORMATS", "ExportTarget", "export_ctranslate2", "export_run", "export_target"]
+__all__ = [
+    "FORMATS",
+    "ExportTarget",
+    "check_new_directory",
+    "export_ctranslate2",
+    "export_run",
+    "export_target",
+    "marian_to_ours",
+    "model_config_of",
+    "read_marian",
+]

@@ -26,10 +26,9 @@ from typing import Any
 import flax.linen as nn
 import numpy as np
 
-from transformer_jax.model.special_tokens import BOS_ID, EOS_ID, UNK_ID
+from transformer_jax.model.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.errors import ConfigError
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.model.masks import PAD_ID
 from transformer_jax.model.positional_encoding import sinusoidal_encoding
 from transformer_jax.model.stacks import unscanned_layout
 from transformer_jax.base.files import directory_written_whole, is_local

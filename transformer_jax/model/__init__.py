@@ -16,10 +16,9 @@ from transformer_jax.model.attention import (
 from transformer_jax.model.config import PRESETS, TransformerConfig
 from transformer_jax.model.embeddings import OutputProjection, TokenEmbedding
 from transformer_jax.model.feed_forward import FeedForward
-from transformer_jax.model.flops import model_flops_utilization, train_step_flops
+from transformer_jax.model.flops import attention_score_flops, model_flops_utilization, train_step_flops
 from transformer_jax.model.layers import DecoderLayer, EncoderLayer
 from transformer_jax.model.masks import (
-    PAD_ID,
     causal_mask,
     combine_masks,
     padding_mask,
@@ -29,7 +28,7 @@ from transformer_jax.model.positional_encoding import (
     PositionalEncoding,
     sinusoidal_encoding,
 )
-from transformer_jax.model.special_tokens import BOS_ID, EOS_ID, UNK_ID
+from transformer_jax.model.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.model.stacks import (
     Decoder,
     Encoder,
@@ -39,9 +38,34 @@ from transformer_jax.model.stacks import (
 from transformer_jax.model.transformer import Transformer, output_weights
 
 __all__ = [
-    "BOS_ID", "DECODING_COLLECTIONS", "EOS_ID", "PAD_ID", "UNK_ID", "PRESETS", "Decoder", "DecoderLayer", "Encoder", "EncoderLayer",
-    "FeedForward", "MultiHeadAttention", "OutputProjection", "PositionalEncoding", "TokenEmbedding",
-    "Transformer", "TransformerConfig", "attention_weights", "causal_mask", "combine_masks", "padding_mask",
-    "model_flops_utilization", "output_weights", "scaled_dot_product_attention", "scanned_layout", "segment_mask", "sinusoidal_encoding",
-    "train_step_flops", "unscanned_layout",
+    "BOS_ID",
+    "DECODING_COLLECTIONS",
+    "EOS_ID",
+    "PAD_ID",
+    "PRESETS",
+    "UNK_ID",
+    "Decoder",
+    "DecoderLayer",
+    "Encoder",
+    "EncoderLayer",
+    "FeedForward",
+    "MultiHeadAttention",
+    "OutputProjection",
+    "PositionalEncoding",
+    "TokenEmbedding",
+    "Transformer",
+    "TransformerConfig",
+    "attention_score_flops",
+    "attention_weights",
+    "causal_mask",
+    "combine_masks",
+    "model_flops_utilization",
+    "output_weights",
+    "padding_mask",
+    "scaled_dot_product_attention",
+    "scanned_layout",
+    "segment_mask",
+    "sinusoidal_encoding",
+    "train_step_flops",
+    "unscanned_layout",
 ]

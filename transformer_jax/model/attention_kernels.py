@@ -5,7 +5,7 @@ softmax(QK^T / sqrt(d_k))V a block of queries and keys at a time in the core's v
 masks given by segment ids (packed rows and padding) and a causal flag, forward and backward. On NVIDIA GPUs
 the same role is played by cuDNN's flash attention (`jax.nn.dot_product_attention(implementation="cudnn")`,
 model/attention.py). `attention_backend="auto"` picks by the platform the program is compiled for: the mesh
-set with `jax.set_mesh` while tracing (the run builder sets the run's mesh: training/programs.py), else JAX's
+set with `jax.set_mesh` while tracing (the run builder sets the run's mesh: run/programs.py), else JAX's
 default backend.
 
 Splash attention is a custom kernel XLA cannot split over devices, so on a mesh it runs under `shard_map`,

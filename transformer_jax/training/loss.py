@@ -16,7 +16,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from transformer_jax.base.sharding import BATCH_AXES, mesh_platform
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.model.masks import PAD_ID
+from transformer_jax.model.special_tokens import PAD_ID
 from transformer_jax.model.transformer import output_weights
 
 

@@ -25,7 +25,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from transformer_jax.model.attention_kernels import kernel_device_kind
-from transformer_jax.model.masks import PAD_ID
+from transformer_jax.model.special_tokens import PAD_ID
 
 TOKEN_BLOCK = 512  # tokens per block (sublanes): the statistics kernel reads the table once per block
 VOCAB_BLOCK = 1024  # vocabulary entries per block (when none of VOCAB_BLOCKS divides the vocabulary: padded to it)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from transformer_jax.model.masks import PAD_ID
+from transformer_jax.model.special_tokens import PAD_ID
 from transformer_jax.training.loss import ProjectedLoss, label_smoothed_cross_entropy
 from transformer_jax.training.state import TrainState
 

@@ -1,6 +1,6 @@
 """Run train.py unchanged, appending this process's update count to a file after every update.
 
-    STEPS_TO=DIR python tests/training/train_counting_steps.py [train.py flags]
+    STEPS_TO=DIR python tests/run/train_counting_steps.py [train.py flags]
 
 Writes one line per update to DIR/process_<index>.txt (the number of updates this process has made
 since it started, counted from the step it resumed at), so a test can see how far each process of a
@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT))  # this checkout's package, as train.py itself get
 
 import jax  # noqa: E402
 
-from transformer_jax.training.loop import Trainer  # noqa: E402
+from transformer_jax.run import Trainer  # noqa: E402
 
 OUTPUT = pathlib.Path(os.environ["STEPS_TO"])
 TRAIN_PY = ROOT / "train.py"

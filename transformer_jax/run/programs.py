@@ -28,7 +28,7 @@ from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.flops import parameter_count
 from transformer_jax.model.transformer import Transformer
 from transformer_jax.training.loss import projected_loss_for
-from transformer_jax.training.memory import check_fits, compiled_bytes_per_device, state_bytes_per_device
+from transformer_jax.run.memory import check_fits, compiled_bytes_per_device, state_bytes_per_device
 from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer, peak_scale
 from transformer_jax.training.state import TrainState, create_train_state
 from transformer_jax.training.step import (
@@ -168,16 +168,18 @@ class RunPrograms:
         _, config = decoding_precision({}, self.model_config, dtype, mesh_platform(self.mesh))
         return functools.partial(translate_rows, config=config, options=options, mesh=self.mesh), config
 
-    def lower_search(self, options: DecodeOptions, dtype: str = "") -> tuple[str, jax.stages.Lowered]:
-        """The search lowered for the widest translation batch."""
-        self._require_shapes()
+    def lower_search(self, options: DecodeOptions, dtype: str = "",
+                     shape: tuple[int, int] | None = None) -> tuple[str, jax.stages.Lowered]:
+        """The search lowered for `shape` (rows, source width), by default the widest translation batch."""
+        if shape is None:
+            self._require_shapes()
         search, _ = self.search(options, dtype)
         platform = mesh_platform(self.mesh)
         replicated = NamedSharding(self.mesh, PartitionSpec())
         params = jax.eval_shape(lambda p: decoding_precision(p, self.model_config, dtype, platform)[0],
                                 nn.meta.unbox(self.abstract_state.params))
         params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), params)
-        rows, width = self.shapes.translation
+        rows, width = shape or self.shapes.translation
         src = jax.ShapeDtypeStruct((rows, width), np.int32, sharding=batch_sharding(self.mesh))
         key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
         return f"{options.describe()} {rows}x{width}", search.func.lower(params, src, key, **search.keywords)

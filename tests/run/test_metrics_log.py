@@ -1,4 +1,4 @@
-"""training/metrics_log.py's Weights & Biases run (training.wandb_project), in W&B's offline mode: nothing leaves
+"""run/metrics_log.py's Weights & Biases run (training.wandb_project), in W&B's offline mode: nothing leaves
 this machine; the run's records are read back from the file W&B writes."""
 
 import glob
@@ -9,7 +9,7 @@ import pytest
 from transformer_jax.base import workdir as layout
 from transformer_jax.config import check_run_config, default_config
 from transformer_jax.errors import ConfigError
-from transformer_jax.training.metrics_log import MetricsLog
+from transformer_jax.run.metrics_log import MetricsLog
 
 
 @pytest.fixture()

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from transformer_jax.training.prefetch import Prefetcher
+from transformer_jax.run.prefetch import Prefetcher
 
 
 class Counter:
@@ -50,10 +50,10 @@ def test_an_error_of_the_iterator_is_raised_after_the_batches_before_it():
 
 
 def test_the_trainer_records_the_consumed_position_with_prefetching(run_config, tmp_path):
-    from transformer_jax.training.loop import Trainer
+    from transformer_jax.run import Trainer, assemble_run
 
     run_config.data.prefetch_batches = 2
-    trainer = Trainer(run_config, str(tmp_path))
+    trainer = Trainer(assemble_run(run_config, str(tmp_path)))
     reference = trainer.data.train.get_state()
     for _ in range(3):
         trainer.update()

@@ -1,8 +1,8 @@
-"""The training loop: builds a run (mesh, data, the run builder's programs) and trains it, resuming.
+"""The training loop: `Trainer` trains a run that `assemble_run` (assembly.py) built, resuming.
 
-The loop's helpers live beside it: `programs` (the run builder: state layout and jitted steps),
-`log_window` (train metrics and progress), `periodic_eval` (dev loss and BLEU), `dev_loss`, and the
-checkpoints of `transformer_jax.checkpoints` (save and resume).
+The loop's helpers live beside it: `log_window` (train metrics and progress), `periodic_eval` (dev loss and
+BLEU), `dev_loss`, `prefetch`, `preemption`, and the checkpoints of `transformer_jax.checkpoints` (save and
+resume).
 
 A run refuses a damaged workdir before writing anything (a file where a folder belongs, a damaged
 log). A write the storage refuses (a full disk, a quota, a read-only file system) or a workdir removed
@@ -27,19 +27,16 @@ import numpy as np
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.console import say
 from transformer_jax.base.files import storage_errno, storage_error, storage_remedy
-from transformer_jax.base.sharding import global_batch, make_mesh, mesh_platform
+from transformer_jax.base.sharding import global_batch
 from transformer_jax.checkpoints.initial import initial_params
-from transformer_jax.checkpoints.manager import Checkpointer, best_metric_for
-from transformer_jax.config.schema import check_run_config, write_run_config
-from transformer_jax.data.pipeline import RunData, prepare_data
+from transformer_jax.config.schema import write_run_config
 from transformer_jax.errors import ConfigError, StorageError, TrainingError
-from transformer_jax.training.dev_loss import evaluate_loss
-from transformer_jax.training.log_window import LogWindow, open_window_problem
-from transformer_jax.training.metrics_log import check_logs
-from transformer_jax.training.periodic_eval import PeriodicEval
-from transformer_jax.training.prefetch import Prefetcher
-from transformer_jax.training.preemption import StopAgreement, StopFlag
-from transformer_jax.training.programs import build_run_for
+from transformer_jax.run.assembly import TrainingRun
+from transformer_jax.run.dev_loss import evaluate_loss
+from transformer_jax.run.log_window import LogWindow, open_window_problem
+from transformer_jax.run.periodic_eval import PeriodicEval
+from transformer_jax.run.prefetch import Prefetcher
+from transformer_jax.run.preemption import StopAgreement, StopFlag
 from transformer_jax.training.state import TrainState
 
 
@@ -112,29 +109,21 @@ def _local(value: Any) -> Any:
 
 
 class Trainer:
-    """Holds what one run needs; `run()` trains to `num_train_steps` (resuming if checkpoints exist)."""
+    """Trains an assembled run (`assemble_run`): `run()` trains to `num_train_steps`, resuming if checkpoints exist."""
 
-    def __init__(self, config: ml_collections.ConfigDict, workdir: str, data: RunData | None = None) -> None:
-        self.created = time.perf_counter()  # the start-up's clock (timing.jsonl's startup_seconds)
-        check_run_config(config)
-        layout.check_layout(workdir)  # before anything is written: a refused start leaves the workdir as it was
-        check_logs(workdir)
-        self.config, self.workdir = config, workdir
-        self.mesh = make_mesh(config.mesh.data, config.mesh.fsdp)
-        self.data = data or prepare_data(
-            config, workdir, row_multiple=self.mesh.size,
-            process_index=jax.process_index(), process_count=jax.process_count(), platform=mesh_platform(self.mesh),
-        )
-        self.programs = build_run_for(config, self.mesh, self.data)
+    def __init__(self, run: TrainingRun) -> None:
+        self.created = run.started  # the start-up's clock (timing.jsonl's startup_seconds)
+        self.config, self.workdir, self.mesh, self.data = run.config, run.workdir, run.mesh, run.data
+        self.programs, self.checkpointer = run.programs, run.checkpointer
         self.model_config, self.schedule = self.programs.model_config, self.programs.schedule
-        self.state, self.shardings = self.programs.init_state(), self.programs.shardings
-        self.micro_steps = self.programs.micro_steps()
+        try:
+            self.state, self.shardings = self.programs.init_state(), self.programs.shardings
+            self.micro_steps = self.programs.micro_steps()
+        except BaseException:  # e.g. a state too large for the devices: the checkpointer is released
+            self.checkpointer.close()
+            raise
         self.input: Prefetcher | None = None  # started by the first update (after a resume sets the position)
-        self.checkpointer = Checkpointer(
-            layout.run_path(workdir, layout.CHECKPOINTS), config.training.keep_checkpoints,
-            *best_metric_for(config.training.bleu_every),
-        )
-        self.workdir_watch = layout.RunWatch(workdir)  # to tell when it vanishes under the run
+        self.workdir_watch = layout.RunWatch(run.workdir)  # to tell when it vanishes under the run
         self.failed = False  # whether `run` raised
         self.step_host = (0.0, 0.0)  # the last update's host seconds: (getting its batches, dispatching it)
         self.stopped_by = ""  # what stopped training before its last step (a signal), once it has

@@ -18,8 +18,8 @@ import jax
 from runs import finish_all, free_port, script_env, start_script, write_config
 from transformer_jax.base.sharding import make_mesh
 from transformer_jax.checkpoints.manager import Checkpointer
-from transformer_jax.training.metrics_log import read_metrics
-from transformer_jax.training.preemption import StopAgreement, StopFlag
+from transformer_jax.run.metrics_log import read_metrics
+from transformer_jax.run.preemption import StopAgreement, StopFlag
 
 STEPS = 300  # also training.log_every: no log step (where flags were once compared) near the signal
 SIGNAL_AFTER = 5  # updates made by process 1 before it is sent SIGTERM
@@ -65,7 +65,7 @@ def launch(config: str, workdir: pathlib.Path, counts: pathlib.Path, *extra: str
     """train.py as 2 processes of 1 CPU device each, reporting their update counts under `counts`."""
     env = script_env(1, STEPS_TO=str(counts))
     port = free_port()
-    return [start_script("tests/training/train_counting_steps.py", f"--config={config}", f"--workdir={workdir}",
+    return [start_script("tests/run/train_counting_steps.py", f"--config={config}", f"--workdir={workdir}",
                          f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={index}",
                          "--multihost", *SETTINGS, *extra, env=env)
             for index in range(2)]

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from transformer_jax.training.log_window import (
+from transformer_jax.run.log_window import (
     LogWindow,
     summarize_window,
     window_timing,

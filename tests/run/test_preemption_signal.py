@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import pytest
 
 from transformer_jax.base import make_mesh
-from transformer_jax.training.preemption import StopAgreement, StopFlag
+from transformer_jax.run.preemption import StopAgreement, StopFlag
 
 
 @jax.jit

@@ -8,8 +8,8 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from transformer_jax.training.metrics_log import MetricsLog
-from transformer_jax.training.progress import StepProgress
+from transformer_jax.run.metrics_log import MetricsLog
+from transformer_jax.run.progress import StepProgress
 
 
 def summarize_window(fetched: list[dict[str, Any]]) -> dict[str, float]:

@@ -6,8 +6,8 @@ import numpy as np
 from transformer_jax.aot.compile import compile_run, run_programs
 from transformer_jax.base import make_mesh
 from transformer_jax.data.shapes import PACKED_KEYS, nominal_batch_shapes
-from transformer_jax.training.dev_loss import loss_batches
-from transformer_jax.training.loop import Trainer
+from transformer_jax.run.dev_loss import loss_batches
+from transformer_jax.run import Trainer, assemble_run
 
 
 def hlo_by_name(lowered):
@@ -17,7 +17,7 @@ def hlo_by_name(lowered):
 def test_the_preflight_compiles_the_programs_train_py_runs_for_the_same_corpus(run_config, tmp_path):
     run_config.data.max_length = 64  # the corpus's pairs are far shorter: its rows are not rows of max_length
     run_config.model.max_len = 65
-    trainer = Trainer(run_config, str(tmp_path))
+    trainer = Trainer(assemble_run(run_config, str(tmp_path)))
     compiled_shapes = trainer.compile_steps()
     trained = hlo_by_name(trainer.programs.lower_train(trainer.state, trainer.micro_steps[0]))
     # What Trainer.dev_loss feeds the dev-loss step.

@@ -1,7 +1,7 @@
 """Periodic dev evaluation: loss and BLEU each on their own step schedule, logged as split "dev"."""
 
-from transformer_jax.training.metrics_log import MetricsLog, read_metrics
-from transformer_jax.training.periodic_eval import PeriodicEval
+from transformer_jax.run.metrics_log import MetricsLog, read_metrics
+from transformer_jax.run.periodic_eval import PeriodicEval
 
 
 def test_each_metric_is_computed_and_logged_only_at_its_steps(tmp_path):

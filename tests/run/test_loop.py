@@ -11,8 +11,8 @@ from transformer_jax.data.pipeline import prepare_data
 from transformer_jax.errors import ConfigError, TrainingError
 from transformer_jax.config.schema import model_config
 from transformer_jax.checkpoints.manager import Checkpointer
-from transformer_jax.training.loop import Trainer
-from transformer_jax.training.metrics_log import read_metrics
+from transformer_jax.run import Trainer, assemble_run
+from transformer_jax.run.metrics_log import read_metrics
 
 
 def train_losses(workdir):
@@ -24,7 +24,7 @@ def params_of(trainer):
 
 
 def test_run_logs_checkpoints_and_keeps_the_last_k(run_config, tmp_path):
-    trainer = Trainer(run_config, str(tmp_path))
+    trainer = Trainer(assemble_run(run_config, str(tmp_path)))
     state = trainer.run()
     assert int(state.step) == 6
     records = read_metrics(str(tmp_path))
@@ -63,13 +63,13 @@ def test_run_logs_checkpoints_and_keeps_the_last_k(run_config, tmp_path):
 
 
 def test_resume_continues_exactly_like_an_uninterrupted_run(run_config, tmp_path):
-    uninterrupted = Trainer(run_config, str(tmp_path / "a"))
+    uninterrupted = Trainer(assemble_run(run_config, str(tmp_path / "a")))
     uninterrupted.run()
 
     first = run_config.copy_and_resolve_references()
     first.training.num_train_steps = 3  # stops at step 3 (checkpointed), as a preempted run would
-    Trainer(first, str(tmp_path / "b")).run()
-    resumed = Trainer(run_config, str(tmp_path / "b"))
+    Trainer(assemble_run(first, str(tmp_path / "b"))).run()
+    resumed = Trainer(assemble_run(run_config, str(tmp_path / "b")))
     resumed.run()
 
     assert train_losses(str(tmp_path / "b")) == train_losses(str(tmp_path / "a"))
@@ -78,12 +78,12 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(run_config, tmp_path
 
 
 def test_non_finite_updates_stop_training_and_keep_the_last_good_checkpoint(run_config, tmp_path):
-    Trainer(run_config, str(tmp_path)).run()  # a good checkpoint at step 6
+    Trainer(assemble_run(run_config, str(tmp_path))).run()  # a good checkpoint at step 6
     config = run_config.copy_and_resolve_references()
     config.training.num_train_steps = 12
     config.training.learning_rate_scale = 1e30  # the first update overflows to inf
     config.training.max_skipped_updates = 2
-    trainer = Trainer(config, str(tmp_path))
+    trainer = Trainer(assemble_run(config, str(tmp_path)))
     with pytest.raises(TrainingError, match="non-finite"):
         trainer.run()
     checkpointer = Checkpointer(str(tmp_path / "checkpoints"))
@@ -103,10 +103,10 @@ def test_preempted_run_resumes_with_the_same_log_as_an_uninterrupted_one(run_con
     import signal
 
     run_config.training.update(num_train_steps=8, log_every=4, eval_every=0, checkpoint_every=100)
-    uninterrupted = Trainer(run_config, str(tmp_path / "a"))
+    uninterrupted = Trainer(assemble_run(run_config, str(tmp_path / "a")))
     uninterrupted.run()
 
-    preempted = Trainer(run_config, str(tmp_path / "b"))
+    preempted = Trainer(assemble_run(run_config, str(tmp_path / "b")))
     update, calls = preempted.update, []
 
     def update_then_signal():
@@ -118,7 +118,7 @@ def test_preempted_run_resumes_with_the_same_log_as_an_uninterrupted_one(run_con
     preempted.update = update_then_signal
     assert int(preempted.run().step) == 3
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is given back
-    resumed = Trainer(run_config, str(tmp_path / "b"))
+    resumed = Trainer(assemble_run(run_config, str(tmp_path / "b")))
     resumed.run()
 
     assert (tmp_path / "b" / "metrics.jsonl").read_bytes() == (tmp_path / "a" / "metrics.jsonl").read_bytes()
@@ -130,7 +130,7 @@ def test_preempted_run_resumes_with_the_same_log_as_an_uninterrupted_one(run_con
 def test_an_unfinished_save_is_never_taken_for_the_latest_checkpoint(run_config, tmp_path):
     """Orbax writes into a temporary directory and renames it when complete: a crash mid-save leaves
     only that temporary directory, which readers ignore and the next training run removes."""
-    Trainer(run_config, str(tmp_path)).run()
+    Trainer(assemble_run(run_config, str(tmp_path))).run()
     unfinished = tmp_path / "checkpoints" / "8.orbax-checkpoint-tmp-1795270000000000"
     (unfinished / "state").mkdir(parents=True)
     (unfinished / "state" / "partial").write_bytes(b"\0" * 100)
@@ -138,7 +138,7 @@ def test_an_unfinished_save_is_never_taken_for_the_latest_checkpoint(run_config,
     assert unfinished.exists()  # a reader (eval.py) leaves a save in progress alone
     config = run_config.copy_and_resolve_references()
     config.training.num_train_steps = 8
-    resumed = Trainer(config, str(tmp_path))
+    resumed = Trainer(assemble_run(config, str(tmp_path)))
     assert resumed.restore_latest()[0] == 6
     resumed.close()
     assert not unfinished.exists()  # the writer cleans it up
@@ -147,7 +147,7 @@ def test_an_unfinished_save_is_never_taken_for_the_latest_checkpoint(run_config,
 def test_training_steps_make_no_implicit_host_device_transfers(run_config, tmp_path):
     """update() runs under jax.transfer_guard("disallow"): only the batches' explicit copy crosses."""
     run_config.training.accumulation_steps = 2  # the accumulation path; the other tests cover the plain one
-    trainer = Trainer(run_config, str(tmp_path))
+    trainer = Trainer(assemble_run(run_config, str(tmp_path)))
     for _ in range(2):
         metrics = trainer.update()
     assert int(jax.device_get(trainer.state.step)) == 2 and np.isfinite(jax.device_get(metrics["loss"]))
@@ -182,7 +182,7 @@ def test_every_batch_shape_is_compiled_once_before_the_first_step(run_config, tm
         if event == "/jax/core/compile/backend_compile_duration" and fun_name == step_name:
             events.append("compile")
 
-    trainer = Observed(run_config, str(tmp_path), data=data)
+    trainer = Observed(assemble_run(run_config, str(tmp_path), data=data))
     jax.monitoring.register_event_duration_secs_listener(listen)
     try:
         trainer.run()
@@ -195,7 +195,7 @@ def test_every_batch_shape_is_compiled_once_before_the_first_step(run_config, tm
 
 def test_a_run_with_every_update_skipped_or_parameters_not_finite_is_not_scored():
     """What train.py checks before the test translation (check_trained, after the loop)."""
-    from transformer_jax.training.loop import check_trained
+    from transformer_jax.run.loop import check_trained
 
     state = type("State", (), {"skipped_updates": np.int32(4), "consecutive_skipped": np.int32(4),
                                "params": {"w": np.ones(2)}})()

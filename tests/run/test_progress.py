@@ -2,7 +2,7 @@
 
 import jax.numpy as jnp
 
-from transformer_jax.training.progress import StepProgress
+from transformer_jax.run.progress import StepProgress
 
 
 class Clock:

@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any, Callable
 
 from transformer_jax.base.console import say
-from transformer_jax.training.metrics_log import MetricsLog
+from transformer_jax.run.metrics_log import MetricsLog
 
 MetricsOf = Callable[[Any], dict[str, float]]  # parameters -> metrics of the dev set
 _SHOWN = (("loss", 4), ("perplexity", 2), ("accuracy", 4), ("bleu", 2), ("chrf", 2))  # on the console, with digits

@@ -1,0 +1,29 @@
+"""A training run: assembled from a config and a workdir, trained, logged and evaluated on a schedule.
+
+`memory` (will a state or program fit the devices) -> `programs` (the run builder: a run's state layout and
+jitted programs on its mesh, shared by the Trainer, the score command, the preflight and the benchmarks) ->
+`metrics_log`, `progress`, `log_window` (metrics.jsonl, TensorBoard, the log line and progress bar) ->
+`dev_loss` (loss over a split) -> `periodic_eval` (dev loss and BLEU on a step schedule) -> `preemption`
+(StopFlag, StopAgreement) -> `prefetch` (batches built ahead in the background) -> `assembly` (`assemble_run`:
+the config and workdir checked, then mesh, data, programs and checkpointer) -> `loop` (`Trainer`: trains an
+assembled run, resuming from `transformer_jax.checkpoints`).
+
+Needs the `train` extra (ml_collections, Orbax, the data pipeline, tqdm); the paper's loss, schedule, state and
+step, which need only the base install, are in `transformer_jax.training`.
+"""
+
+from transformer_jax.run.assembly import TrainingRun, assemble_run
+from transformer_jax.run.dev_loss import evaluate_loss
+from transformer_jax.run.log_window import LogWindow
+from transformer_jax.run.loop import Trainer, check_trained
+from transformer_jax.run.metrics_log import MetricsLog, read_metrics, read_records
+from transformer_jax.run.periodic_eval import PeriodicEval
+from transformer_jax.run.preemption import StopAgreement, StopFlag
+from transformer_jax.run.prefetch import Prefetcher
+from transformer_jax.run.programs import RunPrograms, build_run, build_run_for
+
+__all__ = [
+    "LogWindow", "MetricsLog", "PeriodicEval", "Prefetcher", "RunPrograms", "StopAgreement", "StopFlag", "Trainer",
+    "TrainingRun", "assemble_run", "build_run", "build_run_for", "check_trained", "evaluate_loss", "read_metrics",
+    "read_records",
+]

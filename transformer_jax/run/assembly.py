@@ -1,0 +1,57 @@
+"""A training run assembled in one place: the config checked, the workdir checked, the mesh, the data, the programs
+and the checkpointer; `Trainer` (loop.py) receives it and trains.
+
+The order is the one a start needs: nothing is written to the workdir before its layout and logs are checked,
+the corpus is prepared (or read) for the mesh's rows, and the programs are built for the corpus's batch shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import ml_collections
+from jax.sharding import Mesh
+
+from transformer_jax.base import workdir as layout
+from transformer_jax.base.sharding import make_mesh, mesh_platform
+from transformer_jax.checkpoints.manager import Checkpointer, best_metric_for
+from transformer_jax.config.schema import check_run_config
+from transformer_jax.data.pipeline import RunData, prepare_data
+from transformer_jax.run.metrics_log import check_logs
+from transformer_jax.run.programs import RunPrograms, build_run_for
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingRun:
+    """What one run trains with: its settings and workdir, device mesh, data, programs and checkpoints."""
+
+    config: ml_collections.ConfigDict
+    workdir: str
+    mesh: Mesh
+    data: RunData
+    programs: RunPrograms
+    checkpointer: Checkpointer
+    started: float  # time.perf_counter() when assembling began (timing.jsonl's startup_seconds counts from it)
+
+
+def assemble_run(config: ml_collections.ConfigDict, workdir: str, data: RunData | None = None) -> TrainingRun:
+    """Check `config` and `workdir`, then build the mesh, the data (`data`, or the corpus the config names,
+    prepared in or read from the workdir), the programs for its batch shapes and the checkpointer.
+
+    Raises ConfigError, CheckpointError or a data error before anything is written to a refused workdir.
+    """
+    started = time.perf_counter()
+    check_run_config(config)
+    layout.check_layout(workdir)  # before anything is written: a refused start leaves the workdir as it was
+    check_logs(workdir)
+    mesh = make_mesh(config.mesh.data, config.mesh.fsdp)
+    data = data or prepare_data(
+        config, workdir, row_multiple=mesh.size,
+        process_index=jax.process_index(), process_count=jax.process_count(), platform=mesh_platform(mesh),
+    )
+    programs = build_run_for(config, mesh, data)
+    checkpointer = Checkpointer(layout.run_path(workdir, layout.CHECKPOINTS), config.training.keep_checkpoints,
+                                *best_metric_for(config.training.bleu_every))
+    return TrainingRun(config, workdir, mesh, data, programs, checkpointer, started)
