@@ -23,7 +23,6 @@ SAME_WORD = {
     ("transformer_jax/config/schema.py", "eval"): "the config's `eval` section",
     ("benchmarks/gpu_run.py", "eval"): "the benchmark's eval.py phase",
 }
-# Imports of the special ids from elsewhere, until the importer is edited: file -> module.
 TOKEN_WORDS = ("ids", "tokens", "src", "tgt")  # in a name that holds token ids
 TOKEN_KEYS = ("inputs", "targets")  # batch keys that hold token ids
 PAD_KEYWORDS = ("padding_idx", "ignore_index", "pad_id", "pad_token_id")  # arguments that name the padding id
