@@ -12,8 +12,17 @@ import numpy as np
 
 from transformer_jax.base import workdir as layout
 from transformer_jax.config import default_config
-from transformer_jax.data import EncodedPairs, Ragged, Tokenizer, prepare_data
-from transformer_jax.data import SHARD_PAIRS, finish_prepared, shard_dtype, shard_name, write_shard
+from transformer_jax.data import (
+    SHARD_PAIRS,
+    EncodedPairs,
+    Ragged,
+    Tokenizer,
+    finish_prepared,
+    prepare_data,
+    shard_dtype,
+    shard_name,
+    write_shard,
+)
 from transformer_jax.model import BOS_ID, EOS_ID
 
 

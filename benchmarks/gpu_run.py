@@ -199,8 +199,7 @@ def window_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
 def mfu(tokens_per_second: float | None, width: int, rehearse: bool, peak_flops: float) -> float | None:
     """Model FLOPs utilisation of the real target tokens: FLOPs per token slot of a row `width` wide (source and
     target rows alike, model/flops.py) x real tokens/s / the chip's peak."""
-    from transformer_jax.model import TransformerConfig
-    from transformer_jax.model import train_step_flops
+    from transformer_jax.model import TransformerConfig, train_step_flops
 
     if not tokens_per_second or not peak_flops:
         return None

@@ -130,7 +130,7 @@ def zero_fill(call: ast.Call) -> bool:
 
 def literal_padding(tree: ast.Module) -> list[ast.AST]:
     """`tokens != 0`, `src == 0`, `pad(tokens, ..., constant_values=0)`, `ids = full(shape, 0)`, `padding_idx=0`:
-    0 as padding."""
+    0 as padding; and a `pad(...)` that does not say what it fills with (NumPy's and JAX's default, 0)."""
     found: dict[int, ast.AST] = {}  # by id: a pad call assigned to a token name is met twice
     for node in ast.walk(tree):
         if isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.Eq, ast.NotEq)):
@@ -138,8 +138,10 @@ def literal_padding(tree: ast.Module) -> list[ast.AST]:
             if (holds_tokens(left) and is_zero(right)) or (holds_tokens(right) and is_zero(left)):
                 found[id(node)] = node
         elif isinstance(node, ast.Call):
-            pads_tokens = ast.unparse(node.func).endswith("pad") and node.args and holds_tokens(node.args[0])
-            if (pads_tokens and zero_fill(node)) or any(
+            pads = ast.unparse(node.func).rsplit(".", 1)[-1] == "pad"
+            pads_tokens = pads and node.args and holds_tokens(node.args[0])
+            unsaid = pads and "constant_values" not in {keyword.arg for keyword in node.keywords}
+            if (pads_tokens and zero_fill(node)) or unsaid or any(
                     keyword.arg in PAD_KEYWORDS and is_zero(keyword.value) for keyword in node.keywords):
                 found[id(node)] = node
         elif isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:

@@ -283,6 +283,17 @@ def test_the_translator_example_translates_a_run_in_the_callers_order(trained_ru
     assert [len(translations) for translations in printed] == [3, 1] and printed[0][1] == ""
 
 
+def test_the_run_from_python_example_trains_the_smoke_run(tmp_path, monkeypatch, capsys):
+    """docs/modules.md's two calls (assemble_run, Trainer) train the packaged smoke config to its last step."""
+    from transformer_jax.configs import smoke
+
+    monkeypatch.chdir(tmp_path)
+    namespace = run_marked_block("run-from-python")
+    steps = smoke.get_config().training.num_train_steps
+    assert int(namespace["state"].step) == steps and capsys.readouterr().out.splitlines()[-1] == str(steps)
+    assert (tmp_path / "runs" / "smoke_from_python" / "checkpoints" / str(steps)).is_dir()
+
+
 def test_the_back_translation_recipe_runs_in_its_order(tmp_path):
     """docs/back_translation.md's lines on a tiny corpus (`transformer-jax` as this checkout's
     `python -m transformer_jax`, each training capped at a few steps): each runs, and the union holds the real pairs

@@ -156,9 +156,7 @@ def kernels_launched(hlo: str) -> int:
 def compile_figures(contender: str, model: str, topology_name: str, rows_per_device: int, checkout: str
                     ) -> dict[str, Any]:
     """One contender's compiled train step on a topology: per-device memory, bytes, FLOPs, roofline."""
-    from transformer_jax.aot import describe, mesh_for
-    from transformer_jax.aot import program_of
-    from transformer_jax.aot import program_seconds, splash_flops
+    from transformer_jax.aot import describe, mesh_for, program_of, program_seconds, splash_flops
     from transformer_jax.model import attention_score_flops, train_step_flops
     from transformer_jax.training import logits_matmul_flops
 
@@ -201,8 +199,7 @@ def compile_figures(contender: str, model: str, topology_name: str, rows_per_dev
 def search_figures(contender: str, model: str, topology_name: str, checkout: str) -> dict[str, Any]:
     """The beam search (beam 4, alpha 0.6, outputs up to source + 50 tokens, the compute dtype's caches) of ours
     (the preflight's) or the Flax example's (its predict_step), at the preflight's translation batch."""
-    from transformer_jax.aot import describe, mesh_for
-    from transformer_jax.aot import program_of, run_programs
+    from transformer_jax.aot import describe, mesh_for, program_of, run_programs
     from transformer_jax.config import decode_options, decoding_dtype
 
     topology = describe(topology_name)

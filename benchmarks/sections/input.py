@@ -55,10 +55,16 @@ from benchmarks.workers import REPO, peak_rss_bytes, worker_command
 from transformer_jax import TransformerConfig
 from transformer_jax.base import workdir as layout
 from transformer_jax.config import default_config
-from transformer_jax.data import BatchIterator, PreparedCorpus, choose_packed_rows, load_splits, train_tokenizer
-from transformer_jax.data import filter_by_length
-from transformer_jax.data import write_prepared
-from transformer_jax.data import width_multiple
+from transformer_jax.data import (
+    BatchIterator,
+    PreparedCorpus,
+    choose_packed_rows,
+    filter_by_length,
+    load_splits,
+    train_tokenizer,
+    width_multiple,
+    write_prepared,
+)
 from transformer_jax.run import Prefetcher
 
 MAX_LENGTH = 256

@@ -25,9 +25,9 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import inspect
 import os
 import tempfile
-import inspect
 import time
 from typing import Any, Callable, Iterator
 from unittest import mock

@@ -89,11 +89,8 @@ def our_translators(hf_dir: str, src: np.ndarray, devices: int) -> dict[str, Cal
     import jax.numpy as jnp
 
     from benchmarks.sections.decode import split_rows
-    from transformer_jax.decoding import decoding_precision
-    from transformer_jax.decoding import beam_search
-    from transformer_jax.decoding import greedy_decode
-    from transformer_jax.export import read_marian
-    from transformer_jax.export import marian_to_ours, model_config_of
+    from transformer_jax.decoding import beam_search, decoding_precision, greedy_decode
+    from transformer_jax.export import marian_to_ours, model_config_of, read_marian
 
     hf_config, tensors, vocabulary = read_marian(hf_dir)
     config = model_config_of(hf_config, tensors).replace(attention_backend="einsum", dropout_rate=0.0)
@@ -199,8 +196,7 @@ def worker(spec: dict[str, Any]) -> None:
 
 def predicted(topology_name: str) -> dict[str, Any]:
     """Sentences/s the compiled beam search (beam 4, bfloat16) of this model bounds on `topology_name`."""
-    from transformer_jax.aot import describe, mesh_for
-    from transformer_jax.aot import program_of, run_programs
+    from transformer_jax.aot import describe, mesh_for, program_of, run_programs
     from transformer_jax.config import decode_options, default_config
 
     config = default_config()

@@ -20,8 +20,11 @@ from typing import Any
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from benchmarks.sections.aot import load_config  # noqa: E402
-from transformer_jax.aot import describe, mesh_for  # noqa: E402
-from transformer_jax.aot import program_of  # noqa: E402
+from transformer_jax.aot import (  # noqa: E402
+    describe,
+    mesh_for,
+    program_of,  # noqa: E402
+)
 from transformer_jax.data import PACKED_KEYS, BatchShapes  # noqa: E402
 from transformer_jax.run import build_run  # noqa: E402
 

@@ -147,22 +147,23 @@ def test_the_command_prints_the_table_and_fits(tmp_path):
     widest, bulk = [line for line in result.stdout.splitlines() if line.startswith("search ")]
     for line in (widest, bulk):
         assert "beam search (beam 2, alpha 0.6)" in line and "sentences/s" in line and "hours" in line, line
-    # 512 source tokens a batch at width 16: 32 rows (at most 64; a multiple of the 4 devices), outputs of 16 tokens
-    assert "alpha 0.6) 32x16:" in bulk and "outputs of 16 tokens" in bulk, bulk
+    # 512 source tokens a batch at width 16: 32 rows (at most 64; a multiple of the 4 devices); outputs of 16 tokens
+    # up to 16 + the tiny config's eval.max_extra_length
+    assert "alpha 0.6) 32x16:" in bulk and f"outputs of 16-{16 + small_run().eval.max_extra_length} tokens" in bulk
 
 
-def test_the_search_line_is_one_decode_step_at_the_roofline_times_the_output_length():
+def test_the_search_line_is_one_decode_step_at_the_roofline_times_the_output_lengths():
     topology = describe("v5e-8")
-    chip = topology.chip
     compute_bound = Program("beam search (beam 4, alpha 0.6) 64x32", 0, 0, 0, 0, 0,
-                            flops=chip.peak_bf16_flops * 1e-3, bytes_accessed=chip.hbm_bytes_per_second * 5e-4,
-                            collectives={})
-    # 1 ms a step (compute; memory 0.5 ms), 32 steps for 64 sentences: 2,000 sentences/s, 100M in 13.9 hours
-    line = search_line(compute_bound, topology, rows=64, steps=32)
-    assert "1.00 ms a decode step" in line and " 2,000 sentences/s" in line and " 13.9 hours" in line
-    memory_bound = dataclasses.replace(compute_bound, bytes_accessed=chip.hbm_bytes_per_second * 2e-3)
-    line = search_line(memory_bound, topology, rows=64, steps=32)
-    assert "2.00 ms a decode step" in line and " 1,000 sentences/s" in line and " 27.8 hours" in line
+                            flops=topology.peak_flops_per_device * 1e-3,
+                            bytes_accessed=topology.hbm_bandwidth_per_device * 5e-4, collectives={})
+    # 1 ms a step (compute; memory 0.5 ms): 64 sentences in 32 to 64 steps, 2,000 to 1,000 sentences/s
+    line = search_line(compute_bound, topology, rows=64, width=32, longest_output=64)
+    assert "1.00 ms a decode step" in line and "outputs of 32-64 tokens: 1,000-2,000 sentences/s" in line, line
+    assert "100M sentences (translate-corpus) in 13.9-27.8 hours" in line, line
+    memory_bound = dataclasses.replace(compute_bound, bytes_accessed=topology.hbm_bandwidth_per_device * 2e-3)
+    line = search_line(memory_bound, topology, rows=64, width=32, longest_output=32)
+    assert "2.00 ms a decode step" in line and ": 1,000-1,000 sentences/s" in line and " 27.8-27.8 hours" in line
 
 
 def test_on_a_prepared_corpus_the_preflight_compiles_its_widths_and_times_one_host_s_input(tmp_path):

@@ -1,7 +1,7 @@
 """Preemption: a signal to any one process stops every process at the same step, at any step.
 
 The flag, its handler and the agreement are tested in-process; the multi-process case runs train.py
-as 2 JAX processes on localhost (jax.distributed, gloo on CPU), through tests/training/
+as 2 JAX processes on localhost (jax.distributed, gloo on CPU), through tests/run/
 train_counting_steps.py, which reports how many updates each process has made.
 """
 

@@ -8,9 +8,8 @@ from transformer_jax.aot.compile import Program, compile_run, program_of, run_da
 from transformer_jax.aot.host_input import host_input
 from transformer_jax.aot.report import advice, search_line, table, verdict
 from transformer_jax.aot.topology import Topology, describe, mesh_for
-from transformer_jax.config.schema import check_run_config, decode_options, decoding_dtype, translation_batching
+from transformer_jax.config.schema import check_run_config, decode_options, decoding_dtype
 from transformer_jax.data.batch_content import describe as describe_batches
-from transformer_jax.data.shapes import translation_rows
 from transformer_jax.errors import ConfigError
 from transformer_jax.run.programs import RunPrograms, build_run_for
 
@@ -25,14 +24,14 @@ def plan_run(config: ml_collections.ConfigDict, topology_name: str, num_slices: 
     to that many tokens (a bulk job's typical batch: `translate-corpus` sorts sentences into widths), in the rows
     the run's translation batching gives that width."""
     check_run_config(config)
+    if not 0 <= search_width <= config.model.max_len:  # before a corpus is prepared or anything compiled
+        raise ConfigError(f"--search_width={search_width} must be 0 (the widest translation batch only) or a source "
+                          f"width the model takes, at most its max_len of {config.model.max_len} tokens")
     topology = describe(topology_name, num_slices)
     mesh = mesh_for(topology, config.mesh.data, config.mesh.fsdp)
     accumulation = config.training.accumulation_steps
     data = run_data(config, mesh, workdir)
     built = build_run_for(config, mesh, data)
-    if not 0 <= search_width <= built.model_config.max_len:
-        raise ConfigError(f"--search_width={search_width} must be 0 (the widest translation batch only) or a source "
-                          f"width the model takes, at most its max_len of {built.model_config.max_len} tokens")
     try:
         shapes, programs = compile_run(config, mesh, programs=built)
     except Exception as error:  # noqa: BLE001 - only the compiler's out-of-memory verdict is handled
@@ -59,14 +58,16 @@ def plan_run(config: ml_collections.ConfigDict, topology_name: str, num_slices: 
 
 def search_report(config: ml_collections.ConfigDict, built: RunPrograms, programs: list[Program], topology: Topology,
                   search_width: int) -> str:
-    """The search's speed lines: the compiled widest batch's, and with `search_width` a batch of that width's
-    (compiled here); outputs as long as their sources (a sentence translates to about its own length)."""
-    options, batching = decode_options(config), translation_batching(config)
-    rows, width = built.shapes.translation
-    lines = [search_line(program, topology, rows, width) for program in programs
-             if program.name == f"{options.describe()} {rows}x{width}"]
+    """The search's speed lines: the compiled widest batch's, and with `search_width` (compiled here) a batch of
+    sources that wide."""
+    options, max_len = decode_options(config), built.model_config.max_len
+    rows, width = built.search_shape()
+    compiled = [program for program in programs if program.name == f"{options.describe()} {rows}x{width}"]
+    lines = [search_line(program, topology, rows, width, min(width + options.max_extra_length, max_len))
+             for program in compiled]
     if search_width:
-        rows = translation_rows(search_width, batching.batch_size, batching.batch_tokens, built.mesh.size)
-        name, lowered = built.lower_search(options, decoding_dtype(config), (rows, search_width))
-        lines.append(search_line(program_of(name, lowered.compile()), topology, rows, search_width))
+        name, lowered = built.lower_search(options, decoding_dtype(config), search_width)
+        rows, width = built.search_shape(search_width)
+        lines.append(search_line(program_of(name, lowered.compile()), topology, rows, width,
+                                 min(width + options.max_extra_length, max_len)))
     return "".join("\n" + line for line in lines)

@@ -22,6 +22,7 @@ from transformer_jax.model.flops import attention_score_flops, train_step_flops
 # The paper's base run: 100k updates of about 25k target tokens (section 5.2).
 PAPER_STEPS = 100_000
 PAPER_TOKENS_PER_STEP = 25_000
+BULK_SENTENCES = 100_000_000  # a back-translation corpus (Edunov et al. 2018 translated 226M sentences)
 # What JAX's GPU client takes of device memory by default (XLA_PYTHON_CLIENT_MEM_FRACTION).
 GPU_PREALLOCATED = 0.75
 
@@ -189,21 +190,20 @@ def table(topology: Topology, mesh: Mesh, shapes: RunShapes, programs: list[Prog
     return "\n".join(lines)
 
 
-BULK_SENTENCES = 100_000_000  # a back-translation corpus (Edunov et al. 2018 translated 226M sentences)
-
-
-def search_line(program: Program, topology: Topology, rows: int, steps: int) -> str:
-    """The compiled search's roofline as a translation speed: sentences/s for batches of `rows` sentences whose
-    outputs are `steps` tokens long, and the hours `translate-corpus` needs for BULK_SENTENCES on this topology.
+def search_line(program: Program, topology: Topology, rows: int, width: int, longest_output: int) -> str:
+    """The compiled search as a translation speed: sentences/s for batches of `rows` sources of `width` tokens, and
+    the hours `translate-corpus` needs for BULK_SENTENCES, between outputs as long as their sources (`width`
+    steps) and the longest output the search allows (`longest_output` steps: a batch's loop runs until its last
+    sentence is done, and beam search, stopping early only when no beam can improve, often runs to the end).
 
     XLA's cost analysis counts the search's while loop body once, so the program's FLOPs and bytes are one decode
-    step (with the encoder, which runs once a batch: the estimate leans slow)."""
-    chip = topology.chip
-    step_seconds = max(program.flops / chip.peak_bf16_flops, program.bytes_accessed / chip.hbm_bytes_per_second)
-    sentences_per_second = rows / (step_seconds * steps)
+    step, at the roofline (a lower bound on its time); they include the encoder, which runs once a batch."""
+    step_seconds = roofline_seconds(program, topology)
+    fast, slow = (rows / (step_seconds * steps) for steps in (width, longest_output))
     return (f"search          {program.name}: {step_seconds * 1e3:.2f} ms a decode step (roofline), outputs of "
-            f"{steps} tokens: {sentences_per_second:,.0f} sentences/s; {BULK_SENTENCES / 1e6:.0f}M sentences "
-            f"(translate-corpus) in {BULK_SENTENCES / sentences_per_second / 3600:.1f} hours")
+            f"{width}-{longest_output} tokens: {slow:,.0f}-{fast:,.0f} sentences/s; {BULK_SENTENCES / 1e6:.0f}M "
+            f"sentences (translate-corpus) in {BULK_SENTENCES / fast / 3600:.1f}-{BULK_SENTENCES / slow / 3600:.1f} "
+            "hours")
 
 
 def advice(mesh: Mesh, shapes: RunShapes, accumulation: int) -> str:

@@ -16,11 +16,24 @@ from typing import Any, Iterator, TextIO
 
 from absl import flags
 
+from transformer_jax.base import (
+    default_cache_dir,
+    exists,
+    is_dir,
+    is_local,
+    list_names,
+    make_dirs,
+    remove,
+    storage_errno,
+    storage_error,
+    storage_remedy,
+    unique_name,
+    use_compilation_cache,
+    write_atomically,
+)
 from transformer_jax.base import workdir as layout
-from transformer_jax.base import default_cache_dir, use_compilation_cache
-from transformer_jax.errors import ConfigError, UserError
-from transformer_jax.base import exists, is_dir, is_local, list_names, make_dirs, remove, storage_errno, storage_error, storage_remedy, unique_name, write_atomically
 from transformer_jax.cli.lock import owning
+from transformer_jax.errors import ConfigError, UserError
 
 # Exit status of a run stopped by a user error (bad flag, config value, data, checkpoint).
 USER_ERROR_EXIT = 2

@@ -23,17 +23,15 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from transformer_jax.base import quiet_console
+from transformer_jax.base import directory_written_whole, quiet_console, write_atomically
 from transformer_jax.base import workdir as layout
-from transformer_jax.base import directory_written_whole, write_atomically
 from transformer_jax.checkpoints import Checkpointer
 from transformer_jax.cli.commands import user_errors
 from transformer_jax.cli.stops import run_command
 from transformer_jax.config import check_run_config, default_config, write_run_config
 from transformer_jax.data import MarianVocabulary
 from transformer_jax.errors import ConfigError
-from transformer_jax.export import check_new_directory, read_marian
-from transformer_jax.export import marian_to_ours, model_config_of
+from transformer_jax.export import check_new_directory, marian_to_ours, model_config_of, read_marian
 from transformer_jax.model import TransformerConfig
 
 

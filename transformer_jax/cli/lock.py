@@ -45,9 +45,18 @@ import time
 import uuid
 from typing import Iterator
 
-from transformer_jax.errors import CheckpointError, UserError
-from transformer_jax.base import exists, is_file, is_local, read_text, remove, storage_named, unique_name, write_atomically
+from transformer_jax.base import (
+    exists,
+    is_file,
+    is_local,
+    read_text,
+    remove,
+    storage_named,
+    unique_name,
+    write_atomically,
+)
 from transformer_jax.base import workdir as layout
+from transformer_jax.errors import CheckpointError, UserError
 
 HEARTBEAT_SECONDS = 30.0
 STALE_SECONDS = 300.0

@@ -37,8 +37,7 @@ def main(argv: list[str]) -> None:
         # The environment default above comes too late when the package (and so jax) was imported first.
         jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS") or "cpu")
         from transformer_jax.config import check_run_config
-        from transformer_jax.data import prepare_corpus
-        from transformer_jax.data import MANIFEST
+        from transformer_jax.data import MANIFEST, prepare_corpus
         from transformer_jax.errors import ConfigError
 
         config = _CONFIG.value

@@ -8,10 +8,10 @@ is translated over all their devices, and process 0 alone writes and prints.
 
 from absl import flags
 
+from transformer_jax.base import storage_named
 from transformer_jax.cli.commands import user_errors
 from transformer_jax.cli.run_flags import define_run_flags, define_search_flags
 from transformer_jax.cli.stops import interrupts_reported, signals_held
-from transformer_jax.base import storage_named
 
 _RUN = define_run_flags(devices=True)
 _SPLIT = flags.DEFINE_enum("split", "test", ["dev", "test"], "Split to translate and score.")

@@ -11,10 +11,9 @@ import jax
 from absl import flags
 from ml_collections import config_flags
 
-from transformer_jax.base import quiet_console
+from transformer_jax.base import quiet_console, storage_named
 from transformer_jax.base import workdir as layout
 from transformer_jax.checkpoints import adopt_initial_model
-from transformer_jax.base import storage_named
 from transformer_jax.cli.commands import define_cluster_flags, training_kept, training_workdir, user_errors
 from transformer_jax.cli.stops import interrupts_reported
 from transformer_jax.config import check_run_config, decode_options, decoding_dtype, translation_batching

@@ -38,8 +38,7 @@ def main(argv: list[str]) -> None:
 
     import jax
 
-    from transformer_jax.base import quiet_console
-    from transformer_jax.base import is_local
+    from transformer_jax.base import is_local, quiet_console
     from transformer_jax.evaluation import Translator, corpus_translation
 
     quiet_console()

@@ -25,7 +25,7 @@ the index are all the random access needs (fairseq's and Megatron's indexed data
 design); ArrayRecord's open-source reader opens local files only (riegeli's GCS reader is not open
 source), and Grain's samplers deal records to processes one by one, while our batches are planned
 over the whole corpus by token budget and dealt out as row blocks (batching.py); the background
-`training.prefetch.Prefetcher` already keeps input ahead of the step.
+`run.prefetch.Prefetcher` already keeps input ahead of the step.
 """
 
 from __future__ import annotations

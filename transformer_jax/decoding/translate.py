@@ -70,7 +70,7 @@ def translate_rows(params: Any, src_BxS: jax.Array, rng: jax.Array, config: Tran
 
     `params` must be replicated on `mesh` (and in the precision `decoding_precision` chose for the mesh's
     platform) and B a multiple of its size. When the mesh spans several processes, `src_BxS` is a global
-    array (every process placing the same batch, `training.dev_loss.place_rows`) and so is the result
+    array (every process placing the same batch, `run.dev_loss.place_rows`) and so is the result
     (`process_allgather` reads it whole). Inside the shard_map every device searches alone: a search
     over a batch sharded by jit would gather caches across devices at every step. Every device gets the
     same `rng`, so mode "sample" would draw other tokens than one device (translating a split does not

@@ -6,7 +6,7 @@
   marian_files(params, config, tokenizer, ...)   a Marian directory's files (export/hf_directory.py, converted
                                                 by export/marian.py; importing is cli/import_marian.py)
 
-The runtime's own package is imported only when exporting, so this package stays light.
+The runtimes' own packages (ctranslate2, safetensors) are imported only when exporting or importing.
 """
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 from transformer_jax.errors import ConfigError
 from transformer_jax.export.ctranslate2 import check_output_directory, export_ctranslate2, import_ctranslate2
-from transformer_jax.export.hf_directory import check_new_directory, read_marian
+from transformer_jax.export.hf_directory import (
+    check_new_directory,
+    marian_files,
+    read_marian,
+    safetensors_bytes,
+    write_directory,
+)
 from transformer_jax.export.marian import marian_to_ours, model_config_of
 
 if TYPE_CHECKING:
@@ -43,8 +49,6 @@ def export_target(fmt: str, directory: str) -> ExportTarget:
     if fmt == "ctranslate2":
         import_ctranslate2()
     else:
-        from transformer_jax.export.hf_directory import safetensors_bytes
-
         safetensors_bytes({})  # the hf extra is installed, or a ConfigError says how to install it
     return ExportTarget(fmt, directory)
 
@@ -56,8 +60,6 @@ def export_run(run: Run, params: Any, target: ExportTarget) -> str:
 
     tokenizer = run.tokenizer
     if target.format == "hf":
-        from transformer_jax.export.hf_directory import marian_files, write_directory
-
         files = marian_files(params, run.model_config, tokenizer, run.config.data.source_lang,
                              run.config.data.target_lang, run.config.eval.beam_size,
                              read_bytes(layout.run_path(run.workdir, layout.TOKENIZER)))
@@ -75,6 +77,7 @@ __all__ = [
     "export_ctranslate2",
     "export_run",
     "export_target",
+    "marian_files",
     "marian_to_ours",
     "model_config_of",
     "read_marian",

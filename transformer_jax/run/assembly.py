@@ -35,23 +35,31 @@ class TrainingRun:
     checkpointer: Checkpointer
     started: float  # time.perf_counter() when assembling began (timing.jsonl's startup_seconds counts from it)
 
+    def close(self) -> None:
+        """Release the checkpointer (Trainer.close does, for a run it trained)."""
+        self.checkpointer.close()
+
 
 def assemble_run(config: ml_collections.ConfigDict, workdir: str, data: RunData | None = None) -> TrainingRun:
     """Check `config` and `workdir`, then build the mesh, the data (`data`, or the corpus the config names,
     prepared in or read from the workdir), the programs for its batch shapes and the checkpointer.
 
-    Raises ConfigError, CheckpointError or a data error before anything is written to a refused workdir.
+    The config, the workdir's layout and its logs are checked before anything is written (a refused start leaves
+    the workdir as it was); the corpus and the tokenizer are then prepared in the workdir (or read), and the
+    programs built for them, which may still refuse the settings (ConfigError). The checkpoints folder is made
+    last, once the train state is known to fit the devices.
     """
     started = time.perf_counter()
     check_run_config(config)
-    layout.check_layout(workdir)  # before anything is written: a refused start leaves the workdir as it was
-    check_logs(workdir)
+    layout.check_layout(workdir)
     mesh = make_mesh(config.mesh.data, config.mesh.fsdp)
+    check_logs(workdir)
     data = data or prepare_data(
         config, workdir, row_multiple=mesh.size,
         process_index=jax.process_index(), process_count=jax.process_count(), platform=mesh_platform(mesh),
     )
     programs = build_run_for(config, mesh, data)
+    programs.check_state_fits()
     checkpointer = Checkpointer(layout.run_path(workdir, layout.CHECKPOINTS), config.training.keep_checkpoints,
                                 *best_metric_for(config.training.bleu_every))
     return TrainingRun(config, workdir, mesh, data, programs, checkpointer, started)

@@ -16,10 +16,11 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from transformer_jax.data.epoch_plan import Batch, materialize, plan_packed
-from transformer_jax.data.encoded import EncodedPairs
-from transformer_jax.data.shapes import loss_widths, round_rows
 from transformer_jax.base.sharding import batch_sharding
+from transformer_jax.data.encoded import EncodedPairs
+from transformer_jax.data.epoch_plan import Batch, materialize, plan_packed
+from transformer_jax.data.shapes import BATCH_KEYS, loss_widths, round_rows
+from transformer_jax.model.special_tokens import PAD_ID
 
 
 def loss_batches(corpus: EncodedPairs, rows: int, row_width: int | None = None, row_multiple: int = 1) -> list[Batch]:
@@ -35,9 +36,10 @@ def loss_batches(corpus: EncodedPairs, rows: int, row_width: int | None = None, 
     width, long_width = loss_widths(longest, row_width)
     plan = plan_packed(corpus, np.random.default_rng(0), {width: rows, long_width or width: rows}, width,
                        long_length=long_width)
-    # All-PAD rows (segment 0, weighing nothing) up to the multiple: every mesh sums the same batches.
+    # All-PAD rows (segment 0, position 0: weighing nothing) up to the multiple: every mesh sums the same batches.
     padding = ((0, round_rows(rows, row_multiple) - rows), (0, 0))
-    return [{key: np.pad(value, padding) for key, value in materialize(corpus, plan, position, packed=True).items()}
+    return [{key: np.pad(value, padding, constant_values=PAD_ID if key in BATCH_KEYS else 0)
+             for key, value in materialize(corpus, plan, position, packed=True).items()}
             for position in range(len(plan))]
 
 

@@ -4,7 +4,7 @@ The loop's helpers live beside it: `log_window` (train metrics and progress), `p
 BLEU), `dev_loss`, `prefetch`, `preemption`, and the checkpoints of `transformer_jax.checkpoints` (save and
 resume).
 
-A run refuses a damaged workdir before writing anything (a file where a folder belongs, a damaged
+`assemble_run` refuses a damaged workdir before writing anything (a file where a folder belongs, a damaged
 log). A write the storage refuses (a full disk, a quota, a read-only file system) or a workdir removed
 under the run stops it with one StorageError saying what is kept and how to go on; after a full disk,
 the same command resumes from the newest complete checkpoint as after any other stop.
@@ -35,10 +35,9 @@ from transformer_jax.run.assembly import TrainingRun
 from transformer_jax.run.dev_loss import evaluate_loss
 from transformer_jax.run.log_window import LogWindow, open_window_problem
 from transformer_jax.run.periodic_eval import PeriodicEval
-from transformer_jax.run.prefetch import Prefetcher
 from transformer_jax.run.preemption import StopAgreement, StopFlag
+from transformer_jax.run.prefetch import Prefetcher
 from transformer_jax.training.state import TrainState
-
 
 # What to lower when updates go non-finite: the learning-rate setting the run uses (see rate_advice).
 DEFAULT_RATE_ADVICE = "lower training.learning_rate_scale or set training.grad_clip_norm"
@@ -112,18 +111,18 @@ class Trainer:
     """Trains an assembled run (`assemble_run`): `run()` trains to `num_train_steps`, resuming if checkpoints exist."""
 
     def __init__(self, run: TrainingRun) -> None:
-        self.created = run.started  # the start-up's clock (timing.jsonl's startup_seconds)
+        self.started = run.started  # the start-up's clock (timing.jsonl's startup_seconds)
         self.config, self.workdir, self.mesh, self.data = run.config, run.workdir, run.mesh, run.data
         self.programs, self.checkpointer = run.programs, run.checkpointer
         self.model_config, self.schedule = self.programs.model_config, self.programs.schedule
         try:
             self.state, self.shardings = self.programs.init_state(), self.programs.shardings
             self.micro_steps = self.programs.micro_steps()
-        except BaseException:  # e.g. a state too large for the devices: the checkpointer is released
-            self.checkpointer.close()
+            self.workdir_watch = layout.RunWatch(run.workdir)  # to tell when it vanishes under the run
+        except BaseException:  # a Trainer that was not made cannot be closed: release what the run holds
+            run.close()
             raise
         self.input: Prefetcher | None = None  # started by the first update (after a resume sets the position)
-        self.workdir_watch = layout.RunWatch(run.workdir)  # to tell when it vanishes under the run
         self.failed = False  # whether `run` raised
         self.step_host = (0.0, 0.0)  # the last update's host seconds: (getting its batches, dispatching it)
         self.stopped_by = ""  # what stopped training before its last step (a signal), once it has
@@ -308,7 +307,7 @@ class Trainer:
         window = LogWindow(self.workdir, self.schedule, start, training.num_train_steps, open_window, is_writer,
                            wandb_project=training.wandb_project, run_config=self.config.to_dict())
         if start < training.num_train_steps:  # where the start (or the resume) went, up to the first update
-            window.log.write_timing(start, {"startup_seconds": time.perf_counter() - self.created,
+            window.log.write_timing(start, {"startup_seconds": time.perf_counter() - self.started,
                                             "restore_seconds": restored - began,
                                             "compile_seconds": compiled - restored})
         evaluate = PeriodicEval(training.eval_every, training.bleu_every, self.dev_loss, dev_bleu)

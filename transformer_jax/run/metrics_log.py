@@ -19,8 +19,8 @@ import time
 import uuid
 from typing import Any, Iterator, Mapping
 
-from transformer_jax.base.files import append_text, exists, is_file, make_dirs, read_bytes, write_atomically
 from transformer_jax.base import workdir as layout
+from transformer_jax.base.files import append_text, exists, is_file, make_dirs, read_bytes, write_atomically
 from transformer_jax.errors import CheckpointError
 
 

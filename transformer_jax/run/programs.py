@@ -21,14 +21,15 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from transformer_jax.base.sharding import abstract_with_shardings, batch_sharding, mesh_platform, state_shardings
 from transformer_jax.config.schema import model_config as run_model_config
 from transformer_jax.config.schema import translation_batching
+from transformer_jax.data.shapes import PACKED_KEYS, BatchShapes, nominal_batch_shapes, translation_rows
 from transformer_jax.decoding.options import DecodeOptions
-from transformer_jax.errors import ConfigError
 from transformer_jax.decoding.translate import decoding_precision, translate_rows
+from transformer_jax.errors import ConfigError
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.flops import parameter_count
 from transformer_jax.model.transformer import Transformer
-from transformer_jax.training.loss import projected_loss_for
 from transformer_jax.run.memory import check_fits, compiled_bytes_per_device, state_bytes_per_device
+from transformer_jax.training.loss import projected_loss_for
 from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer, peak_scale
 from transformer_jax.training.state import TrainState, create_train_state
 from transformer_jax.training.step import (
@@ -43,7 +44,6 @@ from transformer_jax.training.step import (
 
 if TYPE_CHECKING:
     from transformer_jax.data.pipeline import RunData
-    from transformer_jax.data.shapes import BatchShapes
 
 
 class OnMesh:
@@ -97,10 +97,14 @@ class RunPrograms:
         """Micro-batches per optimizer update."""
         return self.config.training.accumulation_steps
 
-    def init_state(self) -> TrainState:
-        """The initial state, each device materializing only its own shards (checked to fit them first)."""
+    def check_state_fits(self) -> None:
+        """Raise ConfigError when the train state's shards do not fit the devices (before any is allocated)."""
         check_fits(state_bytes_per_device(self.abstract_state), self.mesh, train_state_description(self.model_config),
                    STATE_FIX)
+
+    def init_state(self) -> TrainState:
+        """The initial state, each device materializing only its own shards (checked to fit them first)."""
+        self.check_state_fits()
         return jax.jit(self.create_state, out_shardings=self.shardings)()
 
     def compile_train(self, state: Any = None, micro_step: Any = None) -> list[jax.stages.Compiled]:
@@ -152,8 +156,6 @@ class RunPrograms:
 
     def lower_dev_loss(self) -> list[tuple[str, jax.stages.Lowered]]:
         """The dev-loss step lowered for every dev-loss batch shape (packed rows, as evaluate_loss reads them)."""
-        from transformer_jax.data.shapes import PACKED_KEYS
-
         self._require_shapes()
         return [(f"dev loss {rows}x{width}",
                  self.dev_loss_step.lower(self.abstract_state.params, self.abstract_batch(rows, width, PACKED_KEYS)))
@@ -168,18 +170,25 @@ class RunPrograms:
         _, config = decoding_precision({}, self.model_config, dtype, mesh_platform(self.mesh))
         return functools.partial(translate_rows, config=config, options=options, mesh=self.mesh), config
 
-    def lower_search(self, options: DecodeOptions, dtype: str = "",
-                     shape: tuple[int, int] | None = None) -> tuple[str, jax.stages.Lowered]:
-        """The search lowered for `shape` (rows, source width), by default the widest translation batch."""
-        if shape is None:
+    def search_shape(self, width: int | None = None) -> tuple[int, int]:
+        """(rows, source width) of a translation batch: the widest of the run's splits, or sources of `width` tokens
+        in the rows the run's translation batching gives that width on this mesh."""
+        if width is None:
             self._require_shapes()
+            return self.shapes.translation
+        batching = translation_batching(self.config)
+        return translation_rows(width, batching.batch_size, batching.batch_tokens, self.mesh.size), width
+
+    def lower_search(self, options: DecodeOptions, dtype: str = "",
+                     width: int | None = None) -> tuple[str, jax.stages.Lowered]:
+        """The search lowered for a translation batch (`search_shape(width)`), by default the widest."""
         search, _ = self.search(options, dtype)
         platform = mesh_platform(self.mesh)
         replicated = NamedSharding(self.mesh, PartitionSpec())
         params = jax.eval_shape(lambda p: decoding_precision(p, self.model_config, dtype, platform)[0],
                                 nn.meta.unbox(self.abstract_state.params))
         params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), params)
-        rows, width = shape or self.shapes.translation
+        rows, width = self.search_shape(width)
         src = jax.ShapeDtypeStruct((rows, width), np.int32, sharding=batch_sharding(self.mesh))
         key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
         return f"{options.describe()} {rows}x{width}", search.func.lower(params, src, key, **search.keywords)
@@ -259,8 +268,6 @@ def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
 def build_run_for(config: ml_collections.ConfigDict, mesh: Mesh, data: RunData | None = None) -> RunPrograms:
     """The run on `mesh` for the batch shapes `data`'s corpus gives (train.py, the preflight with a workdir),
     or, without data, for rows of data.max_length and a vocabulary of data.vocab_size (the preflight alone)."""
-    from transformer_jax.data.shapes import nominal_batch_shapes
-
     vocab_size = data.tokenizer.vocab_size if data else config.model.vocab_size or config.data.vocab_size
     max_len, batching = run_model_config(config, vocab_size).max_len, translation_batching(config)
     if data:
