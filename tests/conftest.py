@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import signal
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,6 +16,12 @@ from transformer_jax import TransformerConfig
 # (about 1e-3 relative error: seven attention tests failed on an H100 for it), so a GPU run asks for full float32.
 if jax.default_backend() == "gpu":
     jax.config.update("jax_default_matmul_precision", "highest")
+
+# A suite started in the background (`nohup ... &`, a shell's job) inherits SIGINT ignored, and the commands it
+# starts keep it ignored, as they should: the Ctrl-C tests then see nothing. They test Ctrl-C as a terminal sends
+# it, so the suite takes SIGINT back (its children inherit the default).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
