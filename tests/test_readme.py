@@ -283,14 +283,15 @@ def test_the_translator_example_translates_a_run_in_the_callers_order(trained_ru
     assert [len(translations) for translations in printed] == [3, 1] and printed[0][1] == ""
 
 
-def test_the_run_from_python_example_trains_the_smoke_run(tmp_path, monkeypatch, capsys):
-    """docs/modules.md's two calls (assemble_run, Trainer) train the packaged smoke config to its last step."""
+def test_the_run_from_python_example_trains_the_smoke_run(tmp_path, monkeypatch, capfd):
+    """docs/modules.md's two calls (assemble_run, Trainer) train the packaged smoke config to its last step. (Output
+    captured at the file descriptors: SentencePiece's trainer writes to them.)"""
     from transformer_jax.configs import smoke
 
     monkeypatch.chdir(tmp_path)
     namespace = run_marked_block("run-from-python")
     steps = smoke.get_config().training.num_train_steps
-    assert int(namespace["state"].step) == steps and capsys.readouterr().out.splitlines()[-1] == str(steps)
+    assert int(namespace["state"].step) == steps and capfd.readouterr().out.splitlines()[-1] == str(steps)
     assert (tmp_path / "runs" / "smoke_from_python" / "checkpoints" / str(steps)).is_dir()
 
 
