@@ -198,6 +198,7 @@ def predicted(topology_name: str) -> dict[str, Any]:
     """Sentences/s the compiled beam search (beam 4, bfloat16) of this model bounds on `topology_name`."""
     from transformer_jax.aot import describe, mesh_for, program_of, run_programs
     from transformer_jax.config import decode_options, default_config
+    from transformer_jax.decoding import output_width
 
     config = default_config()
     config.model.update(num_layers=6, d_model=512, d_ff=2048, num_heads=8, activation="swish", output_bias=True,
@@ -216,7 +217,7 @@ def predicted(topology_name: str) -> dict[str, Any]:
     program = program_of("ours", programs.lower_search(decode_options(config), "bfloat16")[1].compile())
     chip = topology.chip
     step_s = max(program.flops / chip.peak_bf16_flops, program.bytes_accessed / chip.hbm_bytes_per_second)
-    cache = min(width + config.eval.max_extra_length, config.model.max_len)  # the compiled caches' positions
+    cache = output_width(width, config.eval.max_extra_length, config.model.max_len)  # the compiled caches' positions
     return {"topology": topology_name, "sentences_per_batch": rows, "source_width": width, "cache_positions": cache,
             "step_ms": step_s * 1e3, "sentences_per_s": rows / (step_s * OUTPUT_LENGTH)}
 

@@ -10,6 +10,7 @@ from transformer_jax.aot.report import advice, search_line, table, verdict
 from transformer_jax.aot.topology import Topology, describe, mesh_for
 from transformer_jax.config.schema import check_run_config, decode_options, decoding_dtype
 from transformer_jax.data.batch_content import describe as describe_batches
+from transformer_jax.decoding import output_width
 from transformer_jax.errors import ConfigError
 from transformer_jax.run.programs import RunPrograms, build_run_for
 
@@ -60,14 +61,16 @@ def search_report(config: ml_collections.ConfigDict, built: RunPrograms, program
                   search_width: int) -> str:
     """The search's speed lines: the compiled widest batch's, and with `search_width` (compiled here) a batch of
     sources that wide."""
-    options, max_len = decode_options(config), built.model_config.max_len
+    options = decode_options(config)
+
+    def line(program: Program, rows: int, width: int) -> str:
+        longest = output_width(width, options.max_extra_length, built.model_config.max_len)
+        return "\n" + search_line(program, topology, rows, width, longest)
+
     rows, width = built.search_shape()
-    compiled = [program for program in programs if program.name == f"{options.describe()} {rows}x{width}"]
-    lines = [search_line(program, topology, rows, width, min(width + options.max_extra_length, max_len))
-             for program in compiled]
+    lines = [line(program, rows, width) for program in programs
+             if program.name == f"{options.describe()} {rows}x{width}"]
     if search_width:
         name, lowered = built.lower_search(options, decoding_dtype(config), search_width)
-        rows, width = built.search_shape(search_width)
-        lines.append(search_line(program_of(name, lowered.compile()), topology, rows, width,
-                                 min(width + options.max_extra_length, max_len)))
-    return "".join("\n" + line for line in lines)
+        lines.append(line(program_of(name, lowered.compile()), *built.search_shape(search_width)))
+    return "".join(lines)

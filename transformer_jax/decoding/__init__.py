@@ -8,6 +8,7 @@ precision a search runs in, the search split over a mesh).
 """
 
 from transformer_jax.decoding.beam_search import BeamSearchOutput, beam_search
+from transformer_jax.decoding.lengths import output_width
 from transformer_jax.decoding.step import StepState, cached_step, prefix_step
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.sampling import greedy_decode, sample_decode
@@ -15,5 +16,5 @@ from transformer_jax.decoding.translate import DTYPES, decoding_precision, trans
 
 __all__ = [
     "DTYPES", "BeamSearchOutput", "DecodeOptions", "StepState", "beam_search", "cached_step", "decoding_precision",
-    "greedy_decode", "prefix_step", "sample_decode", "translate_batch", "translate_rows",
+    "greedy_decode", "output_width", "prefix_step", "sample_decode", "translate_batch", "translate_rows",
 ]

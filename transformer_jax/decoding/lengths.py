@@ -20,9 +20,14 @@ def max_output_lengths(src_tokens: jax.Array, max_extra_length: int, max_len: in
     return jnp.minimum(source_lengths_B + max_extra_length, max_len)
 
 
+def output_width(source_width: int, max_extra_length: int, max_len: int) -> int:
+    """The output width L (static) of a batch of sources `source_width` tokens wide: the decode loop's most steps."""
+    return min(source_width + max_extra_length, max_len)
+
+
 def output_lengths(
     config: TransformerConfig, src_tokens: jax.Array, max_extra_length: int
 ) -> tuple[jax.Array, int]:
     """Per-sentence maximum output lengths [B] and the output width L (static)."""
-    output_length = min(src_tokens.shape[1] + max_extra_length, config.max_len)
+    output_length = output_width(src_tokens.shape[1], max_extra_length, config.max_len)
     return max_output_lengths(src_tokens, max_extra_length, config.max_len), output_length
