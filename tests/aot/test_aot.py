@@ -147,6 +147,7 @@ def test_the_command_prints_the_table_and_fits(tmp_path):
     widest, bulk = [line for line in result.stdout.splitlines() if line.startswith("search ")]
     for line in (widest, bulk):
         assert "beam search (beam 2, alpha 0.6)" in line and "sentences/s" in line and "hours" in line, line
+    assert "(translate-corpus)" in bulk and "translate-corpus" not in widest  # v5e-4 is one host process
     # 512 source tokens a batch at width 16: 32 rows (at most 64; a multiple of the 4 devices); outputs of 16 tokens
     # up to 16 + the tiny config's eval.max_extra_length
     assert "alpha 0.6) 32x16:" in bulk and f"outputs of 16-{16 + small_run().eval.max_extra_length} tokens" in bulk
@@ -160,7 +161,13 @@ def test_the_search_line_is_one_decode_step_at_the_roofline_times_the_output_len
     # 1 ms a step (compute; memory 0.5 ms): 64 sentences in 32 to 64 steps, 2,000 to 1,000 sentences/s
     line = search_line(compute_bound, topology, rows=64, width=32, longest_output=64)
     assert "1.00 ms a decode step" in line and "outputs of 32-64 tokens: 1,000-2,000 sentences/s" in line, line
-    assert "100M sentences (translate-corpus) in 13.9-27.8 hours" in line, line
+    assert "100M sentences in 13.9-27.8 hours" in line, line
+    # One host process's share of a bulk job on each of 2 hosts: twice the program's rate
+    line = search_line(compute_bound, topology, rows=64, width=32, longest_output=64, processes=2)
+    assert "outputs of 32-64 tokens: 2,000-4,000 sentences/s" in line, line
+    assert "100M sentences (translate-corpus: 2 processes, each this batch on its 4 devices) in 6.9-13.9 hours" in line
+    line = search_line(compute_bound, topology, rows=64, width=32, longest_output=64, processes=1)
+    assert "1,000-2,000 sentences/s; 100M sentences (translate-corpus) in 13.9-27.8 hours" in line, line
     memory_bound = dataclasses.replace(compute_bound, bytes_accessed=topology.hbm_bandwidth_per_device * 2e-3)
     line = search_line(memory_bound, topology, rows=64, width=32, longest_output=32)
     assert "2.00 ms a decode step" in line and ": 1,000-1,000 sentences/s" in line and " 27.8-27.8 hours" in line
@@ -198,6 +205,34 @@ def test_a_tiny_memory_does_not_fit_and_names_what_to_change(tmp_path):
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stdout.rstrip().splitlines()[-1]
     assert last.startswith("does not fit:") and "--config.mesh.fsdp=2" in last and "model.remat=full" in last
+
+
+def test_the_bulk_line_prices_translate_corpus_s_search_flags_on_each_host_s_devices(tmp_path):
+    """v5e:4x4 is 4 host processes of 4 chips: translate-corpus's batch is split over one process's 4 devices (64
+    rows of 16 tokens in --batch_tokens=1024, a multiple of 4), and the 4 processes translate at 4 times its rate."""
+    result = run_aot(tmp_path, "--topology=v5e:4x4", "--search_width=16", "--mode=sample", "--top_k=10",
+                     "--temperature=0.7", "--dtype=bfloat16", "--batch_size=64", "--batch_tokens=1024",
+                     "--max_extra_length=8")
+    assert result.returncode == 0, result.stderr[-3000:]
+    widest, bulk = [line for line in result.stdout.splitlines() if line.startswith("search ")]
+    assert widest.startswith("search          beam search (beam 2, alpha 0.6) "), widest  # the run's own search
+    assert bulk.startswith("search          sampling (seed 0, temperature 0.7, top-k 10, top-p 1.0) 64x16: "), bulk
+    assert "outputs of 16-24 tokens" in bulk and "(translate-corpus: 4 processes, each this batch on its 4 devices)" \
+        in bulk, bulk
+    step_ms = float(bulk.split(": ")[1].split(" ms")[0])
+    fastest = float(bulk.split("sentences/s")[0].split("-")[-1].replace(",", ""))
+    assert fastest == pytest.approx(4 * 64 / (step_ms / 1e3 * 16), rel=0.01), bulk
+
+
+def test_search_flags_without_a_search_width_are_one_line(tmp_path):
+    result = run_aot(tmp_path, "--topology=v5e-4", "--mode=greedy")
+    assert result.returncode == 2, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert "--mode prices translate-corpus's batch" in line and "--search_width=32" in line, line
+    result = run_aot(tmp_path, "--topology=v5e-4", "--search_width=16", "--top_k=10")
+    assert result.returncode == 2, result.stderr[-3000:]
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert "--top_k applies to --mode=sample" in line, line
 
 
 def test_a_search_width_the_model_cannot_take_is_one_line(tmp_path):

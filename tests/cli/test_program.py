@@ -21,7 +21,8 @@ BATCHES = {"batch_size", "batch_tokens", "cpu_devices"}
 OWN_FLAGS = {
     "train": {"config", "workdir", "config_help"} | CLUSTER,
     "prepare": {"config", "output", "workers", "config_help"},
-    "preflight": {"config", "topology", "num_slices", "workdir", "hbm_gb", "search_width", "config_help"},
+    "preflight": {"config", "topology", "num_slices", "workdir", "hbm_gb", "search_width", "config_help"} | SEARCH
+                 | {"batch_size", "batch_tokens"},
     "import": {"hf_dir", "workdir", "source_lang", "target_lang", "text_data"},
     "score": RUN | CLUSTER | SEARCH | BATCHES | {"split"},
     "translate": RUN | CLUSTER | SEARCH | BATCHES | {"input"},

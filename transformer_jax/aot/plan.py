@@ -2,28 +2,33 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
 
 from transformer_jax.aot.compile import Program, compile_run, program_of, run_data, run_shapes
 from transformer_jax.aot.host_input import host_input
 from transformer_jax.aot.report import advice, search_line, table, verdict
-from transformer_jax.aot.topology import Topology, describe, mesh_for
-from transformer_jax.config.schema import check_run_config, decode_options, decoding_dtype
+from transformer_jax.aot.topology import Topology, describe, host_devices, mesh_for
+from transformer_jax.base.sharding import make_mesh
+from transformer_jax.config.schema import check_run_config, decode_options, decoding_dtype, translation_batching
 from transformer_jax.data.batch_content import describe as describe_batches
-from transformer_jax.decoding import output_width
+from transformer_jax.data.shapes import TranslationBatching
+from transformer_jax.decoding import DecodeOptions, output_width
 from transformer_jax.errors import ConfigError
 from transformer_jax.run.programs import RunPrograms, build_run_for
 
 
 def plan_run(config: ml_collections.ConfigDict, topology_name: str, num_slices: int = 1,
-             hbm_bytes: int | None = None, workdir: str | None = None, search_width: int = 0) -> tuple[str, bool]:
+             hbm_bytes: int | None = None, workdir: str | None = None, search_width: int = 0,
+             bulk: BulkSearch | None = None) -> tuple[str, bool]:
     """Compile `config`'s programs for the topology (for the batch shapes of the run's corpus, data.prepared or
     `workdir`'s, when there is one, else rows of data.max_length); returns the report (with the host's input
     time per update when there is a corpus, ending in a verdict line) and whether it fits.
 
     The search's speed line is for the widest translation batch, and with `search_width` also for sources padded
     to that many tokens (a bulk job's typical batch: `translate-corpus` sorts sentences into widths), in the rows
-    the run's translation batching gives that width."""
+    the bulk job's batching (`bulk`, default the run's) gives that width on one host process's devices."""
     check_run_config(config)
     if not 0 <= search_width <= config.model.max_len:  # before a corpus is prepared or anything compiled
         raise ConfigError(f"--search_width={search_width} must be 0 (the widest translation batch only) or a source "
@@ -44,7 +49,7 @@ def plan_run(config: ml_collections.ConfigDict, topology_name: str, num_slices: 
                 f"{advice(mesh, shapes, accumulation)}"), False
     result = verdict(shapes, programs, topology, accumulation, hbm_bytes)
     report = table(topology, mesh, shapes, programs, result, accumulation)
-    report += search_report(config, built, programs, topology, search_width)
+    report += search_report(config, built, programs, topology, search_width, bulk)
     if data is None:
         report += ("\nhost input      not measured: no corpus (give --workdir, or --config.data.prepared=DIR from "
                    "python -m transformer_jax.cli.prepare)")
@@ -57,20 +62,38 @@ def plan_run(config: ml_collections.ConfigDict, topology_name: str, num_slices: 
             f"{result.hbm_bytes / 1e9:.2f} GB available; {advice(mesh, shapes, accumulation)}"), False
 
 
+@dataclasses.dataclass(frozen=True)
+class BulkSearch:
+    """What `translate-corpus` decodes with: the search settings, the dtype and the translation batching (its
+    --mode, --dtype, --batch_size and --batch_tokens flags; by default the run's)."""
+
+    options: DecodeOptions
+    dtype: str
+    batching: TranslationBatching
+
+    @classmethod
+    def of(cls, config: ml_collections.ConfigDict) -> BulkSearch:
+        """The run's own: beam search with its eval section, its eval.dtype and its translation batching."""
+        return cls(decode_options(config), decoding_dtype(config), translation_batching(config))
+
+
 def search_report(config: ml_collections.ConfigDict, built: RunPrograms, programs: list[Program], topology: Topology,
-                  search_width: int) -> str:
-    """The search's speed lines: the compiled widest batch's, and with `search_width` (compiled here) a batch of
-    sources that wide."""
+                  search_width: int, bulk: BulkSearch | None = None) -> str:
+    """The search's speed lines: the compiled widest batch's (the run's search over its mesh), and with
+    `search_width` (compiled here) `translate-corpus`'s batch of sources that wide: `bulk`'s search (default: the
+    run's) over one host process's devices, as each process of a bulk job translates its own shards."""
     options = decode_options(config)
-
-    def line(program: Program, rows: int, width: int) -> str:
-        longest = output_width(width, options.max_extra_length, built.model_config.max_len)
-        return "\n" + search_line(program, topology, rows, width, longest)
-
+    max_len = built.model_config.max_len
     rows, width = built.search_shape()
-    lines = [line(program, rows, width) for program in programs
-             if program.name == f"{options.describe()} {rows}x{width}"]
+    lines = ["\n" + search_line(program, topology, rows, width,
+                                output_width(width, options.max_extra_length, max_len))
+             for program in programs if program.name == f"{options.describe()} {rows}x{width}"]
     if search_width:
-        name, lowered = built.lower_search(options, decoding_dtype(config), search_width)
-        lines.append(line(program_of(name, lowered.compile()), *built.search_shape(search_width)))
+        bulk = BulkSearch.of(config) if bulk is None else bulk
+        host = make_mesh(devices=host_devices(topology), where=f"{topology.name}'s first host")
+        name, lowered = built.lower_search(bulk.options, bulk.dtype, search_width, batching=bulk.batching, mesh=host)
+        rows, width = built.search_shape(search_width, bulk.batching, host)
+        longest = output_width(width, bulk.options.max_extra_length, max_len)
+        lines.append("\n" + search_line(program_of(name, lowered.compile()), topology, rows, width, longest,
+                                        processes=topology.hosts))
     return "".join(lines)

@@ -5,8 +5,13 @@ extra; GPUs such as --topology=h100-8: JAX's CUDA plugin, `pip install "jax[cuda
 prints per-device memory against the chip's HBM, FLOPs, collectives and a roofline speed (of training, and of
 translating: sentences/s and the hours for 100M sentences; --search_width adds a bulk job's typical batch),
 and ends with "fits" (exit 0) or a "does not fit" line naming what to change (exit 1).
+
+The --search_width batch is `transformer-jax translate-corpus`'s, priced with the same search flags (--mode=greedy,
+--mode=sample --top_k=10, --dtype=bfloat16, --batch_tokens=16384, ...; by default the run's beam search and
+batching) over one host process's devices, as each process of a bulk job translates its own shards.
 """
 
+import dataclasses
 import os
 import sys
 
@@ -16,7 +21,7 @@ os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # the CUDA plugin
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from transformer_jax.cli import user_errors  # noqa: E402
+from transformer_jax.cli import define_search_flags, user_errors  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Run config file (see configs/); --config_help lists every key.", lock_config=True)
@@ -31,6 +36,7 @@ _SEARCH_WIDTH = flags.DEFINE_integer(
     "search_width", 0, "Also compile the search for sources padded to this many tokens (a bulk job's typical batch: "
     "translate-corpus sorts sentences by length; e.g. 32), in the rows the config's translation batching gives, and "
     "print its sentences/s and the hours for 100M sentences.")
+_SEARCH = define_search_flags()
 _HBM_GB = flags.DEFINE_float("hbm_gb", None, "Memory per device in GB instead of the chip's (e.g. to keep headroom).")
 flags.mark_flags_as_required(["config", "topology"])
 
@@ -43,7 +49,7 @@ def main(argv: list[str]) -> None:
         # The environment default above comes too late when `python -m` has imported jax with the package:
         # set the platform before any backend starts, so an installed CUDA plugin is only compiled for.
         jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS") or "cpu")
-        from transformer_jax.aot.plan import plan_run
+        from transformer_jax.aot.plan import BulkSearch, plan_run
         from transformer_jax.base import exists
         from transformer_jax.errors import ConfigError
 
@@ -57,9 +63,16 @@ def main(argv: list[str]) -> None:
             raise ConfigError(f"--hbm_gb={_HBM_GB.value} must be a positive number of GB per device "
                               "(leave it out to use the chip's own memory)")
 
-        report, fits = plan_run(_CONFIG.value, _TOPOLOGY.value, _SLICES.value,
+        holders = (getattr(_SEARCH, field.name) for field in dataclasses.fields(_SEARCH))
+        given = [holder.name for holder in holders if holder is not None and holder.value is not None]
+        if given and not _SEARCH_WIDTH.value:
+            raise ConfigError(f"--{given[0]} prices translate-corpus's batch, which needs --search_width: add "
+                              "--search_width=32 (sources padded to 32 tokens, a bulk job's typical batch)")
+        config = _CONFIG.value
+        bulk = BulkSearch(_SEARCH.options(config), **_SEARCH.translation(config))
+        report, fits = plan_run(config, _TOPOLOGY.value, _SLICES.value,
                                 None if _HBM_GB.value is None else int(_HBM_GB.value * 1e9), _WORKDIR.value,
-                                _SEARCH_WIDTH.value)
+                                _SEARCH_WIDTH.value, bulk)
         print(report)
         if not fits:
             sys.exit(1)

@@ -190,20 +190,29 @@ def table(topology: Topology, mesh: Mesh, shapes: RunShapes, programs: list[Prog
     return "\n".join(lines)
 
 
-def search_line(program: Program, topology: Topology, rows: int, width: int, longest_output: int) -> str:
+def search_line(program: Program, topology: Topology, rows: int, width: int, longest_output: int,
+                processes: int = 0) -> str:
     """The compiled search as a translation speed: sentences/s for batches of `rows` sources of `width` tokens, and
-    the hours `translate-corpus` needs for BULK_SENTENCES, between outputs as long as their sources (`width`
-    steps) and the longest output the search allows (`longest_output` steps: a batch's loop runs until its last
-    sentence is done, and beam search, stopping early only when no beam can improve, often runs to the end).
+    the hours 100M (BULK_SENTENCES) sentences take, between outputs as long as their sources (`width` steps) and
+    the longest output the search allows (`longest_output` steps: a batch's loop runs until its last sentence is
+    done, and beam search, stopping early only when no beam can improve, often runs to the end).
+
+    `processes` > 0: the program is one host process's share of `translate-corpus` (each process translates its
+    own shards on its own devices), so the job's rate is `processes` times the program's; 0: the program is the
+    whole mesh's (the run's own search, as the score command splits a batch over every device).
 
     XLA's cost analysis counts the search's while loop body once, so the program's FLOPs and bytes are one decode
     step, at the roofline (a lower bound on its time); they include the encoder, which runs once a batch."""
     step_seconds = roofline_seconds(program, topology)
-    fast, slow = (rows / (step_seconds * steps) for steps in (width, longest_output))
-    return (f"search          {program.name}: {step_seconds * 1e3:.2f} ms a decode step (roofline), outputs of "
+    copies = max(processes, 1)
+    fast, slow = (copies * rows / (step_seconds * steps) for steps in (width, longest_output))
+    job = "" if not processes else (
+        " (translate-corpus)" if processes == 1 else
+        f" (translate-corpus: {processes} processes, each this batch on its {len(topology.devices) // processes} "
+        "devices)")
+    return (f"search          {program.name}: {step_seconds * 1e3:#.3g} ms a decode step (roofline), outputs of "
             f"{width}-{longest_output} tokens: {slow:,.0f}-{fast:,.0f} sentences/s; {BULK_SENTENCES / 1e6:.0f}M "
-            f"sentences (translate-corpus) in {BULK_SENTENCES / fast / 3600:.1f}-{BULK_SENTENCES / slow / 3600:.1f} "
-            "hours")
+            f"sentences{job} in {BULK_SENTENCES / fast / 3600:.1f}-{BULK_SENTENCES / slow / 3600:.1f} hours")
 
 
 def advice(mesh: Mesh, shapes: RunShapes, accumulation: int) -> str:

@@ -159,6 +159,16 @@ def _describe_gpus(name: str, num_slices: int) -> Topology:
     return Topology(name, tuple(described.devices), chip, 1)
 
 
+def host_devices(topology: Topology) -> list[jax.Device]:
+    """The devices of the topology's first host process: what one process of a job that runs on each host alone
+    (`translate-corpus`) has as its local devices."""
+    def host(device: jax.Device) -> tuple[int, int]:
+        return getattr(device, "slice_index", 0), device.process_index
+
+    first = min(host(device) for device in topology.devices)
+    return [device for device in topology.devices if host(device) == first]
+
+
 def mesh_for(topology: Topology, data: int, fsdp: int) -> Mesh:
     """The run's (data, fsdp) mesh (base.sharding.make_mesh, as train.py builds it) over the topology's devices."""
     return make_mesh(data, fsdp, topology.devices, topology.num_slices, where=topology.name)

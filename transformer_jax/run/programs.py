@@ -21,7 +21,13 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from transformer_jax.base.sharding import abstract_with_shardings, batch_sharding, mesh_platform, state_shardings
 from transformer_jax.config.schema import model_config as run_model_config
 from transformer_jax.config.schema import translation_batching
-from transformer_jax.data.shapes import PACKED_KEYS, BatchShapes, nominal_batch_shapes, translation_rows
+from transformer_jax.data.shapes import (
+    PACKED_KEYS,
+    BatchShapes,
+    TranslationBatching,
+    nominal_batch_shapes,
+    translation_rows,
+)
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.translate import decoding_precision, translate_rows
 from transformer_jax.errors import ConfigError
@@ -161,35 +167,44 @@ class RunPrograms:
                  self.dev_loss_step.lower(self.abstract_state.params, self.abstract_batch(rows, width, PACKED_KEYS)))
                 for rows, width in self.shapes.dev_loss]
 
-    def search(self, options: DecodeOptions, dtype: str = "") -> tuple[Callable, TransformerConfig]:
-        """The search of a batch split over the mesh, `(params, src, rng) -> ids`, and the config it runs.
+    def search(self, options: DecodeOptions, dtype: str = "", mesh: Mesh | None = None) -> tuple[Callable,
+                                                                                              TransformerConfig]:
+        """The search of a batch split over `mesh` (default: the run's), `(params, src, rng) -> ids`, and the config
+        it runs.
 
         Its parameters are the run's, replicated and cast by `decoding_precision` (with the returned
         config) for the mesh's platform: the precision is chosen here, once for the program.
         """
-        _, config = decoding_precision({}, self.model_config, dtype, mesh_platform(self.mesh))
-        return functools.partial(translate_rows, config=config, options=options, mesh=self.mesh), config
+        mesh = self.mesh if mesh is None else mesh
+        _, config = decoding_precision({}, self.model_config, dtype, mesh_platform(mesh))
+        return functools.partial(translate_rows, config=config, options=options, mesh=mesh), config
 
-    def search_shape(self, width: int | None = None) -> tuple[int, int]:
+    def search_shape(self, width: int | None = None, batching: TranslationBatching | None = None,
+                     mesh: Mesh | None = None) -> tuple[int, int]:
         """(rows, source width) of a translation batch: the widest of the run's splits, or sources of `width` tokens
-        in the rows the run's translation batching gives that width on this mesh."""
+        in the rows `batching` (default: the run's translation batching) gives that width on `mesh` (default: the
+        run's)."""
         if width is None:
             self._require_shapes()
             return self.shapes.translation
-        batching = translation_batching(self.config)
-        return translation_rows(width, batching.batch_size, batching.batch_tokens, self.mesh.size), width
+        batching = translation_batching(self.config) if batching is None else batching
+        devices = (self.mesh if mesh is None else mesh).size
+        return translation_rows(width, batching.batch_size, batching.batch_tokens, devices), width
 
-    def lower_search(self, options: DecodeOptions, dtype: str = "",
-                     width: int | None = None) -> tuple[str, jax.stages.Lowered]:
-        """The search lowered for a translation batch (`search_shape(width)`), by default the widest."""
-        search, _ = self.search(options, dtype)
-        platform = mesh_platform(self.mesh)
-        replicated = NamedSharding(self.mesh, PartitionSpec())
+    def lower_search(self, options: DecodeOptions, dtype: str = "", width: int | None = None, *,
+                     batching: TranslationBatching | None = None,
+                     mesh: Mesh | None = None) -> tuple[str, jax.stages.Lowered]:
+        """The search lowered for a translation batch (`search_shape(width, batching, mesh)`), by default the widest,
+        split over `mesh` (default: the run's; `translate-corpus` splits each batch over one process's devices)."""
+        mesh = self.mesh if mesh is None else mesh
+        search, _ = self.search(options, dtype, mesh)
+        platform = mesh_platform(mesh)
+        replicated = NamedSharding(mesh, PartitionSpec())
         params = jax.eval_shape(lambda p: decoding_precision(p, self.model_config, dtype, platform)[0],
                                 nn.meta.unbox(self.abstract_state.params))
         params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), params)
-        rows, width = self.search_shape(width)
-        src = jax.ShapeDtypeStruct((rows, width), np.int32, sharding=batch_sharding(self.mesh))
+        rows, width = self.search_shape(width, batching, mesh)
+        src = jax.ShapeDtypeStruct((rows, width), np.int32, sharding=batch_sharding(mesh))
         key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
         return f"{options.describe()} {rows}x{width}", search.func.lower(params, src, key, **search.keywords)
 
