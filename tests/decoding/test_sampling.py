@@ -63,3 +63,21 @@ def test_sampling_from_a_tiny_nucleus_is_greedy_and_the_key_decides_the_sample(m
                                     max_extra_length=6)) for k in (1, 1, 2)]
     np.testing.assert_array_equal(hot[0], hot[1])
     assert not np.array_equal(hot[0], hot[2])
+
+
+def test_a_row_samples_by_its_id_not_its_place_in_the_batch(model):
+    """What lets sampling split a batch over devices, or re-batch a corpus, and draw the same tokens."""
+    params, config, src = model
+    key = jax.random.key(3)
+    ids = np.arange(src.shape[0]) + 100
+    whole = np.asarray(sample_decode(params, config, src, key, temperature=5.0, max_extra_length=6, row_ids=ids))
+    order = np.arange(src.shape[0])[::-1]
+    flipped = np.asarray(sample_decode(params, config, src[order], key, temperature=5.0, max_extra_length=6,
+                                       row_ids=ids[order]))
+    assert (flipped == whole[order]).all()
+    alone = np.asarray(sample_decode(params, config, src[-1:], key, temperature=5.0, max_extra_length=6,
+                                     row_ids=ids[-1:]))
+    assert (alone[0] == whole[-1]).all()
+    # Without ids a row's place is its id: the flipped batch draws other tokens
+    by_place = np.asarray(sample_decode(params, config, src[order], key, temperature=5.0, max_extra_length=6))
+    assert not (by_place == whole[order]).all()

@@ -68,6 +68,27 @@ def test_standard_input_is_decoded_in_blocks_with_the_files_translations(trained
     assert chunks == file_chunks == [50] * 20  # blocks of 50 lines (each in token-budget batches), not line by line
 
 
+def test_a_line_samples_the_same_in_any_block_or_batch(trained_run, tmp_path):
+    """Each line draws from the seed folded with its line number: blocks of 50 or of 7 lines, in batches of
+    their own, give the same samples; another seed gives others."""
+    path = tmp_path / "in.txt"
+    path.write_text("".join(line + "\n" for line in sentences(60)))
+    run = open_run(str(trained_run["workdir"]))
+    params = checkpoint_params(run, [run.checkpointer.latest_step()])
+    try:
+        def sampled(seed, batching):
+            options = DecodeOptions(mode="sample", temperature=2.0, seed=seed, max_extra_length=4)
+            return list(translate_file(run, params, str(path), options, batching=batching))
+
+        fifty = sampled(4, TranslationBatching(batch_size=50, batch_tokens=256))
+        seven = sampled(4, TranslationBatching(batch_size=7))
+        other_seed = sampled(5, TranslationBatching(batch_size=50, batch_tokens=256))
+    finally:
+        run.checkpointer.close()
+    assert fifty == seven and len(fifty) == 60
+    assert sum(a != b for a, b in zip(fifty, other_seed)) > 30
+
+
 def test_a_line_typed_alone_is_answered_before_the_input_ends(trained_run):
     """An interactive user: one line, standard input left open, and its translation arrives."""
     translate = subprocess.Popen([sys.executable, "-m", "transformer_jax", "translate",

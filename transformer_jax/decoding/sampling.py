@@ -55,10 +55,14 @@ def greedy_choice(log_probs_BxV: jax.Array, key: jax.Array) -> jax.Array:
 def sampling_choice(
     temperature: float | jax.Array = 1.0, top_k: int = 0, top_p: float | jax.Array = 1.0
 ) -> ChooseFn:
-    """A choose_fn drawing each row's token from softmax(filter_logits(log_probs, ...))."""
+    """A choose_fn drawing each row's token from softmax(filter_logits(log_probs, ...)), from one key for the
+    batch or from each row's own key ([B] keys)."""
 
     def choose(log_probs_BxV: jax.Array, key: jax.Array) -> jax.Array:
-        return jax.random.categorical(key, filter_logits(log_probs_BxV, temperature, top_k, top_p))
+        filtered_BxV = filter_logits(log_probs_BxV, temperature, top_k, top_p)
+        if key.ndim == 0:
+            return jax.random.categorical(key, filtered_BxV)
+        return jax.vmap(jax.random.categorical)(key, filtered_BxV)
 
     return choose
 
@@ -71,16 +75,27 @@ class _TokenState(NamedTuple):
     model_state: Any
 
 
+def row_keys(rng: jax.Array, row_ids_B: jax.Array) -> jax.Array:
+    """[B] keys, one per row: `rng` folded with each row's id. A row's draws then depend on its id alone, not on
+    its place in a batch or the device that decodes it."""
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(rng, jnp.asarray(row_ids_B, jnp.uint32))
+
+
 def token_loop(
     step_fn: StepFn, state: Any, max_lengths_B: jax.Array, output_length: int, choose_fn: ChooseFn,
-    rng: jax.Array, *, bos_id: int = BOS_ID, eos_id: int = EOS_ID,
+    rng: jax.Array, *, bos_id: int = BOS_ID, eos_id: int = EOS_ID, row_ids_B: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """One token per sentence and step, picked by `choose_fn`; returns ([B, L] tokens, steps run)."""
+    """One token per sentence and step, picked by `choose_fn`; returns ([B, L] tokens, steps run).
+
+    `choose_fn` gets each row's key for the step: `rng` folded with the row's id (`row_ids_B`, default its place
+    in the batch), then with the step."""
     batch = max_lengths_B.shape[0]
+    keys_B = row_keys(rng, jnp.arange(batch) if row_ids_B is None else row_ids_B)
 
     def body(carry: _TokenState) -> _TokenState:
         log_probs_BxV, model_state = step_fn(carry.last_Bx1, carry.model_state)
-        token_B = choose_fn(log_probs_BxV, jax.random.fold_in(rng, carry.step)).astype(jnp.int32)
+        step_keys_B = jax.vmap(jax.random.fold_in, in_axes=(0, None))(keys_B, carry.step)
+        token_B = choose_fn(log_probs_BxV, step_keys_B).astype(jnp.int32)
         token_B = jnp.where(carry.finished_B, PAD_ID, token_B)
         finished_B = carry.finished_B | (token_B == eos_id) | (carry.step + 1 >= max_lengths_B)
         tokens_BxL = carry.tokens_BxL.at[:, carry.step].set(token_B)
@@ -101,15 +116,16 @@ def token_loop(
     jax.jit, static_argnames=("config", "top_k", "greedy", "max_extra_length", "use_cache", "eos_id"))
 def _token_by_token(
     params: Any, config: TransformerConfig, src_tokens: jax.Array, rng: jax.Array,
-    temperature: jax.Array, top_p: jax.Array, *, top_k: int, greedy: bool, max_extra_length: int,
-    use_cache: bool, eos_id: int,
+    temperature: jax.Array, top_p: jax.Array, row_ids_B: jax.Array | None, *, top_k: int, greedy: bool,
+    max_extra_length: int, use_cache: bool, eos_id: int,
 ) -> jax.Array:
     """Greedy or sampled [B, L] outputs (one hypothesis per sentence)."""
     max_lengths_B, output_length = output_lengths(config, src_tokens, max_extra_length)
     make_step = cached_step if use_cache else prefix_step
     step_fn, state = make_step(params, config, src_tokens, 1, output_length)
     choose = greedy_choice if greedy else sampling_choice(temperature, top_k, top_p)
-    return token_loop(step_fn, state, max_lengths_B, output_length, choose, rng, eos_id=eos_id)[0]
+    return token_loop(step_fn, state, max_lengths_B, output_length, choose, rng, eos_id=eos_id,
+                      row_ids_B=row_ids_B)[0]
 
 
 def greedy_decode(
@@ -119,21 +135,24 @@ def greedy_decode(
     """[B, S] source ids -> [B, L] greedy output ids (L = min(S + max_extra_length, config.max_len))."""
     require(max_extra_length >= 1, f"max_extra_length={max_extra_length} must be at least 1")
     return _token_by_token(params, config, jnp.asarray(src_tokens, jnp.int32), jax.random.key(0),
-                           1.0, 1.0, top_k=0, greedy=True, max_extra_length=max_extra_length,
+                           1.0, 1.0, None, top_k=0, greedy=True, max_extra_length=max_extra_length,
                            use_cache=use_cache, eos_id=eos_id)
 
 
 def sample_decode(
     params: Any, config: TransformerConfig, src_tokens: jax.Array, rng: jax.Array, *,
     temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, max_extra_length: int = 50,
-    eos_id: int = EOS_ID,
+    eos_id: int = EOS_ID, row_ids: jax.Array | None = None,
 ) -> jax.Array:
-    """[B, S] source ids -> [B, L] ids sampled from softmax(logits / temperature), top-k/top-p filtered."""
+    """[B, S] source ids -> [B, L] ids sampled from softmax(logits / temperature), top-k/top-p filtered.
+
+    Each row draws from `rng` folded with its id (`row_ids` [B], default its place in the batch): a sentence
+    given the same id and key samples the same tokens in any batch, on any device."""
     require(not is_python_number(temperature) or temperature > 0, f"temperature={temperature} must be positive (greedy_decode takes the argmax)")
     require(0 <= top_k <= config.vocab_size,
              f"top_k={top_k} must be in [0, vocab_size={config.vocab_size}] (0 keeps every token)")
     require(not is_python_number(top_p) or 0 < top_p <= 1, f"top_p={top_p} must be in (0, 1] (1 keeps every token)")
     require(max_extra_length >= 1, f"max_extra_length={max_extra_length} must be at least 1")
     return _token_by_token(params, config, jnp.asarray(src_tokens, jnp.int32), rng, temperature, top_p,
-                           top_k=top_k, greedy=False, max_extra_length=max_extra_length, use_cache=True,
-                           eos_id=eos_id)
+                           None if row_ids is None else jnp.asarray(row_ids), top_k=top_k, greedy=False,
+                           max_extra_length=max_extra_length, use_cache=True, eos_id=eos_id)

@@ -46,12 +46,13 @@ def decoding_precision(params: Any, config: TransformerConfig, dtype: str,
 
 def translate_batch(
     params: Any, config: TransformerConfig, src_tokens: jax.Array,
-    options: DecodeOptions = DecodeOptions(), rng: jax.Array | None = None,
+    options: DecodeOptions = DecodeOptions(), rng: jax.Array | None = None, row_ids: jax.Array | None = None,
 ) -> jax.Array:
     """[B, S] source ids -> [B, L] output ids by `options.mode`: "beam" (the best), "greedy" or "sample".
 
     Runs in the precision `params` and `config` have (see `decoding_precision`). Sampling draws from
-    `rng`, or from `jax.random.key(options.seed)` when none is given.
+    `rng` (or `jax.random.key(options.seed)` when none is given) folded with each row's id (`row_ids`, default
+    its place in the batch; see `sample_decode`).
     """
     if options.mode == "beam":
         return beam_search(params, config, src_tokens, beam_size=options.beam_size, alpha=options.alpha,
@@ -60,25 +61,28 @@ def translate_batch(
         return greedy_decode(params, config, src_tokens, max_extra_length=options.max_extra_length)
     rng = jax.random.key(options.seed) if rng is None else rng
     return sample_decode(params, config, src_tokens, rng, temperature=options.temperature,
-                         top_k=options.top_k, top_p=options.top_p, max_extra_length=options.max_extra_length)
+                         top_k=options.top_k, top_p=options.top_p, max_extra_length=options.max_extra_length,
+                         row_ids=row_ids)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "options", "mesh"))
 def translate_rows(params: Any, src_BxS: jax.Array, rng: jax.Array, config: TransformerConfig,
-                   options: DecodeOptions, mesh: Mesh) -> jax.Array:
+                   options: DecodeOptions, mesh: Mesh, row_ids_B: jax.Array | None = None) -> jax.Array:
     """[B, S] -> [B, L] output ids, each device decoding its own block of rows with the whole parameters.
 
     `params` must be replicated on `mesh` (and in the precision `decoding_precision` chose for the mesh's
     platform) and B a multiple of its size. When the mesh spans several processes, `src_BxS` is a global
     array (every process placing the same batch, `run.dev_loss.place_rows`) and so is the result
-    (`process_allgather` reads it whole). Inside the shard_map every device searches alone: a search
-    over a batch sharded by jit would gather caches across devices at every step. Every device gets the
-    same `rng`, so mode "sample" would draw other tokens than one device (translating a split does not
-    split sampling).
+    (`process_allgather` reads it whole); so is `row_ids_B` when given. Inside the shard_map every device
+    searches alone: a search over a batch sharded by jit would gather caches across devices at every step.
+    Sampling draws each row from `rng` folded with its id (`row_ids_B`, default its place in the whole
+    batch), so a split batch samples the tokens one device would.
     """
     rows = PartitionSpec(BATCH_AXES)
+    if row_ids_B is None:
+        row_ids_B = jnp.arange(src_BxS.shape[0], dtype=jnp.uint32)
     # check_vma=False: the search loops' carries start as constants (typed as replicated) and become
     # per-device values, which the check rejects; nothing here communicates, so nothing relies on it.
-    decode = jax.shard_map(lambda p, src, key: translate_batch(p, config, src, options, key), mesh=mesh,
-                           in_specs=(PartitionSpec(), rows, PartitionSpec()), out_specs=rows, check_vma=False)
-    return decode(params, src_BxS, rng)
+    decode = jax.shard_map(lambda p, src, key, ids: translate_batch(p, config, src, options, key, ids), mesh=mesh,
+                           in_specs=(PartitionSpec(), rows, PartitionSpec(), rows), out_specs=rows, check_vma=False)
+    return decode(params, src_BxS, rng, row_ids_B)

@@ -8,8 +8,9 @@ the same command goes on from the first unfinished shard. The process that finds
 joins them into `<output>` (written whole), records the settings and counts in `<output>.json` and removes the
 parts; the result is the same bytes as an uninterrupted job's.
 
-Sampling draws from a seed derived from (--seed, the file's place, the shard): the same shards give the same
-samples whichever process, or which attempt, translates them. Nothing is overwritten: an output that exists and
+Sampling draws from a seed derived from (--seed, the file's place, the shard), each line from that seed folded with
+its place in the shard: the same shards give the same samples whichever process, or which attempt, translates
+them, on however many devices. Nothing is overwritten: an output that exists and
 is not this job's (no matching `.json` or `.parts/` settings) stops the job before any work.
 """
 

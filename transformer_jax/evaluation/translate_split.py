@@ -62,8 +62,8 @@ STDIN_WAIT_S = 0.1
 
 @functools.partial(jax.jit, static_argnames=("config", "options"))
 def _translate(params: Any, src_tokens: jax.Array, rng: jax.Array, config: TransformerConfig,
-               options: DecodeOptions) -> jax.Array:
-    return translate_batch(params, config, src_tokens, options, rng)
+               options: DecodeOptions, row_ids: jax.Array) -> jax.Array:
+    return translate_batch(params, config, src_tokens, options, rng, row_ids)
 
 
 def replicate(tree: Any, mesh: Mesh) -> Any:
@@ -79,11 +79,13 @@ def replicate(tree: Any, mesh: Mesh) -> Any:
 
 
 def _dispatch_batch(params: Any, src_BxS: np.ndarray, rng: jax.Array, config: TransformerConfig,
-                    options: DecodeOptions, mesh: Mesh | None) -> jax.Array:
-    """Start decoding one batch ([B, L] output ids, not waited for): split over `mesh` by rows, or on one device."""
+                    options: DecodeOptions, mesh: Mesh | None, row_ids_B: np.ndarray) -> jax.Array:
+    """Start decoding one batch ([B, L] output ids, not waited for): split over `mesh` by rows, or on one device;
+    a sampled row draws from `rng` folded with its id (`row_ids_B`)."""
     if mesh is None:
-        return _translate(params, src_BxS, rng, config, options)
-    return translate_rows(params, place_rows(src_BxS, mesh), rng, config, options, mesh)
+        return _translate(params, src_BxS, rng, config, options, row_ids_B)
+    src_BxS, row_ids_B = place_rows((src_BxS, row_ids_B), mesh)
+    return translate_rows(params, src_BxS, rng, config, options, mesh, row_ids_B)
 
 
 def _fetch_ids(ids_BxL: jax.Array) -> np.ndarray:
@@ -113,34 +115,33 @@ def fit_to_model(src_BxS: np.ndarray, max_len: int, real_B: np.ndarray | None = 
 def translate_encoded(
     params: Any, config: TransformerConfig, encoded: EncodedPairs, tokenizer: Tokenizer,
     options: DecodeOptions = DecodeOptions(), *, batching: TranslationBatching = TranslationBatching(),
-    dtype: str = "", show_progress: bool = True, mesh: Mesh | None = None,
+    dtype: str = "", show_progress: bool = True, mesh: Mesh | None = None, first_row_id: int = 0,
 ) -> list[str]:
     """Detokenized translations of every source sentence, in corpus order; empty sources give ''.
 
     Each translation is one line: a newline the tokenizer's byte pieces produce becomes a space.
     With `mesh`, every batch's rows (padded to a multiple of the mesh size) are split over its devices
-    and the translations gathered to every process. Sampling is not split (its draws depend on a
-    row's place in the batch): the first device of each process samples every row, as one device would.
+    and the translations gathered to every process. Sampling draws each sentence from the seed folded with
+    its row id, `first_row_id` + its place in `encoded` (a block's first line in its stream), so the samples
+    are the same in any batching, on any number of devices.
     The search runs in `dtype` ("" the model's own), its precision chosen once for the devices' platform.
     """
-    split_rows = mesh is not None and options.mode != "sample"
     if mesh is not None:
         # Without logical-axis boxes nothing inside the shard_map asks for a sharding.
         params = replicate(nn.meta.unbox(params), mesh)
-        if not split_rows:  # on one device: the mesh's other devices would only repeat its draws
-            params = jax.tree.map(lambda leaf: leaf.addressable_data(0), params)
     # A source that is only EOS was an empty line: its translation is empty, keeping lines aligned.
     empty = encoded.source.lengths <= 1
     batches = translation_batches(encoded, batching.batch_size, batching.batch_tokens, items=np.flatnonzero(~empty),
-                                  row_multiple=mesh.size if split_rows else 1)
+                                  row_multiple=1 if mesh is None else mesh.size)
     logging.info("translating %d sentences in %d batches on %d device(s)", int((~empty).sum()), len(batches),
-                 mesh.size if split_rows else 1)
+                 1 if mesh is None else mesh.size)
     # The weights in the decoding dtype once, not inside every batch's search.
     platform = jax.default_backend() if mesh is None else mesh_platform(mesh)
     params, config = decoding_precision(params, config, dtype, platform)
-    rng = jax.random.key(options.seed)
     # The seed is in `rng`: the compiled search (options are static) is the same for every seed, so that a bulk
-    # job's shards, each with its own seed, reuse one program instead of compiling their own.
+    # job's shards, each with its own seed, reuse one program instead of compiling their own. Every batch gets
+    # the same key: a sentence's draws come from it folded with the sentence's place (its row id).
+    rng = jax.random.key(options.seed)
     options = dataclasses.replace(options, seed=0)
     outputs: list[str] = []
     indices: list[int] = []
@@ -153,10 +154,9 @@ def translate_encoded(
         for batch in [*batches, None]:
             started = None
             if batch is not None:
-                rng, key = jax.random.split(rng)
                 src = fit_to_model(batch["inputs"], config.max_len, batch["index"] >= 0)
-                started = (_dispatch_batch(params, src, key, config, options, mesh if split_rows else None),
-                           batch["index"])
+                row_ids = (first_row_id + np.maximum(batch["index"], 0)).astype(np.uint32)  # padding rows: -1
+                started = (_dispatch_batch(params, src, rng, config, options, mesh, row_ids), batch["index"])
             if pending is not None:
                 ids, index = _fetch_ids(pending[0]), pending[1]
                 outputs.extend(" ".join(text.splitlines()) for text in tokenizer.decode_batch(ids[index >= 0]))
@@ -264,12 +264,12 @@ def translate_blocks(run: Run, params: Any, blocks: Iterable[list[str]], options
                      mesh: Mesh | None = None) -> Iterator[str]:
     """Translations of each block of lines, yielded in order as each block is done; a block is sorted by length
     into token-budget batches (`batching`) whose rows are split over `mesh` when given."""
-    if options.mode == "sample":
-        mesh = None  # sampling is not split over devices (see translate_encoded)
     if mesh is not None:
         params = replicate(nn.meta.unbox(params), mesh)  # once, not for every block
+    first_line = 0  # sampling's row ids count lines across blocks: the draws do not depend on where blocks end
     for block in blocks:
-        yield from _translate_chunk(run, params, block, options, batching, dtype, mesh)
+        yield from _translate_chunk(run, params, block, options, batching, dtype, mesh, first_line)
+        first_line += len(block)
 
 
 def translate_file(run: Run, params: Any, path: str, options: DecodeOptions, *,
@@ -358,14 +358,14 @@ def standard_input_lines() -> Iterator[str]:
 
 
 def _translate_chunk(run: Run, params: Any, texts: list[str], options: DecodeOptions,
-                     batching: TranslationBatching, dtype: str, mesh: Mesh | None) -> list[str]:
+                     batching: TranslationBatching, dtype: str, mesh: Mesh | None, first_line: int = 0) -> list[str]:
     encoded = encode_pairs([(text, "") for text in texts], run.tokenizer)
     # Decode as many rows as there are lines (one for interactive use), not a full eval batch; over a mesh,
     # rounded up to a multiple of its devices (rounded down, a few lines would take two batches).
     rows = len(texts) if mesh is None else round_rows(len(texts), mesh.size)
     batching = batching.replace(batch_size=min(batching.batch_size, rows))
     return translate_encoded(params, run.model_config, encoded, run.tokenizer, options, batching=batching,
-                             dtype=dtype, show_progress=False, mesh=mesh)
+                             dtype=dtype, show_progress=False, mesh=mesh, first_row_id=first_line)
 
 
 def format_results(results: dict[str, Any]) -> str:

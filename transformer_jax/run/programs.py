@@ -206,7 +206,9 @@ class RunPrograms:
         rows, width = self.search_shape(width, batching, mesh)
         src = jax.ShapeDtypeStruct((rows, width), np.int32, sharding=batch_sharding(mesh))
         key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
-        return f"{options.describe()} {rows}x{width}", search.func.lower(params, src, key, **search.keywords)
+        row_ids = jax.ShapeDtypeStruct((rows,), np.uint32, sharding=batch_sharding(mesh))  # as translate_encoded's
+        return f"{options.describe()} {rows}x{width}", search.func.lower(params, src, key, row_ids_B=row_ids,
+                                                                         **search.keywords)
 
 
 @functools.lru_cache(maxsize=8)
