@@ -14,7 +14,7 @@ from runs import ROOT, tiny_run_config
 from transformer_jax.aot.compile import Program, collectives_in, compile_run, splash_calls_in
 from transformer_jax.aot.cycles import estimate_of
 from transformer_jax.aot.report import search_line, splash_flops, table, verdict
-from transformer_jax.aot.topology import CLOUD_TYPES, describe, mesh_for
+from transformer_jax.aot.topology import CLOUD_TYPES, describe, host_devices, mesh_for
 from transformer_jax.errors import ConfigError
 
 pytest.importorskip("libtpu", reason="the tpu extra (libtpu) is installed by `make test`")
@@ -150,7 +150,8 @@ def test_the_command_prints_the_table_and_fits(tmp_path):
     assert "(translate-corpus)" in bulk and "translate-corpus" not in widest  # v5e-4 is one host process
     # 512 source tokens a batch at width 16: 32 rows (at most 64; a multiple of the 4 devices); outputs of 16 tokens
     # up to 16 + the tiny config's eval.max_extra_length
-    assert "alpha 0.6) 32x16:" in bulk and f"outputs of 16-{16 + small_run().eval.max_extra_length} tokens" in bulk
+    assert "alpha 0.6) 32x16, float32:" in bulk and f"outputs of 16-{16 + small_run().eval.max_extra_length} tokens" \
+        in bulk
 
 
 def test_the_search_line_is_one_decode_step_at_the_roofline_times_the_output_lengths():
@@ -208,20 +209,25 @@ def test_a_tiny_memory_does_not_fit_and_names_what_to_change(tmp_path):
 
 
 def test_the_bulk_line_prices_translate_corpus_s_search_flags_on_each_host_s_devices(tmp_path):
-    """v5e:4x4 is 4 host processes of 4 chips: translate-corpus's batch is split over one process's 4 devices (64
-    rows of 16 tokens in --batch_tokens=1024, a multiple of 4), and the 4 processes translate at 4 times its rate."""
+    """v5e:4x4 is 4 host processes of 4 chips: translate-corpus's batch is split over one process's 4 devices (24
+    rows of 16 tokens in --batch_tokens=384, a multiple of 4; over all 16 devices it would be 16 rows), and the 4
+    processes translate at 4 times its rate."""
+    topology = describe("v5e:4x4")
+    one_host = host_devices(topology)
+    assert len(one_host) == 4 and len({device.process_index for device in one_host}) == 1
     result = run_aot(tmp_path, "--topology=v5e:4x4", "--search_width=16", "--mode=sample", "--top_k=10",
-                     "--temperature=0.7", "--dtype=bfloat16", "--batch_size=64", "--batch_tokens=1024",
+                     "--temperature=0.7", "--dtype=bfloat16", "--batch_size=64", "--batch_tokens=384",
                      "--max_extra_length=8")
     assert result.returncode == 0, result.stderr[-3000:]
     widest, bulk = [line for line in result.stdout.splitlines() if line.startswith("search ")]
     assert widest.startswith("search          beam search (beam 2, alpha 0.6) "), widest  # the run's own search
-    assert bulk.startswith("search          sampling (seed 0, temperature 0.7, top-k 10, top-p 1.0) 64x16: "), bulk
+    assert bulk.startswith("search          sampling (seed 0, temperature 0.7, top-k 10, top-p 1.0) 24x16, "
+                           "bfloat16: "), bulk
     assert "outputs of 16-24 tokens" in bulk and "(translate-corpus: 4 processes, each this batch on its 4 devices)" \
         in bulk, bulk
     step_ms = float(bulk.split(": ")[1].split(" ms")[0])
     fastest = float(bulk.split("sentences/s")[0].split("-")[-1].replace(",", ""))
-    assert fastest == pytest.approx(4 * 64 / (step_ms / 1e3 * 16), rel=0.01), bulk
+    assert fastest == pytest.approx(4 * 24 / (step_ms / 1e3 * 16), rel=0.01), bulk
 
 
 def test_search_flags_without_a_search_width_are_one_line(tmp_path):

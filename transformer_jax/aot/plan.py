@@ -92,6 +92,7 @@ def search_report(config: ml_collections.ConfigDict, built: RunPrograms, program
         bulk = BulkSearch.of(config) if bulk is None else bulk
         host = make_mesh(devices=host_devices(topology), where=f"{topology.name}'s first host")
         name, lowered = built.lower_search(bulk.options, bulk.dtype, search_width, batching=bulk.batching, mesh=host)
+        name += f", {bulk.dtype or built.model_config.dtype}"
         rows, width = built.search_shape(search_width, bulk.batching, host)
         longest = output_width(width, bulk.options.max_extra_length, max_len)
         lines.append("\n" + search_line(program_of(name, lowered.compile()), topology, rows, width, longest,

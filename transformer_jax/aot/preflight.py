@@ -7,8 +7,9 @@ translating: sentences/s and the hours for 100M sentences; --search_width adds a
 and ends with "fits" (exit 0) or a "does not fit" line naming what to change (exit 1).
 
 The --search_width batch is `transformer-jax translate-corpus`'s, priced with the same search flags (--mode=greedy,
---mode=sample --top_k=10, --dtype=bfloat16, --batch_tokens=16384, ...; by default the run's beam search and
-batching) over one host process's devices, as each process of a bulk job translates its own shards.
+--mode=sample --top_k=10, --dtype=bfloat16, --batch_size=512 --batch_tokens=16384, ...; by default the run's beam
+search and batching) over one host process's devices (as libtpu lays the topology out in hosts), as each process of
+a bulk job translates its own shards.
 """
 
 import dataclasses
@@ -33,9 +34,10 @@ _WORKDIR = flags.DEFINE_string(
     "corpus is prepared there, as train.py would, or reused; --config.data.prepared=DIR needs no workdir); "
     "without a corpus, rows of data.max_length.")
 _SEARCH_WIDTH = flags.DEFINE_integer(
-    "search_width", 0, "Also compile the search for sources padded to this many tokens (a bulk job's typical batch: "
-    "translate-corpus sorts sentences by length; e.g. 32), in the rows the config's translation batching gives, and "
-    "print its sentences/s and the hours for 100M sentences.")
+    "search_width", 0, "Also compile translate-corpus's search for sources padded to this many tokens (a bulk job's "
+    "typical batch: it sorts sentences by length; e.g. 32), with the search flags below (default: the run's beam "
+    "search and translation batching), over one host process's devices, and print the job's sentences/s and the "
+    "hours for 100M sentences.")
 _SEARCH = define_search_flags()
 _HBM_GB = flags.DEFINE_float("hbm_gb", None, "Memory per device in GB instead of the chip's (e.g. to keep headroom).")
 flags.mark_flags_as_required(["config", "topology"])

@@ -24,6 +24,6 @@ from transformer_jax.cli.stops import early_signals, interrupts_reported, run_co
 
 __all__ = [
     "ClusterFlags", "SearchFlags", "define_cluster_flags", "define_search_flags", "early_signals", "eval_command",
-    "initialize_distributed", "interrupts_reported", "parse_flags", "run_command", "signals_held", "storage_named", "training_kept",
-    "training_workdir", "user_errors",
+    "initialize_distributed", "interrupts_reported", "parse_flags", "run_command", "signals_held", "storage_named",
+    "training_kept", "training_workdir", "user_errors",
 ]
