@@ -93,7 +93,8 @@ def translate_as_before(params, config, encoded, options, batch_size):
     outputs, indices, rng = [], [], jax.random.key(options.seed)
     for batch in eval_batches(encoded, batch_size):
         rng, key = jax.random.split(rng)
-        outputs += Ids().decode_batch(np.asarray(_translate(params, batch["inputs"], key, config, options)))
+        row_ids = np.maximum(batch["index"], 0).astype(np.uint32)
+        outputs += Ids().decode_batch(np.asarray(_translate(params, batch["inputs"], key, config, options, row_ids)))
         indices += batch["index"].tolist()
     return restore_order(outputs, indices, len(encoded))
 
