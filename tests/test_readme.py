@@ -139,7 +139,8 @@ def test_every_command_flag_in_the_docs_exists():
     others = {"file_format", "data_dir", "zone", "worker", "command", "update", "logdir",
               "nodes", "ntasks", "gpus", "requeue",  # srun, sbatch
               "accelerator", "version", "spot",  # gcloud compute tpus tpu-vm create
-              "xla_force_host_platform_device_count", "xla_gpu_deterministic_ops"}  # XLA_FLAGS
+              "xla_force_host_platform_device_count", "xla_gpu_deterministic_ops",
+              "xla_gpu_enable_command_buffer"}  # XLA_FLAGS
     others |= {"local", "max"}  # hf download --local-dir; fairseq-train --max-tokens
     # python -m benchmarks.run: its argparse options.
     bench = set(re.findall(r"add_argument\(\s*\"--(\w+)\"", (ROOT / "benchmarks" / "run.py").read_text()))

@@ -5,7 +5,7 @@ Each run is `model@topology` (default base@v5e-8, big@v5p-8, base@h100; h100 nee
 docs/scaling.md). For each, three train steps are compiled at the paper's batch (~25,000 target tokens per
 update: rows of 256 tokens per device) by libtpu, or the CUDA plugin for GPUs:
   * ours: the preflight's step (configs/wmt14_ende_<model>.py through the run builder): on TPUs splash
-    attention and on GPUs cuDNN's ("auto"); the loss by the fused Pallas kernels on TPUs (training/loss_kernel.py,
+    attention and on GPUs XLA's fused attention ("auto"; cuDNN's once proven there); the loss by the fused Pallas kernels on TPUs (training/loss_kernel.py,
     no logits in HBM), projected a chunk of tokens at a time on GPUs;
   * ours, remat full: the same step with `model.remat=full` (each layer keeps only its input and recomputes
     its forward pass in the backward pass);

@@ -313,3 +313,28 @@ def test_sigterm_during_data_preparation_releases_the_lock_and_a_rerun_finishes(
     assert not list(workdir.glob("**/*.new.*")) and not (workdir / layout.CHECKPOINTS).exists()
     rerun = run_script("train.py", f"--config={config}", f"--workdir={workdir}")
     assert rerun.returncode == 0 and "test SacreBLEU" in rerun.stdout, rerun.stderr[-3000:]
+
+
+def test_train_takes_cudnn_out_of_xlas_command_buffers_before_the_backends_start_for_cudnn_attention(monkeypatch):
+    """What train.py does before JAX starts: XLA_FLAGS gains -CUDNN for cuDNN attention; left alone otherwise."""
+    from ml_collections import ConfigDict
+
+    from transformer_jax.cli.commands import set_gpu_flags
+
+    model = ConfigDict(dict(attention_backend="cudnn", attention_dropout_rate=0.0, dtype="bfloat16"))
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    set_gpu_flags(model)
+    assert os.environ["XLA_FLAGS"] == "--xla_gpu_enable_command_buffer=-CUDNN"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=FUSION,CUBLAS")  # the user's own setting
+    set_gpu_flags(model)
+    assert os.environ["XLA_FLAGS"] == "--xla_gpu_enable_command_buffer=FUSION,CUBLAS"
+    for backend in ("auto", "fused", "einsum"):  # "auto" picks no cuDNN on GPUs yet (GPU_AUTO_BACKEND)
+        monkeypatch.delenv("XLA_FLAGS")
+        set_gpu_flags(ConfigDict(dict(model.to_dict(), attention_backend=backend)))
+        assert "XLA_FLAGS" not in os.environ
+        monkeypatch.setenv("XLA_FLAGS", "")
+    # The installed XLA parses the flag (an illegal value of an XLA flag aborts the process at start).
+    env = dict(os.environ, XLA_FLAGS="--xla_gpu_enable_command_buffer=-CUDNN")
+    started = subprocess.run([sys.executable, "-c", "import jax.numpy as jnp; print(jnp.ones(2).sum())"], env=env,
+                             capture_output=True, text=True, timeout=120)
+    assert started.returncode == 0 and started.stdout.strip() == "2.0", started.stderr[-2000:]

@@ -396,6 +396,18 @@ class ClusterFlags:
         start_backends()
 
 
+def set_gpu_flags(model: Any) -> None:
+    """Before JAX starts its backends: XLA_FLAGS for the attention kernel a run's `model` section may run on GPUs
+    (cuDNN's out of XLA's command buffers: model.attention_kernels.command_buffer_flags); a flag the user set
+    stays as it is. A no-op once the backends run (XLA reads the flags when they start)."""
+    from transformer_jax.model import command_buffer_flags
+
+    before = os.environ.get("XLA_FLAGS", "")
+    after = command_buffer_flags(before, model.attention_backend, model.attention_dropout_rate, model.dtype)
+    if after != before:
+        os.environ["XLA_FLAGS"] = after
+
+
 def start_backends() -> None:
     """Start JAX's backends now: a JAX_PLATFORMS naming a platform this machine cannot start (no plugin, no
     chip) is one ConfigError line, not the AssertionError or RuntimeError of JAX's first device query."""

@@ -14,7 +14,13 @@ from ml_collections import config_flags
 from transformer_jax.base import quiet_console, storage_named
 from transformer_jax.base import workdir as layout
 from transformer_jax.checkpoints import adopt_initial_model
-from transformer_jax.cli.commands import define_cluster_flags, training_kept, training_workdir, user_errors
+from transformer_jax.cli.commands import (
+    define_cluster_flags,
+    set_gpu_flags,
+    training_kept,
+    training_workdir,
+    user_errors,
+)
 from transformer_jax.cli.stops import interrupts_reported
 from transformer_jax.config import check_run_config, decode_options, decoding_dtype, translation_batching
 from transformer_jax.evaluation import evaluate_split, plot_learning_curves, write_results
@@ -75,6 +81,7 @@ def main(argv: list[str]) -> None:
         # Fine-tuning: the architecture of training.init_from; the command line's own settings of it are checked.
         config = adopt_initial_model(config, workdir, config_flags.get_override_values(flags.FLAGS["config"]))
         check_run_config(config)
+        set_gpu_flags(config.model)  # before JAX starts its backends (join)
         _CLUSTER.join()
         with training_workdir(workdir):  # one job owns the workdir (run.lock) until it returns
             train(config, workdir, stage)

@@ -13,6 +13,7 @@ from transformer_jax.model.attention import (
     attention_weights,
     scaled_dot_product_attention,
 )
+from transformer_jax.model.attention_kernels import command_buffer_flags
 from transformer_jax.model.config import PRESETS, TransformerConfig
 from transformer_jax.model.embeddings import OutputProjection, TokenEmbedding
 from transformer_jax.model.feed_forward import FeedForward
@@ -58,6 +59,7 @@ __all__ = [
     "attention_score_flops",
     "attention_weights",
     "causal_mask",
+    "command_buffer_flags",
     "combine_masks",
     "model_flops_utilization",
     "output_weights",

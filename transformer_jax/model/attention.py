@@ -31,6 +31,7 @@ from transformer_jax.model.attention_cache import (  # noqa: F401 (the collectio
 )
 from transformer_jax.model.attention_kernels import (
     SegmentedMask,
+    kernel_mask,
     resolve_backend,
     splash_applies,
     splash_attention,
@@ -73,9 +74,9 @@ def scaled_dot_product_attention(
 
     `mask` is boolean, broadcastable to [B, H, T, S], True where attending is allowed, or a `SegmentedMask`
     (segment ids and a causal flag: what the splash kernel takes). A query whose keys are all masked gets a
-    zero output (the splash kernel: see model/attention_kernels.py). The backends agree to float tolerance;
-    see `AttentionBackend` ("auto": model/attention_kernels.resolve_backend). For attention dropout or the
-    weights themselves, use `attention_weights`.
+    zero output (the splash kernel: see model/attention_kernels.py) and adds nothing to any gradient. The
+    backends agree to float tolerance; see `AttentionBackend` ("auto": model/attention_kernels.resolve_backend).
+    For attention dropout or the weights themselves, use `attention_weights`.
     """
     backend = resolve_backend(backend, 0.0, q_BxTxHxK.dtype)
     if isinstance(mask, SegmentedMask):
@@ -86,18 +87,17 @@ def scaled_dot_product_attention(
         weights_BxHxTxS = attention_weights(q_BxTxHxK, k_BxSxHxK, mask)
         return jnp.einsum("bhts,bshk->bthk", weights_BxHxTxS.astype(v_BxSxHxK.dtype), v_BxSxHxK)
     implementation = "cudnn" if backend == "cudnn" else None
-    if mask is not None:
-        # Leading size-1 axes up to the 4 axes [B|1, H|1, T|1, S] the code below indexes.
-        mask = jnp.reshape(mask, (1,) * (4 - mask.ndim) + mask.shape)
+    if mask is None:
+        return jax.nn.dot_product_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, implementation=implementation)
+    # Leading size-1 axes up to the 4 axes [B|1, H|1, T|1, S] the code below indexes. No query reaches the
+    # kernel without a key (kernel_mask: cuDNN's backward pass turns such a row into NaN gradients).
+    mask, has_key_BxHxTx1 = kernel_mask(jnp.reshape(mask, (1,) * (4 - mask.ndim) + mask.shape))
     out_BxTxHxK = jax.nn.dot_product_attention(
         q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, mask=mask, implementation=implementation
     )
-    if mask is None:
-        return out_BxTxHxK
-    # The fused kernel gives a query with no allowed key the mean of the values: zero it instead, in
-    # each head on its own ([B|1, H|1, T|1] -> [B|1, T|1, H|1, 1], broadcast over [B, T, H, K]).
-    has_key_BxTxHx1 = jnp.swapaxes(jnp.any(mask, axis=-1), 1, 2)[..., None]
-    return jnp.where(has_key_BxTxHx1, out_BxTxHxK, 0.0).astype(out_BxTxHxK.dtype)
+    # A query with no allowed key attended to every key: zero its output, in each head on its own
+    # ([B|1, H|1, T|1, 1] -> [B|1, T|1, H|1, 1], broadcast over [B, T, H, K]).
+    return jnp.where(jnp.swapaxes(has_key_BxHxTx1, 1, 2), out_BxTxHxK, 0.0).astype(out_BxTxHxK.dtype)
 
 
 class MultiHeadAttention(nn.Module):

@@ -6,7 +6,16 @@ masks given by segment ids (packed rows and padding) and a causal flag, forward 
 the same role is played by cuDNN's flash attention (`jax.nn.dot_product_attention(implementation="cudnn")`,
 model/attention.py). `attention_backend="auto"` picks by the platform the program is compiled for: the mesh
 set with `jax.set_mesh` while tracing (the run builder sets the run's mesh: run/programs.py), else JAX's
-default backend.
+default backend. On GPUs "auto" picks a kernel only once it is proven finite there, forward and backward, in
+training (`GPU_AUTO_BACKEND`).
+
+A query whose keys are all masked (a padding position of a packed row, a row of padding) never reaches a fused
+kernel as such (`kernel_mask`): it attends to every key, and its output is zeroed after the kernel. Given to
+cuDNN's flash attention as it is, the row's softmax statistics are those of JAX's mask bias alone (-2^41 in
+bfloat16), and its backward pass, which recomputes exp(score - logsumexp) tile by tile, overflows to inf where
+any term is not masked exactly as in the forward pass (the padded half of a 128-key tile at widths of 64 mod
+128, as GPU rows are); inf times the row's zero output gradient is NaN, which reaches dQ, dK and dV and through
+them every parameter.
 
 Splash attention is a custom kernel XLA cannot split over devices, so on a mesh it runs under `shard_map`,
 each device on its own rows (the batch split over every mesh axis, as `base.sharding.batch_sharding`
@@ -30,6 +39,21 @@ from jax.sharding import PartitionSpec
 
 from transformer_jax.model.masks import causal_mask, combine_masks, padding_mask, segment_mask
 from transformer_jax.model.special_tokens import PAD_ID
+
+# What "auto" is on GPUs (16-bit compute, no attention dropout): XLA's fused attention, which trained a base model
+# end to end in bfloat16 on an H200 with finite gradients. cuDNN's flash attention ("cudnn") becomes the choice
+# once test_cudnn_gives_the_einsum_loss_and_gradients_on_a_gpu (tests/model/test_attention_kernels.py, run by
+# benchmarks/on_gpu.sh) passes on a GPU and a run trains with it: then set "cudnn" here.
+GPU_AUTO_BACKEND = "fused"
+
+# XLA records cuDNN's fused attention into its CUDA-graph command buffers when the command-buffer types
+# (DebugOptions.CommandBufferCmdType, flag --xla_gpu_enable_command_buffer) include CUDNN, as XLA's default list
+# does (FUSION, CUBLAS, CUBLASLT, CUSTOM_CALL, CUDNN, DYNAMIC_SLICE_FUSION). Capturing the train step's cuDNN
+# attention failed on an H200 ("cuda_graph_end_capture ... capturing stream has unjoined work", cuda_dnn.cc), so a
+# run whose attention may be cuDNN's takes CUDNN out of the list and keeps the rest ("-CUDNN": XLA's incremental
+# form, applied to the default list of the XLA version installed).
+COMMAND_BUFFER_FLAG = "--xla_gpu_enable_command_buffer"
+WITHOUT_CUDNN_COMMANDS = "-CUDNN"
 
 # Splash attention works on blocks of 128 queries and keys (the TPU's lanes): rows whose lengths are not
 # multiples of it use XLA's attention.
@@ -83,9 +107,9 @@ def _context_device() -> Any:
 
 
 def resolve_backend(backend: str, attention_dropout_rate: float, dtype: Any = jnp.bfloat16) -> str:
-    """What "auto" is on this platform: "splash" on TPUs, "cudnn" on GPUs for 16-bit compute (cuDNN's flash
-    attention takes no float32) where cuDNN is installed, else "einsum"; "einsum" wherever attention dropout
-    is on. Other backends are returned as they are."""
+    """What "auto" is on this platform: "splash" on TPUs, `GPU_AUTO_BACKEND` on GPUs for 16-bit compute (cuDNN's
+    flash attention takes no float32; "cudnn" only where cuDNN is installed, else "fused"), else "einsum";
+    "einsum" wherever attention dropout is on. Other backends are returned as they are."""
     if backend != "auto":
         return backend
     if attention_dropout_rate > 0:
@@ -93,9 +117,39 @@ def resolve_backend(backend: str, attention_dropout_rate: float, dtype: Any = jn
     platform = kernel_platform()
     if platform == "tpu":
         return "splash"
-    if platform == "gpu" and jnp.dtype(dtype).itemsize == 2 and cudnn_available():
-        return "cudnn"
+    if platform == "gpu" and jnp.dtype(dtype).itemsize == 2:
+        return "fused" if GPU_AUTO_BACKEND == "cudnn" and not cudnn_available() else GPU_AUTO_BACKEND
     return "einsum"
+
+
+def may_run_cudnn(backend: str, attention_dropout_rate: float, dtype: Any) -> bool:
+    """Whether attention with these settings runs cuDNN's kernel on a GPU: "cudnn", or "auto" where it picks cuDNN
+    there. Decided without starting JAX's backends (the answer sets XLA's flags, which must come before)."""
+    if backend == "auto":
+        return GPU_AUTO_BACKEND == "cudnn" and attention_dropout_rate == 0 and jnp.dtype(dtype).itemsize == 2
+    return backend == "cudnn"
+
+
+def command_buffer_flags(xla_flags: str, backend: str, attention_dropout_rate: float, dtype: Any) -> str:
+    """`xla_flags` (XLA_FLAGS' value) with cuDNN's kernels kept out of XLA's command buffers where attention may run
+    cuDNN's (see WITHOUT_CUDNN_COMMANDS); unchanged otherwise, and where the flag is already set (the user's
+    choice). Only GPUs read the flag."""
+    if not may_run_cudnn(backend, attention_dropout_rate, dtype):
+        return xla_flags
+    if any(flag.split("=", 1)[0] == COMMAND_BUFFER_FLAG for flag in xla_flags.split()):
+        return xla_flags
+    return " ".join(filter(None, [xla_flags.strip(), f"{COMMAND_BUFFER_FLAG}={WITHOUT_CUDNN_COMMANDS}"]))
+
+
+def kernel_mask(mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The boolean mask a fused kernel is given, every query with at least one key, and which queries have one.
+
+    A query whose keys are all masked attends to every key instead (ordinary softmax statistics: see the module
+    docstring); the caller zeroes its output, so its output gradient is zero and it adds nothing to any gradient.
+    Returns (mask | no key, has a key), the latter [..., T, 1] as `mask` is [..., T, S].
+    """
+    has_key = jnp.any(mask, axis=-1, keepdims=True)
+    return mask | ~has_key, has_key
 
 
 @functools.lru_cache(maxsize=1)

@@ -15,8 +15,9 @@ PositionalEncodingKind = Literal["sinusoidal", "learned"]
 # "einsum": softmax(QK^T/sqrt(d_k) + mask)V written out, compiled by XLA (runs everywhere, supports
 # attention dropout). "fused": jax.nn.dot_product_attention's XLA implementation. "cudnn": cuDNN's flash
 # attention through jax.nn.dot_product_attention (NVIDIA GPUs, 16-bit compute). "splash": JAX's Pallas
-# splash attention kernel (TPUs; Pallas' interpreter elsewhere). "auto": splash on TPUs, cuDNN on GPUs,
-# einsum on CPUs and wherever attention dropout is on (model/attention_kernels.py).
+# splash attention kernel (TPUs; Pallas' interpreter elsewhere). "auto": splash on TPUs, "fused" on GPUs
+# (attention_kernels.GPU_AUTO_BACKEND: cuDNN's once proven on a GPU), einsum on CPUs and wherever attention
+# dropout is on (model/attention_kernels.py).
 AttentionBackend = Literal["auto", "einsum", "fused", "cudnn", "splash"]
 # What each layer keeps for the backward pass. "none": everything XLA wants; "full": only the layer's
 # input (the layer is recomputed in the backward pass); "dots": the outputs of matmuls without batch
@@ -50,7 +51,7 @@ class TransformerConfig:
       output_bias: a bias over the vocabulary added to the tied pre-softmax projection (not in the paper;
         Marian's `final_logits_bias`); an untied projection always has one.
       activation: the feed-forward non-linearity: "relu" (the paper), "swish" (OPUS-MT) or "gelu".
-      attention_backend: "auto" (the platform's kernel: splash attention on TPUs, cuDNN flash attention on
+      attention_backend: "auto" (the platform's kernel: splash attention on TPUs, XLA's fused attention on
         GPUs, einsum on CPUs and with attention dropout), "einsum" (softmax(QK^T/sqrt(d_k))V written out;
         runs everywhere, allows attention dropout, exposes the weights), "fused"
         (jax.nn.dot_product_attention, XLA), "cudnn" (cuDNN; GPU only) or "splash" (TPU Pallas kernel).
