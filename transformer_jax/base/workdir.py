@@ -9,6 +9,8 @@
   test_final.hyp/.json   the test translation and scores at the end of training
   eval/<split>.<tag>.hyp/.json   eval.py's translations and scores
   plots/                 figures (learning curves, attention maps, positional encodings)
+  profile/               jax.profiler traces of a few updates (training.profile_steps): one folder per trace
+                         below it (JAX's plugins/profile/<time>/) with the XSpace and perfetto_trace.json.gz
   compilation_cache/     JAX's compiled programs, with --multihost or --compilation_cache=workdir
                          (base/compile_cache.py)
 
@@ -43,6 +45,8 @@ POSITIONAL_ENCODING_PLOT = "positional_encoding.png"
 COMPILATION_CACHE = "compilation_cache"
 WANDB = "wandb"  # Weights & Biases' local files (training.wandb_project)
 WANDB_RUN_ID = "wandb_run_id"  # the W&B run a resumed run goes on logging to
+PROFILE = "profile"  # jax.profiler's traces (training.profile_steps)
+PERFETTO_TRACE = "perfetto_trace.json.gz"  # the Chrome/Perfetto trace JSON jax.profiler writes beside its XSpace
 
 
 def run_path(workdir: str, *names: str) -> str:
@@ -60,7 +64,7 @@ ENTRIES = {
     FINAL_TEST + ".hyp": (FILE, "test translation"), FINAL_TEST + ".json": (FILE, "test scores"),
     EVAL: (DIRECTORY, "evaluations"), PLOTS: (DIRECTORY, "figures"),
     COMPILATION_CACHE: (DIRECTORY, "compiled programs"), WANDB: (DIRECTORY, "Weights & Biases files"),
-    WANDB_RUN_ID: (FILE, "Weights & Biases run id"),
+    WANDB_RUN_ID: (FILE, "Weights & Biases run id"), PROFILE: (DIRECTORY, "profiler traces"),
 }
 
 

@@ -89,6 +89,8 @@ def default_config() -> ml_collections.ConfigDict:
     training.keep_checkpoints = 5  # newest checkpoints kept on disk (the best one is kept as well)
     training.max_skipped_updates = 20  # stop after this many consecutive non-finite updates
     training.wandb_project = ""  # also log the metrics to this Weights & Biases project (the wandb extra; WANDB_MODE=offline keeps them on disk); "" = off
+    training.profile_steps = 0  # updates traced by jax.profiler into <workdir>/profile/ (0 = off): an XSpace for TensorBoard's profile plugin or XProf and a Perfetto trace JSON, each update marked as a step
+    training.profile_skip_steps = 5  # updates of each start (or resume) before the profile begins (compiling and the first updates' warm-up left out)
 
     config.mesh = mesh = ml_collections.ConfigDict()
     mesh.data = -1  # data-parallel axis size (-1 = all devices not used by fsdp)
@@ -127,7 +129,7 @@ POSITIVE_SETTINGS = {
 NON_NEGATIVE_SETTINGS = {
     "data": ("row_width", "prefetch_batches"),
     "training": ("eval_every", "bleu_every", "dev_bleu_sentences", "grad_clip_norm", "label_smoothing",
-                 "peak_learning_rate"),
+                 "peak_learning_rate", "profile_steps", "profile_skip_steps"),
     "eval": ("max_extra_length", "batch_tokens"),
 }
 

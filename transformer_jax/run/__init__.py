@@ -4,7 +4,8 @@
 jitted programs on its mesh, shared by the Trainer, the score command, the preflight and the benchmarks) ->
 `metrics_log`, `progress`, `log_window` (metrics.jsonl, TensorBoard, the log line and progress bar) ->
 `dev_loss` (loss over a split) -> `periodic_eval` (dev loss and BLEU on a step schedule) -> `preemption`
-(StopFlag, StopAgreement) -> `prefetch` (batches built ahead in the background) -> `assembly` (`assemble_run`:
+(StopFlag, StopAgreement) -> `prefetch` (batches built ahead in the background) -> `profile` (a jax.profiler
+trace of a few updates) -> `trace_summary` (what the trace says per update) -> `assembly` (`assemble_run`:
 the config and workdir checked, then mesh, data, programs and checkpointer) -> `loop` (`Trainer`: trains an
 assembled run, resuming from `transformer_jax.checkpoints`).
 
@@ -20,10 +21,12 @@ from transformer_jax.run.metrics_log import MetricsLog, read_metrics, read_recor
 from transformer_jax.run.periodic_eval import PeriodicEval
 from transformer_jax.run.preemption import StopAgreement, StopFlag
 from transformer_jax.run.prefetch import Prefetcher
+from transformer_jax.run.profile import UpdateProfile
 from transformer_jax.run.programs import RunPrograms, build_run, build_run_for
+from transformer_jax.run.trace_summary import TraceSummary, newest_trace, read_trace, summarize_trace
 
 __all__ = [
-    "LogWindow", "MetricsLog", "PeriodicEval", "Prefetcher", "RunPrograms", "StopAgreement", "StopFlag", "Trainer",
-    "TrainingRun", "assemble_run", "build_run", "build_run_for", "check_trained", "evaluate_loss", "read_metrics",
-    "read_records",
+    "LogWindow", "MetricsLog", "PeriodicEval", "Prefetcher", "RunPrograms", "StopAgreement", "StopFlag", "TraceSummary",
+    "Trainer", "TrainingRun", "UpdateProfile", "assemble_run", "build_run", "build_run_for", "check_trained",
+    "evaluate_loss", "newest_trace", "read_metrics", "read_records", "read_trace", "summarize_trace",
 ]

@@ -37,6 +37,7 @@ from transformer_jax.run.log_window import LogWindow, open_window_problem
 from transformer_jax.run.periodic_eval import PeriodicEval
 from transformer_jax.run.preemption import StopAgreement, StopFlag
 from transformer_jax.run.prefetch import Prefetcher
+from transformer_jax.run.profile import UpdateProfile
 from transformer_jax.training.state import TrainState
 
 # What to lower when updates go non-finite: the learning-rate setting the run uses (see rate_advice).
@@ -311,6 +312,8 @@ class Trainer:
                                             "restore_seconds": restored - began,
                                             "compile_seconds": compiled - restored})
         evaluate = PeriodicEval(training.eval_every, training.bleu_every, self.dev_loss, dev_bleu)
+        self.profile = UpdateProfile(layout.run_path(self.workdir, layout.PROFILE), start + training.profile_skip_steps,
+                                     training.profile_steps, enabled=is_writer)
         stop = StopFlag()
         stop.install()
         try:
@@ -333,7 +336,8 @@ class Trainer:
         must_stop = StopAgreement(stop, self.mesh)
         step = start
         while step < training.num_train_steps:
-            window.add(self.update(), *self.step_host)
+            with self.profile.update(step, lambda: self.state):
+                window.add(self.update(), *self.step_host)
             step += 1
             closes_window = step % training.log_every == 0 or step == training.num_train_steps
             if closes_window:
@@ -365,6 +369,7 @@ class Trainer:
         `quietly` when training failed: a failure here (the same full disk) would only hide that first one.
         """
         try:
+            self.profile.stop()
             self.stop_input()
             for finish in (window.finish, self.checkpointer.wait):
                 try:
