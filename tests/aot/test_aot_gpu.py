@@ -27,8 +27,29 @@ GB = 10**9
 
 def test_gpu_names_are_one_host_of_one_to_eight_gpus():
     assert GPU_TYPES["h100"] == ("h100", 1) and GPU_TYPES["h100-8"] == ("h100", 8)
+    assert GPU_TYPES["h200"] == ("h200", 1) and GPU_TYPES["h200-8"] == ("h200", 8)
     assert all(CHIPS[chip].is_gpu for chip, _ in GPU_TYPES.values())
-    assert not any(chip.is_gpu for key, chip in CHIPS.items() if key != "h100")
+    assert not any(chip.is_gpu for key, chip in CHIPS.items() if key not in ("h100", "h200"))
+
+
+def test_the_h200_is_the_h100s_chip_with_more_and_faster_memory():
+    h100, h200 = CHIPS["h100"], CHIPS["h200"]
+    assert h200.peak_bf16_flops == h100.peak_bf16_flops == 989e12  # the same SM90 tensor cores
+    assert h200.hbm_bytes == 141e9 and h200.hbm_bytes_per_second == 4.8e12
+    assert chip_for("NVIDIA H200") is h200 and chip_for("NVIDIA H200 141GB HBM3e") is h200
+    assert chip_for("NVIDIA H100 80GB HBM3") is h100
+
+
+def test_an_h200_is_compiled_for_like_an_h100_not_as_a_tpu():
+    # Before the H200 was in the tables its name went to libtpu ("needs libtpu"); now it is a GPU topology.
+    missing = cuda_plugin_missing()
+    if missing is None:
+        topology = describe("h200")
+        assert topology.chip is CHIPS["h200"] and chip_for(topology.devices[0].device_kind) is CHIPS["h200"]
+        return
+    with pytest.raises(ConfigError) as error:
+        describe("h200")
+    assert "libtpu" not in str(error.value) and "CUDA plugin" in str(error.value)
 
 
 def test_describing_gpus_needs_the_cuda_plugin_or_builds_its_devices():
@@ -60,8 +81,9 @@ def test_the_command_names_the_missing_plugin_in_one_line(tmp_path):
     assert_one_line_error(result, "pip install 'jax[cuda12]==", "JAX_PLATFORMS=cpu")
 
 
-def test_the_stored_h100_target_config_matches_the_chip_table():
-    chip = CHIPS["h100"]
+@pytest.mark.parametrize("key", ["h100", "h200"])
+def test_the_stored_gpu_target_configs_match_the_chip_table(key):
+    chip = CHIPS[key]
     text = gpu_target_config(chip)
     body = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
     assert body.count("{") == body.count("}") > 0 and re.search(r"^gpu_device_info \{", body, re.MULTILINE)

@@ -2,11 +2,13 @@
 
 One place for these figures; the ahead-of-time report compares compiled programs against them.
 Sources (checked 2026-11-23): Google Cloud TPU system-architecture pages for v4, v5e, v5p and v6e
-(docs.cloud.google.com/tpu/docs/<version>), NVIDIA's H100 Tensor Core GPU datasheet (SXM5).
+(docs.cloud.google.com/tpu/docs/<version>), NVIDIA's H100 Tensor Core GPU datasheet (SXM5) and H200 datasheet
+(SXM: 141 GB HBM3e at 4.8 TB/s; the H100's chip, so the H100 SXM's 989 dense bf16 TFLOP/s).
 
 A GPU also needs what XLA compiles for (compute capability, cores, shared memory, cuDNN version):
 its GpuTargetConfig, stored as text under gpu_specs/. gpu_specs/h100_sxm.txtpb is XLA's own
-xla/backends/gpu/target_config/specs/h100_sxm.txtpb (github.com/openxla/xla, Apache 2.0).
+xla/backends/gpu/target_config/specs/h100_sxm.txtpb (github.com/openxla/xla, Apache 2.0);
+gpu_specs/h200_sxm.txtpb is the same with the H200's memory.
 """
 
 from __future__ import annotations
@@ -55,20 +57,22 @@ CHIPS: dict[str, Chip] = {
                 mxus_per_core=4, mxu_width=256),
     "h100": Chip("NVIDIA H100 SXM5", 80 * GB, 989 * TFLOPS, 3350 * GB, 1, "NVIDIA H100 datasheet (dense bf16)",
                  gpu_target_config="h100_sxm.txtpb"),
+    "h200": Chip("NVIDIA H200 SXM", 141 * GB, 989 * TFLOPS, 4800 * GB, 1,
+                 "NVIDIA H200 datasheet (the H100 SXM's tensor cores, dense bf16)", gpu_target_config="h200_sxm.txtpb"),
 }
 
 # What JAX's compile-only devices report as `device_kind`, to the chip above.
 DEVICE_KINDS: dict[str, str] = {
     "TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5": "v5p", "TPU v5p": "v5p", "TPU v6 lite": "v6e",
-    "NVIDIA H100 80GB HBM3": "h100", "H100": "h100",
+    "NVIDIA H100 80GB HBM3": "h100", "H100": "h100", "NVIDIA H200": "h200", "NVIDIA H200 141GB HBM3e": "h200",
 }
 
 
 def chip_for(device_kind: str) -> Chip | None:
     """The chip whose devices report `device_kind`, or None when it is not in the table."""
     key = DEVICE_KINDS.get(device_kind)
-    if key is None and "H100" in device_kind:
-        key = "h100"
+    if key is None:
+        key = next((chip for chip in ("h100", "h200") if chip.upper() in device_kind), None)
     return CHIPS.get(key) if key else None
 
 

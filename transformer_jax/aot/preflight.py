@@ -27,7 +27,7 @@ from transformer_jax.cli import define_search_flags, user_errors  # noqa: E402
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Run config file (see configs/); --config_help lists every key.", lock_config=True)
 _TOPOLOGY = flags.DEFINE_string("topology", None, "TPU topology (v5e:16x16, v4:4x4x4, ...), Cloud type (v5e-256) "
-                                "or GPUs of one host (h100, h100-8).")
+                                "or GPUs of one host (h100, h100-8, h200, h200-8).")
 _SLICES = flags.DEFINE_integer("num_slices", 1, "Slices joined by the data-center network (multi-slice).")
 _WORKDIR = flags.DEFINE_string(
     "workdir", None, "Compile for the batch shapes this run directory's corpus gives, as train.py will (its "

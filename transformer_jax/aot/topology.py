@@ -5,8 +5,10 @@ compile-only devices, so `jit(...).lower(...).compile()` against them produces t
 Topologies are named as libtpu names them (`v5e:16x16`: chips along each torus axis) or by their
 Cloud accelerator type (`v5e-256`; v4 and v5p types count TensorCores, two per chip).
 
-GPUs are named by chip and count on one host (`h100` or `h100-1`, `h100-2`, `h100-4`, `h100-8`).
-JAX's CUDA plugin (`pip install "jax[cuda12]==<the installed jax version>"`, ~5 GB) builds their
+GPUs are named by chip and count on one host (`h100` or `h100-1`, `h100-2`, `h100-4`, `h100-8`; `h200`
+alike).
+JAX's CUDA plugin (`pip install "jax[cuda12]==<the installed jax version>"`, ~5 GB; for compiling alone
+`pip install --no-deps jax-cuda12-plugin==<version> jax-cuda12-pjrt==<version>`, ~180 MB) builds their
 compile-only devices from the GPU's stored target config (chips.gpu_target_config); the process must
 not look for a local GPU (JAX_PLATFORMS=cpu, which the aot command sets).
 """
@@ -46,7 +48,8 @@ CLOUD_TYPES = _cloud_types()
 
 # GPU machines: name -> (chip, GPUs on the one host).
 GPU_TYPES: dict[str, tuple[str, int]] = {
-    f"{chip}-{count}": (chip, count) for chip in ("h100",) for count in (1, 2, 4, 8)} | {"h100": ("h100", 1)}
+    f"{chip}-{count}": (chip, count) for chip in ("h100", "h200") for count in (1, 2, 4, 8)} | {
+    "h100": ("h100", 1), "h200": ("h200", 1)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,9 +135,11 @@ def cuda_plugin_missing() -> str | None:
     """Why GPU topologies cannot be described here (a one-line fix), or None when they can."""
     if importlib.util.find_spec("jax_plugins") is None or all(
             importlib.util.find_spec(plugin) is None for plugin in CUDA_PLUGINS):
-        return (f"compiling for GPUs needs a CUDA plugin of JAX: pip install 'jax[cuda12]=={jax.__version__}' "
-                "(or jax[cuda13]; about 5 GB, no GPU needed), then run with JAX_PLATFORMS=cpu "
-                "JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1")
+        version = jax.__version__
+        return (f"compiling for GPUs needs a CUDA plugin of JAX: pip install 'jax[cuda12]=={version}' (or jax[cuda13]; "
+                f"about 5 GB with CUDA's libraries), or for compiling alone pip install --no-deps "
+                f"jax-cuda12-plugin=={version} jax-cuda12-pjrt=={version} (about 180 MB); no GPU needed either way; "
+                "then run with JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1")
     if jax.config.jax_platforms != "cpu":
         return ("compile-only GPU devices need JAX to use no local accelerator: run with JAX_PLATFORMS=cpu "
                 f"JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1 (JAX_PLATFORMS is {jax.config.jax_platforms!r})")
