@@ -10,7 +10,12 @@ import numpy as np
 import pytest
 
 from transformer_jax.model.masks import PAD_ID
-from transformer_jax.training.loss import label_smoothed_cross_entropy, projected_cross_entropy_sums
+from transformer_jax.training.loss import (
+    GPU_CHUNK_LOGITS_BYTES,
+    accelerator_chunk_tokens,
+    label_smoothed_cross_entropy,
+    projected_cross_entropy_sums,
+)
 
 
 def logits_path_sums(hidden, table, targets, smoothing, bias=None, dtype=jnp.float32):
@@ -38,7 +43,7 @@ def problem(seed=0, rows=4, width=12, d=16, vocab=37, pads=True):
 
 
 @pytest.mark.parametrize("chunk_tokens", [5, 10_000])  # 5: 48 tokens in 10 chunks of 4.8 -> 12 of 4
-@pytest.mark.parametrize("smoothing, with_bias", [(0.1, False), (0.0, True)])
+@pytest.mark.parametrize("smoothing, with_bias", [(0.1, False), (0.0, True), (0.1, True)])
 def test_sums_and_gradients_equal_the_logits_path_in_float32(chunk_tokens, smoothing, with_bias):
     hidden, table, bias, targets = problem()
     bias = bias if with_bias else None
@@ -58,6 +63,14 @@ def test_sums_and_gradients_equal_the_logits_path_in_float32(chunk_tokens, smoot
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=name)
     # Padding positions get no gradient.
     assert not np.any(np.asarray(ours_grads[0])[3, 2:])
+
+
+def test_gpus_take_the_largest_chunk_whose_logits_fit_the_budget_and_tpus_keep_theirs():
+    assert accelerator_chunk_tokens("gpu", 8000) == 33554  # 1 GiB of float32 logits: the paper's batch in one chunk
+    assert accelerator_chunk_tokens("gpu", 37000) == 7255  # 25k tokens in 4 chunks
+    assert 4 * 37000 * accelerator_chunk_tokens("gpu", 37000) <= GPU_CHUNK_LOGITS_BYTES
+    assert accelerator_chunk_tokens("gpu", 2**20) == 1024  # never below the TPUs' chunk
+    assert accelerator_chunk_tokens("tpu", 8000) == 1024
 
 
 @pytest.mark.parametrize("kernel", [False, True])  # XLA's chunks; the fused kernels (training/loss_kernel.py)

@@ -141,9 +141,21 @@ class ProjectedLoss:
                                             mesh=self.mesh, kernel=self.kernel)
 
 
-# Tokens per device whose logits a TPU or GPU forms at once (training.loss_chunk_tokens=-1): with a 37k
+# Tokens per device whose logits a TPU forms at once (training.loss_chunk_tokens=-1): with a 37k
 # vocabulary, 151 MB of float32 logits per chunk (BENCHMARKS.md, "Accelerators").
 ACCELERATOR_CHUNK_TOKENS = 1024
+# Float32 logits a GPU forms at once (training.loss_chunk_tokens=-1): a chunk of 1,024 tokens is a dozen kernels
+# and one more pass over the table's float32 gradient (XLA:GPU does not fuse the accumulation into the matmul), so
+# the paper's batch in 1,024-token chunks was 292 kernels and 2.4 GB of HBM traffic more than in one chunk (base,
+# 8k vocabulary, H100 program; docs/benchmarks/accelerators.md). 1 GiB: the whole batch at 8k pieces, 4 chunks at 37k.
+GPU_CHUNK_LOGITS_BYTES = 2**30
+
+
+def accelerator_chunk_tokens(platform: str, vocab_size: int) -> int:
+    """Tokens per device the projected loss forms logits for at once on `platform` ("tpu", "gpu") by default."""
+    if platform == "gpu":
+        return max(ACCELERATOR_CHUNK_TOKENS, GPU_CHUNK_LOGITS_BYTES // (4 * vocab_size))
+    return ACCELERATOR_CHUNK_TOKENS
 
 
 def projected_loss_for(chunk_tokens: int, model: TransformerConfig, mesh: Mesh, kernel: str = "auto"
@@ -151,10 +163,11 @@ def projected_loss_for(chunk_tokens: int, model: TransformerConfig, mesh: Mesh, 
     """The loss a run's train step uses (training.loss_chunk_tokens, training.loss_kernel): None for the whole
     batch's logits (0, and -1 on CPUs, where that path is as fast and keeps earlier runs' numbers), else the
     projected loss: by the fused Pallas kernels ("pallas"; "auto" on TPUs for a model without an output bias) or
-    in chunks of that many tokens per device (-1: ACCELERATOR_CHUNK_TOKENS on TPUs and GPUs)."""
+    in chunks of that many tokens per device (-1: accelerator_chunk_tokens, by the platform and vocabulary)."""
     platform = mesh_platform(mesh)
     if chunk_tokens < 0:
-        chunk_tokens = 0 if platform == "cpu" and kernel != "pallas" else ACCELERATOR_CHUNK_TOKENS
+        chunk_tokens = (0 if platform == "cpu" and kernel != "pallas"
+                        else accelerator_chunk_tokens(platform, model.vocab_size))
     bias = model.output_bias or not model.tie_output_embedding
     fused = kernel == "pallas" or (kernel == "auto" and platform == "tpu" and not bias)
     return ProjectedLoss(model, chunk_tokens, mesh, fused) if chunk_tokens else None
@@ -182,6 +195,11 @@ def _local_projected_loss(hidden_BxTxD, table_VxD, bias_V, targets_BxT, smoothin
     targets_CxN = targets_BxT.reshape(chunks, -1)
     table = table_VxD.astype(dtype)
     vocab_ids = jnp.arange(vocab, dtype=targets_BxT.dtype)
+    # Label smoothing's sum of a token's logits is hidden . (the table's column sums) (+ the bias' sum): a matrix-vector
+    # product instead of another pass over the chunk's float32 [N, V] logits (on a GPU each pass is a kernel
+    # reading all of them; the reference logit is gathered, not summed out of them, for the same reason).
+    table_sum_D = table.astype(jnp.float32).sum(0)
+    bias_sum = 0.0 if bias_V is None else bias_V.astype(jnp.float32).sum()
 
     def chunk(carry, inputs):
         sums, dtable_VxD, dbias_V = carry
@@ -194,9 +212,13 @@ def _local_projected_loss(hidden_BxTxD, table_VxD, bias_V, targets_BxT, smoothin
         sum_N = exp_NxV.sum(-1)
         lse_N = max_N + jnp.log(sum_N)
         is_ref_NxV = vocab_ids == targets_N[:, None]
-        reference_N = jnp.where(is_ref_NxV, logits_NxV, 0.0).sum(-1)
+        reference_N = jnp.take_along_axis(logits_NxV, targets_N[:, None], -1)[:, 0]
         weights_N = (targets_N != PAD_ID).astype(jnp.float32)
-        loss_N = lse_N - extra * reference_N - (low * logits_NxV.sum(-1) if low else 0.0)
+        if low:
+            total_N = jnp.dot(hidden_NxD.astype(jnp.float32), table_sum_D, precision=jax.lax.Precision.HIGHEST)
+            loss_N = lse_N - extra * reference_N - low * (total_N + bias_sum)
+        else:
+            loss_N = lse_N - extra * reference_N
         sums = sums + jnp.stack([(loss_N * weights_N).sum(), ((lse_N - reference_N) * weights_N).sum(),
                                  ((reference_N >= max_N) * weights_N).sum()])
         if not grads:
