@@ -78,7 +78,7 @@ def default_config() -> ml_collections.ConfigDict:
     training.label_smoothing = 0.1  # epsilon_ls of the label-smoothed cross-entropy (paper section 5.4)
     training.grad_clip_norm = 0.0  # global-norm clipping; 0 disables it
     training.accumulation_steps = 1  # micro-batches per update (to reach the paper's batch on fewer devices)
-    training.loss_chunk_tokens = -1  # tokens per device projected to the vocabulary at once by the loss (0: the whole batch's logits; -1: 0 on CPUs, 1024 on TPUs/GPUs)
+    training.loss_chunk_tokens = -1  # tokens per device projected to the vocabulary at once by the loss (0: the whole batch's logits; -1: 0 on CPUs, 1024 on TPUs, on GPUs as many as 1 GiB of float32 logits holds)
     training.loss_kernel = "auto"  # the projected loss's logits: "pallas" (fused kernels, none in HBM; an interpreter off TPUs), "xla" (chunks of loss_chunk_tokens), "auto" (pallas on TPUs for a model without an output bias, else xla); unused with loss_chunk_tokens 0
     training.seed = 0  # parameters, dropout and data order
     training.log_every = 100  # steps between training-metric logs
