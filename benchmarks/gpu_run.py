@@ -1,21 +1,35 @@
-"""One end-to-end run for a lent GPU, in one call of under 9 minutes: train.py, a preemption, eval.py, a table.
+"""One end-to-end run for a lent GPU, in one call of under 10 minutes: train.py with a profile, a preemption, a
+short training with each attention backend, eval.py, tables.
 
     # here, once (CPU): prepare the corpus the lease trains on (Multi30k's raw EN/DE files, renamed
-    # {train,dev,test}.{en,de}), and the preflight's prediction for the same run on the lease's GPU kind
-    python -m benchmarks.gpu_run prepare --text DIR --out runs/lease
-    # on the lease (the device tool, carry=["runs/lease"]):
-    python -m benchmarks.gpu_run run --lease runs/lease --out $OUT
+    # {train,dev,test}.{en,de}), and the preflight's predictions for the same run on the lease's GPU kinds
+    # (JAX's CUDA plugin compiles them: pip install --no-deps jax-cuda12-plugin==V jax-cuda12-pjrt==V, V the
+    # installed jax's version, in a virtualenv of its own or a --target folder on PYTHONPATH)
+    python -m benchmarks.gpu_run prepare --text DIR --out runs/lease --predict h200,h100
+    # on the lease (the device tool, carry=[".whl", "runs/lease"]; .whl holds the wheels the GPU image lacks):
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && \
+    export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && R=$(mktemp -d) && \
+    python3 -m benchmarks.gpu_run run --lease runs/lease --out $R/r; cp $R/r/summary.json $OUT/
     # the rehearsal on a CPU (a tiny model, short phases):
-    JAX_PLATFORMS=cpu python -m benchmarks.gpu_run run --lease runs/lease --out /tmp/rehearsal --rehearse
+    JAX_PLATFORMS=cpu python -m benchmarks.gpu_run run --lease runs/lease --out /tmp/rehearsal --rehearse \
+        --train_seconds 20 --resume_seconds 10 --backend_seconds 10
 
 `run` trains the paper's base model (configs/wmt14_ende_base.py: bfloat16) with train.py on the prepared
-corpus for --train_seconds of wall time (checkpoints, the periodic dev loss), stops it with SIGTERM,
-resumes it for --resume_seconds more and stops it again; then eval.py scores the test split (beam 4,
-bfloat16) and translates a file of test sources. It reads back what the run recorded (timing.jsonl: tokens/s,
-the host's share, checkpoint stalls, start-up and resume; JAX's compile log: each program's compile time;
-eval.py's wall time) and prints one table beside the preflight's prediction for the same run on the same
-GPU kind (made here by `prepare`, carried in). Everything raw stays under --out: the logs, the run directory's
-records, summary.json.
+corpus for --train_seconds of wall time (checkpoints, the periodic dev loss), tracing --profile_steps updates
+with jax.profiler (training.profile_steps) after --profile_skip of them; stops it with SIGTERM, resumes it for
+--resume_seconds more and stops it again. Then a short training (--backend_seconds) with each attention backend
+the main run did not use (model.attention_backend: auto, fused, cudnn, einsum), each in its own run directory
+and profiled too; a backend that fails does not stop the others. Then eval.py scores the test split (beam 4,
+bfloat16) and translates a file of test sources. Phases that would not end within --budget seconds of the
+call's start are left out and named. Extra `--config.KEY=VALUE` flags go to every train.py of the call.
+
+It prints, from what the runs recorded: the main table (timing.jsonl: tokens/s, the host's share, checkpoint
+stalls, start-up and resume; JAX's compile log: each program's compile time; eval.py's wall time) beside the
+preflight's prediction for the GPU kind it runs on (made by `prepare`, carried in); the profile per update
+(the device's busy time, kernels, the top 10, the host's launch calls: launch-bound or GPU-bound; on a CPU,
+no device tracks); and the backends' table (finite or not, tokens/s, ms per update, the profile in brief).
+Everything raw stays under --out, which must be new or empty (a run directory there would be resumed): the
+logs, the run directories' records and traces, summary.json (written after each phase).
 """
 
 from __future__ import annotations
@@ -23,13 +37,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
 from typing import Any
 
+from benchmarks.lease_records import (PREDICTION, backend_table, bleu_of, compile_seconds, error_line,
+                                      finite_training, predicted, profile_of, table, timing_records, window_figures)
 from benchmarks.workers import REPO
 from transformer_jax.base import workdir as layout
 
@@ -44,14 +59,24 @@ REHEARSAL_FLAGS = ("--config.model.num_layers=1", "--config.model.d_model=32", "
                    "--config.model.num_heads=2", "--config.data.tokens_per_batch=1024",
                    "--config.training.checkpoint_every=20", "--config.training.eval_every=20",
                    "--config.training.log_every=10")
+# model.attention_backend's choices on a GPU ("splash" is the TPUs' kernel).
+BACKENDS = ("auto", "fused", "cudnn", "einsum")
+BACKEND_FLAG = "--config.model.attention_backend="
+# A backend's short run: no checkpoint or dev loss inside it (SIGTERM still saves one).
+BACKEND_RUN_FLAGS = ("--config.training.checkpoint_every=1000000", "--config.training.eval_every=0")
 TRANSLATE_LINES = 500
-PREDICTION = "prediction-{kind}.txt"
-# JAX's compile log (jax_log_compiles): "Finished XLA compilation of jit(NAME) in SECONDS sec".
-COMPILED = re.compile(r"Finished XLA compilation of (\S+) in ([0-9.]+) s")
+
+
+class OutNotEmpty(Exception):
+    """--out holds files: a run directory there would be resumed, not started."""
 
 
 def corpus_flags(lease: str) -> list[str]:
     return [f"--config.data.prepared={os.path.join(lease, layout.CORPUS)}", *RUN_FLAGS]
+
+
+def profile_flags(steps: int, skip: int) -> list[str]:
+    return [f"--config.training.profile_steps={steps}", f"--config.training.profile_skip_steps={skip}"]
 
 
 def prepare(args: argparse.Namespace) -> None:
@@ -68,38 +93,32 @@ def prepare(args: argparse.Namespace) -> None:
         if report.returncode:  # no prediction file: the run's table shows "-"; the whole error is kept beside it
             with open(os.path.join(args.out, PREDICTION.format(kind=kind) + ".error"), "w") as f:
                 f.write(report.stdout + report.stderr)
-            print(f"the preflight for {kind} failed (exit {report.returncode}); see {f.name}", file=sys.stderr)
+            said = [line for line in report.stderr.splitlines() if line.startswith("error:")]
+            print(f"the preflight for {kind} failed (exit {report.returncode}): {said[-1] if said else ''} "
+                  f"(all of it in {f.name})", file=sys.stderr)
             continue
         with open(os.path.join(args.out, PREDICTION.format(kind=kind)), "w") as f:
             f.write(report.stdout)
         print(report.stdout)
 
 
-def timing_records(workdir: str) -> list[dict[str, Any]]:
-    path = layout.run_path(workdir, layout.TIMING)
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def train_phase(args: argparse.Namespace, workdir: str, log: str, seconds: float, extra: list[str],
+def train_phase(args: argparse.Namespace, workdir: str, log: str, seconds: float, flags: list[str],
                 peak_memory: list[float]) -> dict[str, Any]:
-    """Launch train.py, let it train `seconds` after its first update, SIGTERM it; its wall times and exit."""
+    """Launch train.py with `flags`, let it train `seconds` after its first update (never past the call's
+    deadline), SIGTERM it; its wall times and exit."""
     before = len(timing_records(workdir))
     launched = time.time()
     with open(log, "w") as out:
-        process = subprocess.Popen([sys.executable, "train.py", f"--config={CONFIG}", f"--workdir={workdir}",
-                                    *corpus_flags(args.lease), *extra], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                                   env={**os.environ, "JAX_LOG_COMPILES": "1",
-                                        "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+        process = subprocess.Popen([sys.executable, "train.py", f"--config={CONFIG}", f"--workdir={workdir}", *flags],
+                                   cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "JAX_LOG_COMPILES": "1", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
         first_update = None
-        deadline = launched + args.start_limit
+        deadline = min(launched + args.start_limit, args.deadline)
         while process.poll() is None:
             records = timing_records(workdir)[before:]
             if first_update is None and any("startup_seconds" in r for r in records):
                 first_update = time.time()
-                deadline = first_update + seconds
+                deadline = min(first_update + seconds, args.deadline)
             if time.time() >= deadline:
                 process.send_signal(signal.SIGTERM)
                 break
@@ -121,19 +140,14 @@ def eval_phase(args: argparse.Namespace, workdir: str, log: str, extra: list[str
     """Run eval.py with `extra` flags (beam 4, bfloat16); its wall time and exit."""
     started = time.time()
     with open(log, "w") as out:
-        code = subprocess.run([sys.executable, "eval.py", f"--workdir={workdir}", "--beam_size=4", "--dtype=bfloat16",
-                               *extra], cwd=REPO, stdout=out, stderr=subprocess.STDOUT, timeout=args.eval_limit,
-                              env={**os.environ, "JAX_LOG_COMPILES": "1"}).returncode
+        try:
+            code = subprocess.run([sys.executable, "eval.py", f"--workdir={workdir}", "--beam_size=4",
+                                   "--dtype=bfloat16", *extra], cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                  timeout=max(min(args.eval_limit, args.deadline - started), 1),
+                                  env={**os.environ, "JAX_LOG_COMPILES": "1"}).returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
     return {"wall_s": time.time() - started, "exit": code}
-
-
-def compile_seconds(log: str) -> dict[str, float]:
-    """{program: seconds} from JAX's compile log in `log` (the programs compiled more than once summed)."""
-    programs: dict[str, float] = {}
-    with open(log, errors="replace") as f:
-        for name, seconds in COMPILED.findall(f.read()):
-            programs[name] = programs.get(name, 0.0) + float(seconds)
-    return programs
 
 
 def write_test_sources(lease: str, path: str, lines: int) -> int:
@@ -156,47 +170,7 @@ def gpu_memory_used_mb() -> float | None:
         return None
 
 
-def median(values: list[float]) -> float | None:
-    values = sorted(values)
-    return values[len(values) // 2] if values else None
-
-
-def predicted(lease: str, kind: str) -> dict[str, Any]:
-    """The preflight's predicted ms per update, peak memory and row width for the run (prepare's report)."""
-    path = os.path.join(lease, PREDICTION.format(kind=kind))
-    if not os.path.exists(path):
-        return {}
-    text = open(path).read()
-    found = {}
-    for key, pattern in (("ms_per_update", r"predicted\s+([0-9.]+) ms per update"),
-                         ("peak_gb", r"memory\s+peak ([0-9.]+) GB"), ("width", r"rows x ([0-9]+) tokens")):
-        match = re.search(pattern, text)
-        if match:
-            found[key] = float(match.group(1))
-    return found
-
-
-def window_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians over a phase's log windows (the first left out: it holds the first steps' warm-up); the host's
-    seconds per update are each window's seconds over its updates."""
-    windows = [r for r in records if "tokens_per_second" in r]
-    per_update = {key: [] for key in ("input_seconds", "dispatch_seconds", "sync_seconds")}
-    for before, window in zip(windows, windows[1:]):
-        updates = max(window["step"] - before["step"], 1)
-        for key, values in per_update.items():
-            values.append(window.get(key, 0.0) / updates)
-    pick = lambda key: median([r[key] for r in windows[1:] if key in r])  # noqa: E731
-    return {"windows": len(windows[1:]), "tokens_per_second": pick("tokens_per_second"),
-            "seconds_per_update": pick("seconds_per_step"), "host_share": pick("host_share"),
-            **{f"{key}_per_update": median(values) for key, values in per_update.items()},
-            "checkpoint_stalls": [round(r["checkpoint_stall_seconds"], 3) for r in records
-                                  if "checkpoint_stall_seconds" in r],
-            "eval_seconds": [round(r["eval_seconds"], 2) for r in records if "eval_seconds" in r],
-            "start": next((r for r in records if "startup_seconds" in r), {}),
-            "last_step": windows[-1]["step"] if windows else 0}
-
-
-def mfu(tokens_per_second: float | None, width: int, rehearse: bool, peak_flops: float) -> float | None:
+def mfu(tokens_per_second: float | None, width: int, rehearse: bool, peak_flops: float | None) -> float | None:
     """Model FLOPs utilisation of the real target tokens: FLOPs per token slot of a row `width` wide (source and
     target rows alike, model/flops.py) x real tokens/s / the chip's peak."""
     from transformer_jax.model import TransformerConfig, train_step_flops
@@ -208,108 +182,124 @@ def mfu(tokens_per_second: float | None, width: int, rehearse: bool, peak_flops:
     return tokens_per_second * train_step_flops(model, 1, width, width) / width / peak_flops
 
 
-def bleu_of(log: str) -> float | None:
-    """The SacreBLEU score eval.py printed in `log`."""
-    match = re.search(r"SacreBLEU\D*([0-9]+\.[0-9]+)", open(log, errors="replace").read())
-    return float(match.group(1)) if match else None
+def gpu_kind(device_kind: str, rehearse: bool) -> str:
+    """The preflight's name for the GPU kind the call runs on (the lease's H200 for a rehearsal)."""
+    from transformer_jax.aot import CHIPS
+
+    if rehearse:
+        return "h200"
+    return next((key for key, chip in CHIPS.items() if chip.is_gpu and key.upper() in device_kind), device_kind)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """The lease run (see the module docstring); writes --out/summary.json and prints the table."""
+def main_backend(extra: list[str]) -> str:
+    """The attention backend the main run uses: the last --config.model.attention_backend of `extra`, else auto."""
+    chosen = [flag[len(BACKEND_FLAG):] for flag in extra if flag.startswith(BACKEND_FLAG)]
+    return chosen[-1] if chosen else "auto"
+
+
+def left(args: argparse.Namespace) -> float:
+    return args.deadline - time.time()
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
+    """The lease run (see the module docstring); writes --out/summary.json after each phase and prints the tables."""
     os.makedirs(args.out, exist_ok=True)
     out = lambda name: os.path.join(args.out, name)  # noqa: E731
     workdir = out("run")
-    extra = list(REHEARSAL_FLAGS) if args.rehearse else []
+    model = list(REHEARSAL_FLAGS) if args.rehearse else []
+    flags = [*corpus_flags(args.lease), *model, *extra]
     env = subprocess.run([sys.executable, "-c", "import jax, flax, optax; d = jax.devices()[0]; "
                           "print(jax.__version__, flax.__version__, optax.__version__, d.platform, d.device_kind)"],
                          capture_output=True, text=True, cwd=REPO).stdout.split()
     device_kind = " ".join(env[4:]) if len(env) > 4 else "unknown"
+    kind = gpu_kind(device_kind, args.rehearse)
     summary: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "device": device_kind,
                                "versions": dict(zip(("jax", "flax", "optax", "platform"), env[:4])),
-                               "rehearsal": args.rehearse, "flags": [*corpus_flags(args.lease), *extra]}
-    peak_memory = []
-    summary["train"] = train_phase(args, workdir, out("train.log"), args.train_seconds, extra, peak_memory)
+                               "rehearsal": args.rehearse, "flags": flags, "extra_flags": extra,
+                               "prediction": {"kind": kind, **predicted(args.lease, kind)}, "skipped": [],
+                               "backends": {}}
+
+    def save() -> None:
+        with open(out("summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
+
+    peak_memory: list[float] = []
+    profiled = profile_flags(args.profile_steps, args.profile_skip)
+    summary["train"] = train_phase(args, workdir, out("train.log"), args.train_seconds, [*flags, *profiled],
+                                   peak_memory)
     summary["train"].update(window_figures(timing_records(workdir)))
+    summary["trace"] = profile_of(workdir)
+    save()
     records_after_first = len(timing_records(workdir))
-    summary["resume"] = train_phase(args, workdir, out("resume.log"), args.resume_seconds, extra, peak_memory)
-    summary["resume"].update(window_figures(timing_records(workdir)[records_after_first:]))
+    start_cost = summary["train"]["first_update_s"]  # what a later start is budgeted (cached compiles cost less)
+    if left(args) > start_cost + args.resume_seconds + args.stop_limit / 4:
+        summary["resume"] = train_phase(args, workdir, out("resume.log"), args.resume_seconds, flags, peak_memory)
+        summary["resume"].update(window_figures(timing_records(workdir)[records_after_first:]))
+    else:
+        summary["skipped"].append("resume")
+    save()
+    for backend in (b for b in args.backends.split(",") if b and b != main_backend(extra)):
+        summary["backends"][backend] = backend_phase(args, backend, flags, peak_memory, start_cost)
+        save()
     summary["gpu_memory_peak_mb"] = max(peak_memory) if peak_memory else None
     lines = write_test_sources(args.lease, out("translate.src"), TRANSLATE_LINES)
-    summary["eval"] = eval_phase(args, workdir, out("eval.log"), [])
-    summary["eval"]["bleu"] = bleu_of(out("eval.log"))
-    # eval.py --translate prints the translations: they go to translate.log with its other lines.
-    summary["translate"] = eval_phase(args, workdir, out("translate.log"), [f"--translate={out('translate.src')}"])
-    summary["translate"]["lines"] = lines
+    for phase, extra_eval, need in (("eval", [], 60), ("translate", [f"--translate={out('translate.src')}"], 30)):
+        if left(args) < need:  # eval.py --translate prints the translations: they go to translate.log
+            summary["skipped"].append(phase)
+            continue
+        summary[phase] = eval_phase(args, workdir, out(f"{phase}.log"), extra_eval)
+    if "eval" in summary:
+        summary["eval"]["bleu"] = bleu_of(out("eval.log"))
+        with open(os.path.join(args.lease, layout.CORPUS, "test.json")) as f:
+            summary["eval"]["sentences"] = len(json.load(f))
+    if "translate" in summary:
+        summary["translate"]["lines"] = lines
     summary["compile_seconds"] = {phase: compile_seconds(out(f"{phase}.log"))
                                   for phase in ("train", "resume", "eval", "translate")}
-    kind = "h100" if "H100" in device_kind or args.rehearse else "h200" if "H200" in device_kind else device_kind
-    summary["prediction"] = {"kind": kind, **predicted(args.lease, kind)}
-    with open(os.path.join(args.lease, layout.CORPUS, "test.json")) as f:
-        summary["eval"]["sentences"] = len(json.load(f))
     from transformer_jax.aot import CHIPS
 
-    peak = CHIPS["h100"].peak_bf16_flops  # the H200 has the H100's tensor cores (989 dense bf16 TFLOP/s)
+    chip = CHIPS.get(kind)
     width = int(summary["prediction"].get("width", 256))
-    summary["train"]["mfu"] = mfu(summary["train"]["tokens_per_second"], width, args.rehearse, peak)
-    with open(out("summary.json"), "w") as f:
-        json.dump(summary, f, indent=1)
+    summary["train"]["mfu"] = mfu(summary["train"]["tokens_per_second"], width, args.rehearse,
+                                  chip and chip.peak_bf16_flops)
+    save()
     print(table(summary))
-    # A stop by SIGTERM exits 0 (or 143, the signal's own status); eval.py's jobs exit 0.
-    failed = [phase for phase in ("train", "resume") if summary[phase]["exit"] not in (0, 143)]
-    failed += [phase for phase in ("eval", "translate") if summary[phase]["exit"] != 0]
-    if failed:
-        print(f"failed: {', '.join(failed)} (see {args.out}/<phase>.log)", file=sys.stderr)
-        sys.exit(1)
+    print("\n".join(["", *(summary["trace"].get("lines") or ["profile: none written (see train.log)"]), ""]))
+    print(f"main run's attention backend: {main_backend(extra)}")
+    print(backend_table(summary["backends"]))
+    report_failures(args, summary)
     return summary
 
 
-def _f(value: Any, digits: int = 1, unit: str = "") -> str:
-    return "-" if value is None else f"{value:,.{digits}f}{unit}"
+def backend_phase(args: argparse.Namespace, backend: str, flags: list[str], peak_memory: list[float],
+                  start_cost: float) -> dict[str, Any]:
+    """A short training with `backend` in its own run directory, profiled: exit, finite or not, figures."""
+    if left(args) < start_cost + args.backend_seconds + args.stop_limit / 4:
+        return {"skipped": "out of the call's time"}
+    workdir, log = os.path.join(args.out, f"backend-{backend}"), os.path.join(args.out, f"backend-{backend}.log")
+    phase = train_phase(args, workdir, log, args.backend_seconds,
+                        [*flags, *BACKEND_RUN_FLAGS, *profile_flags(min(args.profile_steps, 3), args.profile_skip),
+                         f"{BACKEND_FLAG}{backend}"], peak_memory)
+    figures = window_figures(timing_records(workdir))
+    return {**phase, **{k: figures[k] for k in ("tokens_per_second", "seconds_per_update", "last_step")},
+            **finite_training(workdir), "trace": profile_of(workdir), "error": error_line(log)}
 
 
-def _programs(seconds: dict[str, float]) -> str:
-    return "; ".join(f"{name} {value:.1f} s" for name, value in sorted(seconds.items(), key=lambda item: -item[1])
-                     if value >= 0.1)
+def report_failures(args: argparse.Namespace, summary: dict[str, Any]) -> None:
+    """Exit 1 naming the main run's phases that failed (a backend's failure is a finding, in its table)."""
+    # A stop by SIGTERM exits 0 (or 143, the signal's own status); eval.py's jobs exit 0.
+    failed = [phase for phase in ("train", "resume") if phase in summary and summary[phase]["exit"] not in (0, 143)]
+    failed += [phase for phase in ("eval", "translate") if phase in summary and summary[phase]["exit"] != 0]
+    if failed:
+        print(f"failed: {', '.join(failed)} (see {args.out}/<phase>.log)", file=sys.stderr)
+        sys.exit(1)
 
 
-def table(s: dict[str, Any]) -> str:
-    """The summary as one Markdown table."""
-    t, r, e, tr, p = s["train"], s["resume"], s["eval"], s["translate"], s["prediction"]
-    compiled = s["compile_seconds"]
-    eval_compile = sum(compiled["eval"].values())
-    rows = [
-        ("device", f"{s['device']} ({s['versions'].get('platform', '?')}), jax {s['versions'].get('jax', '?')}"
-                   + (" - REHEARSAL (tiny model on a CPU)" if s["rehearsal"] else "")),
-        ("train: launch to first update", _f(t["first_update_s"], 1, " s")),
-        ("train: updates / windows timed", f"{t['last_step']} / {t['windows']}"),
-        ("real target tokens/s (median window)", _f(t["tokens_per_second"], 0)),
-        ("ms per update (median window)", _f(t["seconds_per_update"] and t["seconds_per_update"] * 1e3, 2)),
-        ("preflight's prediction, ms per update", _f(p.get("ms_per_update"), 2) + f" ({p['kind']} roofline)"),
-        ("MFU of real target tokens", _f(t["mfu"] and 100 * t["mfu"], 1, "%")
-         + f" (FLOPs per token at rows {int(p.get('width', 256))} wide: the prediction's width, else 256)"),
-        ("host share of a window (median)", _f(t["host_share"], 2)),
-        ("host s per update: input / dispatch / wait for device",
-         " / ".join(_f(t[f"{k}_seconds_per_update"] and 1e3 * t[f"{k}_seconds_per_update"], 2, " ms")
-                    for k in ("input", "dispatch", "sync"))),
-        ("GPU memory in use, peak (nvidia-smi)", _f(s["gpu_memory_peak_mb"], 0, " MB")),
-        ("preflight's peak memory", _f(p.get("peak_gb"), 2, " GB")),
-        ("checkpoint stalls", ", ".join(f"{x:.2f}" for x in t["checkpoint_stalls"] + r["checkpoint_stalls"]) + " s"),
-        ("dev-loss evaluations", ", ".join(f"{x:.1f}" for x in t["eval_seconds"] + r["eval_seconds"]) + " s"),
-        ("compile, train.py (programs over 0.1 s)", _programs(compiled["train"])),
-        ("compile, eval.py (programs over 0.1 s)", _programs(compiled["eval"])),
-        ("SIGTERM to exit / exit status", f"{_f(t['stop_s'], 1, ' s')} / {t['exit']}"),
-        ("resume: launch to first update", _f(r["first_update_s"], 1, " s")),
-        ("resume: start-up / restore / compile",
-         " / ".join(_f(r["start"].get(k), 1, " s") for k in ("startup_seconds", "restore_seconds", "compile_seconds"))),
-        ("resume: updates, tokens/s", f"to step {r['last_step']}, {_f(r['tokens_per_second'], 0)}"),
-        ("eval.py test split: wall / compile / exit",
-         f"{_f(e['wall_s'], 1, ' s')} / {_f(eval_compile, 1, ' s')} / {e['exit']}"),
-        ("eval sentences/s (wall; without compile)",
-         f"{_f(e['sentences'] / e['wall_s'], 1)}; {_f(e['sentences'] / max(e['wall_s'] - eval_compile, 1e-9), 1)}"),
-        ("test SacreBLEU of the short run", _f(e["bleu"], 2)),
-        ("eval.py --translate: lines / wall / exit", f"{tr['lines']} / {_f(tr['wall_s'], 1, ' s')} / {tr['exit']}"),
-    ]
-    return "\n".join(["| figure | value |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows)])
+def check_out(path: str) -> None:
+    """Refuse an --out that holds anything: its run directory would be resumed instead of started."""
+    if os.path.exists(path) and (not os.path.isdir(path) or os.listdir(path)):
+        raise OutNotEmpty(f"--out {path} is not empty (a run there would resume, not start); pass a new folder, "
+                          "e.g. --out $(mktemp -d)/r")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -318,18 +308,36 @@ def main(argv: list[str] | None = None) -> None:
     prep = commands.add_parser("prepare", help="the corpus and the preflight's predictions (here, on a CPU)")
     prep.add_argument("--text", required=True, help="directory of {train,dev,test}.{en,de}")
     prep.add_argument("--out", default="runs/lease")
-    prep.add_argument("--predict", default="h100", help="GPU topologies to predict for (the preflight's names)")
-    go = commands.add_parser("run", help="the lease run")
+    prep.add_argument("--predict", default="h200,h100", help="GPU topologies to predict for (the preflight's names)")
+    go = commands.add_parser("run", help="the lease run; --config.KEY=VALUE flags go to every train.py")
     go.add_argument("--lease", default="runs/lease", help="what prepare made (carried to the lease)")
-    go.add_argument("--out", required=True)
-    go.add_argument("--train_seconds", type=float, default=120, help="training after the first update")
-    go.add_argument("--resume_seconds", type=float, default=60, help="training after the resumed first update")
+    go.add_argument("--out", required=True, help="a new or empty folder")
+    go.add_argument("--train_seconds", type=float, default=90, help="training after the first update")
+    go.add_argument("--resume_seconds", type=float, default=30, help="training after the resumed first update")
+    go.add_argument("--backends", default=",".join(BACKENDS),
+                    help="attention backends to train briefly (the main run's own is left out)")
+    go.add_argument("--backend_seconds", type=float, default=20, help="each backend's training after its first update")
+    go.add_argument("--profile_steps", type=int, default=5, help="updates the main run traces (0: none)")
+    go.add_argument("--profile_skip", type=int, default=20, help="updates after a start before the trace")
+    go.add_argument("--budget", type=float, default=540, help="seconds for the whole call: later phases left out")
     go.add_argument("--start_limit", type=float, default=150, help="longest wait for a first update")
     go.add_argument("--stop_limit", type=float, default=60, help="longest wait from SIGTERM to exit")
     go.add_argument("--eval_limit", type=float, default=150)
     go.add_argument("--rehearse", action="store_true", help="a tiny model, for a CPU")
-    args = parser.parse_args(argv)
-    (prepare if args.command == "prepare" else run)(args)
+    args, extra = parser.parse_known_args(argv)
+    unknown = [flag for flag in extra if not flag.startswith("--config.") or "=" not in flag]
+    if unknown or (extra and args.command != "run"):
+        parser.error(f"unrecognized arguments: {' '.join(unknown or extra)} (only run takes --config.KEY=VALUE)")
+    if args.command == "prepare":
+        prepare(args)
+        return
+    try:
+        check_out(args.out)
+    except OutNotEmpty as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    args.deadline = time.time() + args.budget
+    run(args, extra)
 
 
 if __name__ == "__main__":

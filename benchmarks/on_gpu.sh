@@ -11,8 +11,11 @@
 # own JAX. On one H100 (2026-11-26): the tests about 70 s; each train step's compile 30-50 s, the searches'
 # about 10 s, so 12 rows take about 7 minutes in all. TESTS_SECONDS, SECTION_SECONDS and TIMED_ROWS (e.g.
 # 12,96) override the defaults.
-# A lease's first call is the end-to-end run instead (train.py, a preemption, eval.py; one table):
-#   python -m benchmarks.gpu_run run --lease runs/lease --out OUTDIR   (see benchmarks/gpu_run.py; carry runs/lease)
+# A lease's first call is the end-to-end run instead (train.py with a profile, a preemption, a short training with
+# each attention backend, eval.py; the tables), with carry [".whl", "runs/lease"] (see benchmarks/gpu_run.py):
+#   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && \
+#   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && R=$(mktemp -d) && \
+#   python3 -m benchmarks.gpu_run run --lease runs/lease --out $R/r; cp $R/r/summary.json $OUT/
 # and this script the second, for the small-batch timing against the example: TIMED_ROWS=12,96 with the example's
 # checkout carried too (e.g. runs/lease/flax holding examples/wmt of google/flax).
 set -u

@@ -22,6 +22,7 @@ SAME_WORD = {
     ("transformer_jax/config/schema.py", "wandb"): "the wandb package's name (is it installed?)",
     ("transformer_jax/config/schema.py", "eval"): "the config's `eval` section",
     ("benchmarks/gpu_run.py", "eval"): "the benchmark's eval.py phase",
+    ("benchmarks/lease_records.py", "eval"): "the lease run's eval.py phase",
 }
 TOKEN_WORDS = ("ids", "tokens", "src", "tgt")  # in a name that holds token ids
 TOKEN_KEYS = ("inputs", "targets")  # batch keys that hold token ids

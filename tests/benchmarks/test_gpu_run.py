@@ -1,10 +1,13 @@
-"""The lease run's readers (benchmarks/gpu_run.py): what train.py and eval.py recorded, read back into the table."""
+"""The lease run (benchmarks/gpu_run.py): its flags and --out check, and what train.py and eval.py recorded, read
+back into the tables (benchmarks/lease_records.py)."""
 
 import json
 
 import pytest
 
-from benchmarks.gpu_run import compile_seconds, predicted, table, write_test_sources, window_figures
+from benchmarks.gpu_run import BACKEND_FLAG, OutNotEmpty, check_out, gpu_kind, main, main_backend, write_test_sources
+from benchmarks.lease_records import (backend_table, compile_seconds, error_line, finite_training, predicted, table,
+                                      window_figures)
 
 
 def test_window_figures_take_medians_per_update_and_leave_out_the_first_window():
@@ -66,3 +69,64 @@ def test_the_table_shows_each_phase_and_sources_are_the_test_split(tmp_path):
     assert "| eval sentences/s (wall; without compile) | 25.0; 50.0 |" in text
     assert "| test SacreBLEU of the short run | 31.25 |" in text
     assert "| resume: start-up / restore / compile | 20.0 s / 2.0 s / 9.0 s |" in text
+
+
+def test_a_non_empty_out_is_refused_in_one_line_before_anything_runs(tmp_path, capsys):
+    check_out(str(tmp_path / "new"))
+    check_out(str(tmp_path))  # empty: fine
+    (tmp_path / "train.log").write_text("a previous call\n")
+    with pytest.raises(OutNotEmpty, match="is not empty"):
+        check_out(str(tmp_path))
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--lease", str(tmp_path / "lease"), "--out", str(tmp_path), "--config.model.dtype=float32"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: --out {tmp_path} is not empty")
+
+
+def test_extra_flags_are_config_flags_and_choose_the_main_runs_backend(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--out", "x", "--learning_rate=1"])
+    assert "unrecognized arguments: --learning_rate=1" in capsys.readouterr().err
+    assert main_backend([]) == "auto"
+    assert main_backend(["--config.model.dtype=bfloat16", f"{BACKEND_FLAG}fused"]) == "fused"
+    assert gpu_kind("NVIDIA H200", False) == "h200" and gpu_kind("NVIDIA H100 80GB HBM3", False) == "h100"
+    assert gpu_kind("cpu", True) == "h200"
+
+
+def test_a_backends_run_is_finite_or_not_and_a_failure_is_its_error_line(tmp_path):
+    run = tmp_path / "backend-cudnn"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (
+        {"step": 50, "split": "train", "loss": 7.5, "grad_norm": 1.0},
+        {"step": 50, "split": "dev", "loss": 7.0},
+        {"step": 100, "split": "train", "loss": float("nan"), "grad_norm": float("nan")})))
+    assert finite_training(str(run)) == {"logged": 2, "finite": False, "non_finite": 1, "last_loss": pytest.approx(
+        float("nan"), nan_ok=True)}
+    assert finite_training(str(tmp_path / "none"))["finite"] is False
+    log = tmp_path / "backend-cudnn.log"
+    log.write_text("I1128 compiling\rprogress 3/10\nerror: train_step failed on the device (cudnn attention); "
+                   "try --config.model.attention_backend=fused\nW1128 exiting\n")
+    assert error_line(str(log)).startswith("error: train_step failed on the device")
+    profile = {"device": "gpu", "busy": 0.02, "kernels": 1480.0, "launch": 0.031}
+    text = backend_table({
+        "fused": {"exit": 143, "last_step": 400, "finite": True, "logged": 8, "tokens_per_second": 650000.0,
+                  "seconds_per_update": 0.0356, "trace": profile},
+        "cudnn": {"exit": 1, "last_step": 0, "finite": False, "logged": 0, "error": error_line(str(log))},
+        "einsum": {"skipped": "out of the call's time"}})
+    assert "| fused | 143 | 400 | yes (8 logged) | 650,000 | 35.60 | 20.00 | 1,480 | 31.00 |  |" in text
+    assert "| cudnn | 1 | 0 | NO (0 logged) | - | - | - | - | - | error: train_step failed on the device" in text
+    assert "| einsum | - | - | - | - | - | - | - | - | not run: out of the call's time |" in text
+    cpu = backend_table({"einsum": {"exit": 0, "finite": True, "logged": 2, "trace": {"device": "host", "busy": 1}}})
+    assert "| - | - | - | profile: no device tracks |" in cpu  # a CPU's host ops are not device figures
+
+
+def test_the_table_names_the_phases_left_out():
+    summary = {"device": "NVIDIA H200", "versions": {"platform": "gpu", "jax": "0.11.2"}, "rehearsal": False,
+               "train": {"first_update_s": 60.0, "exit": 143, "last_step": 2000, "windows": 30},
+               "skipped": ["eval", "translate"], "extra_flags": ["--config.model.attention_backend=fused"],
+               "prediction": {"kind": "h200"}}
+    text = table(summary)
+    assert "| phases not run (out of the call's time) | eval, translate |" in text
+    assert "| extra flags | --config.model.attention_backend=fused |" in text
+    assert "| eval.py test split: wall / compile / exit | - / 0.0 s / - |" in text
