@@ -93,8 +93,8 @@ def prepare(args: argparse.Namespace) -> None:
         if report.returncode:  # no prediction file: the run's table shows "-"; the whole error is kept beside it
             with open(os.path.join(args.out, PREDICTION.format(kind=kind) + ".error"), "w") as f:
                 f.write(report.stdout + report.stderr)
-            said = [line for line in report.stderr.splitlines() if line.startswith("error:")]
-            print(f"the preflight for {kind} failed (exit {report.returncode}): {said[-1] if said else ''} "
+            said = [line for line in report.stderr.splitlines() if line.startswith("error:") or "Error: " in line]
+            print(f"the preflight for {kind} failed (exit {report.returncode}): {said[-1][:300] if said else ''} "
                   f"(all of it in {f.name})", file=sys.stderr)
             continue
         with open(os.path.join(args.out, PREDICTION.format(kind=kind)), "w") as f:

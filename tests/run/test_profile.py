@@ -43,3 +43,15 @@ def test_no_profile_by_default_and_a_profile_cut_short_is_still_written(tmp_path
     assert cut.tracing
     cut.stop()
     assert not cut.tracing and summarize_trace(read_trace(newest_trace(str(tmp_path / "cut")))).updates == 2
+
+
+def test_updates_dispatched_ahead_finish_before_the_trace_starts(tmp_path):
+    step = jax.jit(lambda x: jnp.tanh(x @ x) / 64)
+    x = jnp.ones((384, 384))
+    profile = UpdateProfile(str(tmp_path), first=4, steps=2)
+    for done in range(6):  # four updates queued ahead of the device, then two traced
+        with profile.update(done, lambda: x):
+            x = step(x)
+    events = read_trace(newest_trace(str(tmp_path)))
+    runs = {e["args"]["run_id"] for e in events if "hlo_op" in e.get("args", {})}
+    assert len(runs) == 2 and summarize_trace(events).updates == 2  # the XLA executions are the traced ones

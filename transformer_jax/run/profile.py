@@ -35,10 +35,12 @@ class UpdateProfile:
 
     @contextlib.contextmanager
     def update(self, step: int, outputs: Callable[[], Any]) -> Iterator[None]:
-        """Around the update that follows `step` updates: starts the trace before the first one traced, marks
-        each traced one as a step, and after the last waits for `outputs()` (what the update computes) on the
-        devices and stops the trace."""
+        """Around the update that follows `step` updates: before the first one traced, waits for `outputs()` (what
+        the updates compute) on the devices and starts the trace; marks each traced one as a step; after the last,
+        waits for `outputs()` again and stops the trace. So the trace holds the traced updates' work, and only it."""
         if self.steps and step == self.first:
+            # Updates dispatched ahead of the devices would run inside the trace as if they were traced ones.
+            jax.block_until_ready(outputs())
             self._start()
         if not self.tracing:
             yield
