@@ -7,8 +7,8 @@ with status 2; any other exception is a bug and keeps its traceback. Library cal
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "ConfigError", "CorruptCheckpointError", "DataError", "MeshError", "ShapeMismatchError",
-           "StorageError", "TrainingError", "UserError"]
+__all__ = ["CheckpointError", "ConfigError", "CorruptCheckpointError", "DataError", "DeviceError", "MeshError",
+           "ShapeMismatchError", "StorageError", "TrainingError", "UserError"]
 
 
 class UserError(Exception):
@@ -46,3 +46,9 @@ class StorageError(UserError, OSError):
 
 class TrainingError(UserError, RuntimeError):
     """Training cannot go on (e.g. the loss stays non-finite); the message says why and what to do."""
+
+
+class DeviceError(TrainingError):
+    """A compiled program of the run failed on the device (a runtime error, out of memory, a CUDA-graph capture
+    that failed); the message names the program, the attention backend and the setting to change. The commands
+    exit with status 3 for it, so that a scheduler can tell it from a bad setting (2)."""

@@ -212,3 +212,123 @@ def test_a_run_with_every_update_skipped_or_parameters_not_finite_is_not_scored(
     state.params = {"w": np.array([1.0, np.nan])}
     with pytest.raises(TrainingError, match="parameters at step 4 are not finite"):
         check_trained(state, 4)
+
+
+def with_train_step(trainer, step):
+    """`trainer` with its train step replaced by `step(real_step, state, batch)`, jitted on its mesh."""
+    import dataclasses
+    import functools
+
+    from transformer_jax.run.programs import OnMesh
+
+    real = trainer.programs.train_step.jitted
+    jitted = jax.jit(functools.partial(step, real), donate_argnums=0)
+    trainer.programs = dataclasses.replace(trainer.programs, train_step=OnMesh(jitted, trainer.mesh))
+    return trainer
+
+
+def test_a_step_that_fails_on_the_device_is_one_line_naming_it_exit_3_and_the_checkpoints_stay(
+        trained_run, tmp_path, capsys):
+    """A real runtime error inside the compiled train step (a host callback that raises, at update 8)."""
+    from runs import copy_run, snapshot, tiny_run_config
+    from transformer_jax.cli.commands import DEVICE_ERROR_EXIT, user_errors
+    from transformer_jax.errors import DeviceError
+
+    workdir = copy_run(trained_run, tmp_path / "run")  # checkpoints of steps 4 and 6
+    before = snapshot(workdir / "checkpoints")
+    config = tiny_run_config()
+    config.training.num_train_steps = 10
+
+    def fault(step):
+        if int(jax.device_get(step)) == 7:  # the state before update 8
+            raise RuntimeError("the test's device fault")
+
+    def failing(real, state, batch):
+        jax.debug.callback(fault, state.step)
+        return real(state, batch)
+
+    trainer = with_train_step(Trainer(assemble_run(config, str(workdir))), failing)
+    with pytest.raises(DeviceError) as failure:
+        trainer.run()
+    trainer.close()
+    line = str(failure.value)
+    for fragment in ("train_step (update 8) failed on the device (attention: einsum)", "the test's device fault",
+                     "try --config.model.attention_backend=fused",
+                     "the last good checkpoint, step 6, is kept; the same command resumes from it"):
+        assert fragment in line, line
+    assert "\n" not in line
+    assert snapshot(workdir / "checkpoints") == before  # nothing deleted, nothing half written
+    params = Checkpointer(str(workdir / "checkpoints"), read_only=True).restore_params(6)
+    assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params))
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stopped, user_errors():  # what the commands print and exit with
+        raise failure.value
+    assert stopped.value.code == DEVICE_ERROR_EXIT == 3
+    assert capsys.readouterr().err.splitlines() == [f"error: {line}"]
+
+
+def test_out_of_memory_and_a_failed_capture_name_their_own_remedy():
+    from transformer_jax.run.loop import device_failure
+    from runs import tiny_run_config
+
+    config = tiny_run_config()
+    oom = device_failure(jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+                                                    "1.20GiB."), "train_step (update 3)", "fused", config, None)
+    assert str(oom) == (
+        "train_step (update 3) ran out of device memory (attention: fused): RESOURCE_EXHAUSTED: Out of memory while "
+        f"trying to allocate 1.20GiB.; lower --config.data.tokens_per_batch (it is {config.data.tokens_per_batch}) "
+        "and reach the same batch with --config.training.accumulation_steps, or set --config.model.remat=dots (no "
+        "checkpoint was written)")
+    capture = device_failure(jax.errors.JaxRuntimeError(
+        "INTERNAL: detail::cuda_graph_end_capture(fake_stream, &graph_obj) failed with capturing stream has unjoined "
+        "work"), "train_step (update 1)", "cudnn", config, 200)
+    assert "failed on the device capturing a CUDA graph" in str(capture)
+    assert "try --config.model.attention_backend=fused, or XLA_FLAGS=--xla_gpu_enable_command_buffer=" in str(capture)
+    assert str(capture).endswith("(the last good checkpoint, step 200, is kept; the same command resumes from it)")
+
+
+def test_updates_non_finite_from_the_first_blame_the_forward_or_backward_pass_not_the_learning_rate(trained_run,
+                                                                                                  tmp_path):
+    """A train step whose forward pass gives NaN (the parameters it sees are NaN) from the first update of a start."""
+    import jax.numpy as jnp
+
+    from runs import copy_run, snapshot, tiny_run_config
+
+    def poisoned(real, state, batch):
+        nan_params = jax.tree.map(lambda p: p * jnp.nan, state.params)
+        new_state, metrics = real(state.replace(params=nan_params), batch)
+        return new_state.replace(params=state.params), metrics  # skipped: Adam's state is left as it was
+
+    workdir = copy_run(trained_run, tmp_path / "run")  # resumed at step 6
+    before = snapshot(workdir / "checkpoints")
+    config = tiny_run_config()
+    config.training.update(num_train_steps=10, max_skipped_updates=2, eval_every=0)
+    trainer = with_train_step(Trainer(assemble_run(config, str(workdir))), poisoned)
+    with pytest.raises(TrainingError) as stopped:
+        trainer.run()
+    trainer.close()
+    line = str(stopped.value)
+    for fragment in ("2 updates in a row had a non-finite loss or gradient",
+                     "no update since the checkpoint of step 6 changed the parameters",
+                     "the forward or backward pass gives non-finite values, not the learning rate",
+                     "the attention runs on einsum; try --config.model.attention_backend=fused",
+                     "(the last good checkpoint, step 6, is kept)"):
+        assert fragment in line, line
+    assert "learning_rate_scale" not in line
+    assert snapshot(workdir / "checkpoints") == before
+
+
+def test_the_non_finite_advice_is_the_learning_rate_only_once_updates_moved_the_parameters(run_config):
+    from transformer_jax.run.loop import non_finite_advice
+    from transformer_jax.training.optimizer import paper_learning_rate
+
+    base = paper_learning_rate(512, 4000)  # the paper's warm-up: ~1.7e-7 a step at first
+    advice = lambda schedule, start, applied, step: non_finite_advice(  # noqa: E731
+        run_config.training, schedule, start, applied, step, "cudnn", "bfloat16")
+    early = advice(base, 0, 5, 0)
+    assert "the updates since the initialization moved each parameter by at most about 3e-06" in early
+    assert "try --config.model.attention_backend=fused, or --config.model.dtype=float32" in early
+    assert "no update since the initialization changed the parameters" in advice(base, 0, 0, 0)
+    assert "no update since the checkpoint of step 900 changed" in advice(base, 880, 880, 900)
+    assert "lower training.learning_rate_scale (it is 1)" in advice(base, 0, 2000, 0)  # 0.17 in all: the rate
+    assert "lower training.learning_rate_scale" in advice(paper_learning_rate(512, 4000, 1e30), 0, 1, 0)

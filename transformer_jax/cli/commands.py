@@ -33,10 +33,12 @@ from transformer_jax.base import (
 )
 from transformer_jax.base import workdir as layout
 from transformer_jax.cli.lock import owning
-from transformer_jax.errors import ConfigError, UserError
+from transformer_jax.errors import ConfigError, DeviceError, UserError
 
 # Exit status of a run stopped by a user error (bad flag, config value, data, checkpoint).
 USER_ERROR_EXIT = 2
+# Exit status of a run stopped because a program failed on the device (errors.DeviceError).
+DEVICE_ERROR_EXIT = 3
 # Exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it).
 INTERRUPTED_EXIT = 130
 # Exit status of a command whose standard output was closed by its reader (128 + SIGPIPE, as shells report it).
@@ -47,7 +49,8 @@ TERMINATED_EXIT = 143
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn a UserError into one line on stderr and exit status 2; any other exception is a bug and keeps its traceback.
+    """Turn a UserError into one line on stderr and exit status 2 (3 for a DeviceError: a program failed on the
+    device); any other exception is a bug and keeps its traceback.
 
     An OSError of the machine's storage (a full disk, a read-only file system) that reached this far
     unnamed is one line as well: it is no bug, and its traceback would hide the one thing to do.
@@ -63,7 +66,7 @@ def user_errors() -> Iterator[None]:
     except UserError as error:
         message = str(error).splitlines()[0] if str(error) else type(error).__name__
         print(f"error: {message}", file=sys.stderr)
-        sys.exit(USER_ERROR_EXIT)
+        sys.exit(DEVICE_ERROR_EXIT if isinstance(error, DeviceError) else USER_ERROR_EXIT)
     except BrokenPipeError:  # the reader of standard output is gone (`| head`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error when Python flushes it
         sys.exit(BROKEN_PIPE_EXIT)

@@ -30,7 +30,9 @@ from transformer_jax.base.files import storage_errno, storage_error, storage_rem
 from transformer_jax.base.sharding import global_batch
 from transformer_jax.checkpoints.initial import initial_params
 from transformer_jax.config.schema import write_run_config
-from transformer_jax.errors import ConfigError, StorageError, TrainingError
+from transformer_jax.errors import ConfigError, DeviceError, StorageError, TrainingError
+from transformer_jax.model.attention_kernels import resolve_backend
+from transformer_jax.model.config import TransformerConfig
 from transformer_jax.run.assembly import TrainingRun
 from transformer_jax.run.dev_loss import evaluate_loss
 from transformer_jax.run.log_window import LogWindow, open_window_problem
@@ -53,18 +55,49 @@ def rate_advice(training: ml_collections.ConfigDict) -> str:
             "training.grad_clip_norm")
 
 
+# Updates that moved each parameter by at most about this much since the run started (Adam's step is bounded by
+# about the learning rate) cannot be what made the loss non-finite: the forward or backward pass is.
+STILL_PARAMETERS = 1e-3
+# The XLA statuses of a program that failed on the device (a kernel's error, out of memory, a lost device), not of
+# a program the code got wrong (INVALID_ARGUMENT, FAILED_PRECONDITION, ...: bugs, which keep their traceback).
+DEVICE_FAULTS = ("INTERNAL", "RESOURCE_EXHAUSTED", "UNAVAILABLE", "ABORTED", "DATA_LOSS", "UNKNOWN",
+                 "DEADLINE_EXCEEDED")
+# What to try when a program fails, or gives non-finite values, with an attention backend: another implementation.
+OTHER_ATTENTION = {"cudnn": "fused", "fused": "einsum", "splash": "einsum", "einsum": "fused"}
+
+
+def non_finite_advice(training: ml_collections.ConfigDict, schedule: Callable[[jax.Array], jax.Array],
+                      applied_at_start: int, applied: int, start_step: int, attention: str, dtype: str) -> str:
+    """What to change when updates are skipped as non-finite: the learning rate (`rate_advice`) only where the
+    updates applied since this start (optimizer counts `applied_at_start` to `applied`, at `schedule`'s rates)
+    moved the parameters; else the forward or backward pass is at fault (at learning rate 0 or in the first
+    updates): `attention` names the attention backend it runs, with another to try."""
+    counts = np.arange(applied_at_start, max(applied, applied_at_start))
+    moved = float(np.sum(np.asarray(schedule(counts)))) if counts.size else 0.0
+    if moved > STILL_PARAMETERS:
+        return rate_advice(training)
+    origin = f"the checkpoint of step {start_step}" if start_step else "the initialization"
+    how_far = (f"no update since {origin} changed the parameters" if not moved else
+               f"the updates since {origin} moved each parameter by at most about {moved:.1g}")
+    precision = ", or --config.model.dtype=float32" if dtype != "float32" else ""
+    return (f"{how_far}, so the forward or backward pass gives non-finite values, not the learning rate: the "
+            f"attention runs on {attention}; try --config.model.attention_backend={OTHER_ATTENTION[attention]}"
+            f"{precision}")
+
+
 def check_skip_streak(state: TrainState, max_skipped_updates: int,
                       newest_checkpoint: Callable[[], int | None] = lambda: None,
-                      advice: str = DEFAULT_RATE_ADVICE) -> None:
+                      advice: str | Callable[[], str] = DEFAULT_RATE_ADVICE) -> None:
     """Raise TrainingError once `max_skipped_updates` updates in a row were skipped as non-finite.
 
-    The message names the newest checkpoint on disk, `newest_checkpoint()` (None: there is none), and `advice`.
+    The message names the newest checkpoint on disk, `newest_checkpoint()` (None: there is none), and `advice`
+    (or what it returns: computed only for the message).
     """
     streak = int(jax.device_get(state.longest_skip_streak))
     if streak >= max_skipped_updates:
         raise TrainingError(
             f"{streak} updates in a row had a non-finite loss or gradient and were skipped; "
-            f"{advice} ({_kept(newest_checkpoint())})"
+            f"{advice() if callable(advice) else advice} ({_kept(newest_checkpoint())})"
         )
 
 
@@ -76,7 +109,7 @@ def _kept(kept_step: int | None) -> str:
 
 def check_trained(state: TrainState, step: int, mesh: jax.sharding.Mesh | None = None,
                   newest_checkpoint: Callable[[], int | None] = lambda: None,
-                  advice: str = DEFAULT_RATE_ADVICE) -> None:
+                  advice: str | Callable[[], str] = DEFAULT_RATE_ADVICE) -> None:
     """Raise TrainingError when the run has nothing trained to score: every update skipped, parameters
     that are not finite, or final updates skipped (the state they end in is not saved); a test BLEU of such a
     model would be reported as if it meant something. The message names `newest_checkpoint()`.
@@ -88,6 +121,7 @@ def check_trained(state: TrainState, step: int, mesh: jax.sharding.Mesh | None =
     all_finite = jax.jit(lambda params: jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(params)])),
                          out_shardings=replicated)(state.params)
     skipped = int(np.asarray(_local(state.skipped_updates)))
+    advice = advice() if callable(advice) else advice
     if step > 0 and skipped >= step:
         raise TrainingError(f"all {step} updates had a non-finite loss or gradient and were skipped, so the model is "
                             f"untrained; {advice}, and check "
@@ -101,6 +135,38 @@ def check_trained(state: TrainState, step: int, mesh: jax.sharding.Mesh | None =
             f"the last {trailing} of {step} updates had a non-finite loss or gradient and were skipped, so step {step} "
             f"was not saved and the run cannot be scored ({_kept(newest_checkpoint())}); {advice}"
         )
+
+
+def attention_in_use(model: TransformerConfig, mesh: jax.sharding.Mesh) -> str:
+    """The attention backend the run's programs use on `mesh` ("auto" resolved for its platform)."""
+    with jax.set_mesh(mesh):
+        return resolve_backend(model.attention_backend, model.attention_dropout_rate, model.compute_dtype)
+
+
+def is_device_fault(error: BaseException) -> bool:
+    """Whether `error` is a program's failure on the device (a JaxRuntimeError of one of DEVICE_FAULTS)."""
+    return isinstance(error, jax.errors.JaxRuntimeError) and str(error).split(":", 1)[0].strip() in DEVICE_FAULTS
+
+
+def device_failure(error: Exception, program: str, attention: str, config: ml_collections.ConfigDict,
+                   kept_step: int | None) -> DeviceError:
+    """The one line for `program` failing on the device with `error` (a JaxRuntimeError): what failed, the attention
+    backend it ran, the setting to try (a smaller batch for out of memory), and the checkpoint kept."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    detail = lines[0].removesuffix("Traceback (most recent call last):").rstrip(": ")
+    detail = (detail + (f" ... {lines[-1]}" if len(lines) > 1 else ""))[:300]
+    text, switch = str(error), f"--config.model.attention_backend={OTHER_ATTENTION.get(attention, 'fused')}"
+    if "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower():
+        what, fix = "ran out of device memory", (
+            f"lower --config.data.tokens_per_batch (it is {config.data.tokens_per_batch}) and reach the same batch "
+            "with --config.training.accumulation_steps, or set --config.model.remat=dots")
+    elif "capture" in text and ("cuda_graph" in text or "command buffer" in text.lower()):
+        what, fix = "failed on the device capturing a CUDA graph (XLA's command buffers)", (
+            f"try {switch}, or XLA_FLAGS=--xla_gpu_enable_command_buffer= (command buffers off)")
+    else:
+        what, fix = "failed on the device", f"try {switch}"
+    resumes = "; the same command resumes from it" if kept_step is not None else ""
+    return DeviceError(f"{program} {what} (attention: {attention}): {detail}; {fix} ({_kept(kept_step)}{resumes})")
 
 
 def _local(value: Any) -> Any:
@@ -117,7 +183,9 @@ class Trainer:
         self.programs, self.checkpointer = run.programs, run.checkpointer
         self.model_config, self.schedule = self.programs.model_config, self.programs.schedule
         try:
-            self.state, self.shardings = self.programs.init_state(), self.programs.shardings
+            self.shardings = self.programs.shardings
+            self.programs.check_state_fits()
+            self._state: TrainState | None = None  # made when first needed: a resumed run's is the checkpoint's
             self.micro_steps = self.programs.micro_steps()
             self.workdir_watch = layout.RunWatch(run.workdir)  # to tell when it vanishes under the run
         except BaseException:  # a Trainer that was not made cannot be closed: release what the run holds
@@ -128,6 +196,20 @@ class Trainer:
         self.step_host = (0.0, 0.0)  # the last update's host seconds: (getting its batches, dispatching it)
         self.stopped_by = ""  # what stopped training before its last step (a signal), once it has
         self.stop_signal = 0  # its number (SIGTERM's for a signal to another process): the exit status is 128 + it
+        self.running = ""  # what the loop last dispatched (a program, a restore): the one a device failure names
+        self.start_step = self.start_applied = self.step_reached = 0  # where `run` started, and the step reached
+
+    @property
+    def state(self) -> TrainState:
+        """The train state: the newest checkpoint's once restored, else the initial one, made when first asked for
+        (a run that resumes never makes it: no initialising program is compiled or run)."""
+        if self._state is None:
+            self._state = self.programs.init_state()
+        return self._state
+
+    @state.setter
+    def state(self, state: TrainState) -> None:
+        self._state = state
 
     def restore_latest(self) -> tuple[int, list[dict[str, Any]]]:
         """Resume from the newest checkpoint that restores intact (damaged newer ones are reported and set aside).
@@ -177,12 +259,15 @@ class Trainer:
         """Dispatch one update on `batches` (its micro-batches) and return its metrics (on device)."""
         programs = self.programs
         if len(batches) == 1:
+            self.running = "train_step"
             self.state, metrics = programs.train_step(self.state, batches[0])
             return metrics
+        self.running = "micro_gradients"
         grads, sums = programs.micro_gradients(self.state, batches[0], self.micro_steps[0])
         for index, batch in enumerate(batches[1:], start=1):
             more_grads, more_sums = programs.micro_gradients(self.state, batch, self.micro_steps[index])
             grads, sums = programs.add_trees(grads, more_grads), programs.add_trees(sums, more_sums)
+        self.running = "apply_gradients"
         self.state, metrics = programs.apply_gradients(self.state, grads, sums)
         return metrics
 
@@ -232,6 +317,7 @@ class Trainer:
     def dev_loss(self, params: Any = None) -> dict[str, float]:
         """Loss, NLL, perplexity and token accuracy on the whole dev set (of the current state by default)."""
         params = self.state.params if params is None else params
+        self.running = "dev_loss_step"
         return evaluate_loss(self.programs.dev_loss_step, params, self.data.dev.encoded, self.config.data.eval_batch_size,
                              self.mesh, row_width=self.data.train.row_width)
 
@@ -273,12 +359,15 @@ class Trainer:
     def run(self, dev_bleu: Callable[[Any], dict[str, float]] | None = None) -> TrainState:
         """Train to `num_train_steps`, resuming where the workdir's checkpoints left off.
 
-        Raises StorageError when the storage refuses a write or the workdir vanishes (see the module docstring).
+        Raises StorageError when the storage refuses a write or the workdir vanishes (see the module docstring), and
+        DeviceError when a program fails on the device (`device_failure`).
         """
         try:
             return self._run(dev_bleu)
         except BaseException as error:
             self.failed = True
+            if is_device_fault(error):
+                raise self._device_failure(error) from None
             failure = self._storage_failure(error) if isinstance(error, Exception) else None
             if failure is None:
                 raise
@@ -289,7 +378,10 @@ class Trainer:
         say(f"run directory {self.workdir}: metrics.jsonl, checkpoints/, tensorboard/ (training to step "
             f"{training.num_train_steps})")
         began = time.perf_counter()
+        self.running = "restoring the newest checkpoint"
         start, open_window = self.restore_latest()
+        self.start_step = self.step_reached = start  # the optimizer's count at the start: the updates applied
+        self.start_applied = start - int(jax.device_get(self.state.skipped_updates))
         if start > training.num_train_steps:  # before config.json is rewritten with the smaller value
             raise ConfigError(
                 f"training.num_train_steps={training.num_train_steps} is below step {start}, where the run in "
@@ -299,6 +391,7 @@ class Trainer:
         restored = time.perf_counter()
         self.last_saved_step = start
         if start < training.num_train_steps:
+            self.running = "compiling the train step"
             self.compile_steps()
         compiled = time.perf_counter()
         is_writer = jax.process_index() == 0
@@ -311,7 +404,7 @@ class Trainer:
             window.log.write_timing(start, {"startup_seconds": time.perf_counter() - self.started,
                                             "restore_seconds": restored - began,
                                             "compile_seconds": compiled - restored})
-        evaluate = PeriodicEval(training.eval_every, training.bleu_every, self.dev_loss, dev_bleu)
+        evaluate = PeriodicEval(training.eval_every, training.bleu_every, self.dev_loss, self._named_search(dev_bleu))
         self.profile = UpdateProfile(layout.run_path(self.workdir, layout.PROFILE), start + training.profile_skip_steps,
                                      training.profile_steps, enabled=is_writer)
         stop = StopFlag()
@@ -327,7 +420,7 @@ class Trainer:
             kept = f"checkpoint {newest} saved" if newest == step else _kept(newest)
             line = f"stopped by {self.stopped_by} at step {step}: {kept}; the same command resumes the run"
             say(line) if jax.process_index() == 0 else logging.warning(line)  # one line from every process
-        check_trained(self.state, step, self.mesh, self.newest_checkpoint, rate_advice(training))
+        check_trained(self.state, step, self.mesh, self.newest_checkpoint, self.non_finite_advice)
         return self.state
 
     def _train(self, start: int, window: LogWindow, evaluate: PeriodicEval, stop: StopFlag) -> int:
@@ -339,12 +432,13 @@ class Trainer:
             with self.profile.update(step, lambda: self.state):
                 window.add(self.update(), *self.step_host)
             step += 1
+            self.step_reached = step
             closes_window = step % training.log_every == 0 or step == training.num_train_steps
             if closes_window:
                 self._check_workdir()
                 window.close(step, self.state.skipped_updates)
                 check_skip_streak(self.state, training.max_skipped_updates, self.newest_checkpoint,
-                                  rate_advice(training))
+                                  self.non_finite_advice)
             evaluating = time.perf_counter()
             metrics = evaluate(step, self.state.params, window.log)
             if metrics:
@@ -362,6 +456,32 @@ class Trainer:
                 break
         self.save(step, window)
         return step
+
+    def non_finite_advice(self) -> str:
+        """What to change for updates skipped as non-finite, from what this start applied (`non_finite_advice`)."""
+        applied = int(jax.device_get(self.state.step)) - int(jax.device_get(self.state.skipped_updates))
+        return non_finite_advice(self.config.training, self.schedule, self.start_applied, applied, self.start_step,
+                                 attention_in_use(self.model_config, self.mesh), self.model_config.dtype)
+
+    def _named_search(self, dev_bleu: Callable[[Any], dict[str, float]] | None
+                      ) -> Callable[[Any], dict[str, float]] | None:
+        """`dev_bleu`, recorded as the program running while it runs (a device failure names it)."""
+        if dev_bleu is None:
+            return None
+
+        def named(params: Any) -> dict[str, float]:
+            self.running = "the dev BLEU search"
+            return dev_bleu(params)
+        return named
+
+    def _device_failure(self, error: Exception) -> DeviceError:
+        """The one line for a program that failed on the device, once pending saves are settled (what it says is
+        kept is on disk; a save of the failed state is never begun: `_save` reads the state first)."""
+        self._settle_saves()
+        program = self.running + (f" (update {self.step_reached + 1})" if self.running in (
+            "train_step", "micro_gradients", "apply_gradients") else f" (at step {self.step_reached})")
+        return device_failure(error, program, attention_in_use(self.model_config, self.mesh), self.config,
+                              self.checkpointer.latest_step())
 
     def _wind_down(self, stop: StopFlag, window: LogWindow, quietly: bool) -> None:
         """Stop reading ahead, close the log, finish pending saves, then give the signals back.
