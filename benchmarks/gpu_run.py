@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
     go.add_argument("--backend_seconds", type=float, default=20, help="each backend's training after its first update")
     go.add_argument("--profile_steps", type=int, default=5, help="updates the main run traces (0: none)")
     go.add_argument("--profile_skip", type=int, default=20, help="updates after a start before the trace")
-    go.add_argument("--budget", type=float, default=540, help="seconds for the whole call: later phases left out")
+    go.add_argument("--budget", type=float, default=520, help="seconds for the whole call: later phases left out")
     go.add_argument("--start_limit", type=float, default=150, help="longest wait for a first update")
     go.add_argument("--stop_limit", type=float, default=60, help="longest wait from SIGTERM to exit")
     go.add_argument("--eval_limit", type=float, default=150)
