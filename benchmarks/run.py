@@ -33,7 +33,8 @@ SECTIONS = {
     "options": "scan_layers / remat: compile time, XLA's temporary memory and step time",
     "pipeline": "the input pipeline alone: batches/s, padding efficiency",
     "split": "translating the demo run's test split (runs/demo: make demo first), and eval.py against a revision",
-    "startup": "start-up time and peak memory of a run's data preparation on a 1M-pair text corpus",
+    "startup": "start-up time and peak memory of a run's data preparation on a 1M-pair text corpus; train.py's "
+               "launch to first update (base sizes) with a cold and a warm compile cache and on resume",
     "input": "one process's batches on one core against the update's roofline; memory and start-up at 1M-10M "
              "prepared pairs; preparing pairs/s",
     "tile_widths": "packed row widths around the TPU's 128 lanes: the base train step's HBM bytes per slot (libtpu)",
@@ -47,6 +48,8 @@ SECTIONS = {
                     "--fairseq_venv) and by us, test SacreBLEU, updates and target tokens/s",
     "bulk": "translate-corpus: the cost of resumability (shard writes) against decoding, sentences/s by mode and "
             "dtype, peak memory at N and 8N input lines",
+    "checkpoint_stall": "how long a checkpoint save holds the training thread against the state's size (10-800 MB), "
+                        "ours and a revision before (--stall_baseline)",
     "accelerators": "our train step against the Flax WMT example's compiled for TPU v5e-8 / v5p-8 and H100 (HBM bytes, "
                     "peak memory, largest batch), timed where this host has the chip (--flax_checkout)",
 }
@@ -78,6 +81,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--split_batch_tokens", default="256",
                         help="split: comma-separated source token budgets to time besides the run's own")
     parser.add_argument("--startup_pairs", type=int, default=1_000_000, help="startup: training pairs generated")
+    parser.add_argument("--startup_baseline", default="c7045af",
+                        help="startup: the git revision whose launch to first update is compared ('' for none)")
     parser.add_argument("--input_pairs", default=None,
                         help="input: comma-separated prepared corpus sizes (default 1000000,4500000,10000000; "
                              "--quick 100000)")
@@ -111,6 +116,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bleu_corpus", default=None,
                         help="time_to_bleu: train/dev/test.en/.de files (default: the built-in corpus)")
     parser.add_argument("--bulk_lines", type=int, default=20_000, help="bulk: input lines a job translates")
+    parser.add_argument("--stall_baseline", default="c7045af",
+                        help="checkpoint_stall: the git revision compared against ('' for none)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker_spec", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

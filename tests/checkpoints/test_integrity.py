@@ -12,6 +12,8 @@ from transformer_jax.errors import (
 )
 from transformer_jax.checkpoints.integrity import (
     check_shapes,
+    host_checksums,
+    host_is_finite,
     newest_intact,
     reading,
     state_checksums,
@@ -29,6 +31,23 @@ def test_checksums_change_with_any_value_or_position():
     flipped = tree["a"].copy()
     flipped.view(np.uint32)[1, 2] ^= 1  # one bit of one value
     assert state_checksums({"a": flipped, "b": tree["b"]})["a"] != base["a"]
+
+
+def test_host_checksums_equal_the_devices_for_every_dtype_across_chunks(monkeypatch):
+    import jax.numpy as jnp
+    import ml_dtypes
+
+    from transformer_jax.checkpoints import integrity
+
+    monkeypatch.setattr(integrity, "_HOST_CHUNK", 7)  # several chunks per array: the weights' shift is exercised
+    rng = np.random.default_rng(0)
+    tree = {"f": rng.normal(size=(5, 6, 7)).astype(np.float32), "h": rng.normal(size=(33,)).astype(ml_dtypes.bfloat16),
+            "i": rng.integers(-5, 5, (4, 9)).astype(np.int32), "key": np.array([3, 4], np.uint32),
+            "scalar": np.float32(2.5), "mask": np.array([True, False, True])}
+    assert host_checksums(tree, "state/") == state_checksums(tree, "state/")
+    on_device = {key: jnp.asarray(value) for key, value in tree.items()}
+    assert host_checksums(on_device) == state_checksums(tree)
+    assert host_is_finite(tree) and not host_is_finite({**tree, "f": np.full(3, np.nan, np.float32)})
 
 
 def test_saved_boxes_are_unboxed_and_non_finite_values_found():

@@ -100,3 +100,35 @@ def test_what_an_interrupted_save_left_is_gone_once_the_checkpointer_is_made(tmp
     assert not leftover.exists()
     assert checkpointer.steps() == []
     checkpointer.close()
+
+
+def test_a_save_copies_the_state_and_writes_it_in_the_background(tmp_path, caplog):
+    """The training thread only starts the host copy: it may donate the state to its next step at once; the
+    checkpoint holds the values saved, verified by their checksums; non-finite parameters are refused there."""
+    from flax import struct
+
+    @struct.dataclass
+    class State:
+        params: dict
+        step: jax.Array
+
+    state = State(params={"w": jax.numpy.arange(6.0).reshape(2, 3)}, step=jax.numpy.int32(3))
+    step = jax.jit(lambda s: s.replace(params=jax.tree.map(lambda x: x + 1, s.params)), donate_argnums=0)
+    checkpointer = Checkpointer(str(tmp_path))
+    assert checkpointer.in_background
+    assert checkpointer.save(3, state, {"position": 3}, {})
+    writer = checkpointer._writer
+    state = step(state)  # the saved arrays are donated: the copy is the checkpoint's
+    checkpointer.wait()
+    assert not writer.is_alive() and checkpointer.steps() == [3]
+    restored, data, meta = checkpointer.restore(3, jax.eval_shape(lambda: state))
+    np.testing.assert_array_equal(restored.params["w"], np.arange(6.0).reshape(2, 3))
+    assert data == {"position": 3} and set(meta["checksums"]) == {"params/w", "step"}
+
+    broken = state.replace(params={"w": state.params["w"] * np.nan})
+    with caplog.at_level(logging.ERROR):
+        checkpointer.save(4, broken, {}, {})
+        checkpointer.wait()
+    assert "parameters at step 4 are not finite: checkpoint not written" in caplog.text
+    assert checkpointer.steps() == [3]
+    checkpointer.close()

@@ -58,6 +58,10 @@ def _leaves_by_path(tree: Any) -> dict[str, Any]:
     return {jax.tree_util.keystr(path, simple=True, separator="/"): leaf for path, leaf in leaves}
 
 
+_POSITION_WEIGHT = 2654435761  # Knuth's multiplicative hash: position p weighs p * this + 1 (mod 2^32)
+_HOST_CHUNK = 1 << 22  # elements per pass of host_checksums: bounds its temporaries to a few MB
+
+
 @jax.jit
 def _checksums(leaves: dict[str, jax.Array]) -> dict[str, jax.Array]:
     """Per array: the sum of its element bit patterns weighted by position, modulo 2^32.
@@ -73,7 +77,7 @@ def _checksums(leaves: dict[str, jax.Array]) -> dict[str, jax.Array]:
         for axis in reversed(range(x.ndim)):  # the flat index, without reshaping a sharded array
             position = position + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis) * jnp.uint32(stride)
             stride *= x.shape[axis]
-        return jnp.sum(bits * (position * jnp.uint32(2654435761) + jnp.uint32(1)), dtype=jnp.uint32)
+        return jnp.sum(bits * (position * jnp.uint32(_POSITION_WEIGHT) + jnp.uint32(1)), dtype=jnp.uint32)
 
     return {key: checksum(leaf) for key, leaf in leaves.items()}
 
@@ -82,6 +86,35 @@ def state_checksums(state: Any, prefix: str = "") -> dict[str, int]:
     """{path: checksum} of every array of `state` (keys start with `prefix`)."""
     sums = jax.device_get(_checksums(_leaves_by_path(state)))
     return {prefix + key: int(value) for key, value in sums.items()}
+
+
+def _host_checksum(x: np.ndarray) -> int:
+    """`_checksums`'s value for one array in host memory, computed with NumPy a chunk at a time.
+
+    The weight of flat position `start + i` is `(i * W + 1) + start * W` (mod 2^32): each chunk reuses the
+    first chunk's weights shifted by a constant. uint32 arithmetic on arrays wraps as the device's does.
+    """
+    flat = np.ascontiguousarray(x).reshape(-1)
+    flat = flat.view(np.uint8) if flat.dtype == np.bool_ else flat
+    bits = flat.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[flat.dtype.itemsize])
+    weights = np.arange(min(flat.size, _HOST_CHUNK), dtype=np.uint32) * np.uint32(_POSITION_WEIGHT) + np.uint32(1)
+    total = 0
+    for start in range(0, flat.size, _HOST_CHUNK):
+        chunk = bits[start:start + _HOST_CHUNK].astype(np.uint32)
+        shift = np.uint32(start * _POSITION_WEIGHT % 2**32)
+        total += int(np.sum(chunk * (weights[:chunk.size] + shift), dtype=np.uint32))
+    return total % 2**32
+
+
+def host_checksums(state: Any, prefix: str = "") -> dict[str, int]:
+    """`state_checksums` of a state held in host memory (NumPy arrays, or jax.Arrays in host memory that this
+    process holds whole), computed on the host: no device program, no compile, callable from any thread."""
+    return {prefix + key: _host_checksum(np.asarray(leaf)) for key, leaf in _leaves_by_path(state).items()}
+
+
+def host_is_finite(tree: Any) -> bool:
+    """`tree_is_finite` of a tree held in host memory, computed on the host."""
+    return all(bool(np.isfinite(np.asarray(leaf)).all()) for leaf in jax.tree.leaves(tree))
 
 
 def verify_checksums(restored: Any, saved: dict[str, int], where: str, prefix: str = "") -> None:

@@ -4,6 +4,13 @@ Orbax writes each step into a temporary directory and renames it only once compl
 mid-save never produces a "latest" that cannot be restored. The last `keep` steps are kept, plus
 the best one by a dev metric when one is given.
 
+A save holds training up only for as long as it takes to start copying the state to host memory. In a
+one-process run everything else (the finiteness check and the checksums, computed on the host copy; Orbax's
+writes, its rename of the finished directory and the removal of old steps) runs in a thread of its own,
+one save at a time; a save waits for the one before it. A run of several processes keeps Orbax's call on
+the training thread (Orbax synchronises the processes there with device collectives, which a second thread
+would interleave with the step's) and Orbax writes the files in the background.
+
 A complete directory can still be damaged later: every save records per-array checksums, every
 restore verifies them, and `restore_latest` falls back past damaged checkpoints, setting them aside
 (see `checkpoint_integrity`).
@@ -17,8 +24,10 @@ removes it (Orbax's cleanup of unfinished saves; threads of Orbax may write to i
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
+import threading
 from typing import Any, Callable
 
 import jax
@@ -37,6 +46,8 @@ from transformer_jax.checkpoints.integrity import (
     check_shapes,
     check_record,
     checkpoint_label,
+    host_checksums,
+    host_is_finite,
     newest_intact,
     reading,
     set_aside,
@@ -46,7 +57,7 @@ from transformer_jax.checkpoints.integrity import (
     unbox_saved,
     verify_checksums,
 )
-from transformer_jax.errors import CorruptCheckpointError
+from transformer_jax.errors import CorruptCheckpointError, StorageError
 
 _policies = ocp.checkpoint_managers.preservation_policy
 
@@ -57,6 +68,31 @@ RecordCheck = Callable[[dict[str, Any], dict[str, Any]], "str | None"]
 def best_metric_for(bleu_every: int) -> tuple[str, str]:
     """The dev metric that ranks checkpoints: BLEU when it is computed during training, else loss."""
     return ("dev_bleu", "max") if bleu_every else ("dev_loss", "min")
+
+
+def host_copy(state: Any) -> Any:
+    """A copy of `state` in host memory, started and not waited for: each array is copied to its devices'
+    pinned host memory (a device memory copy where a device has none), so the caller may donate `state` to its
+    next step at once; reading the copy waits for the transfer. One call for all the arrays (per array, the
+    Python of a transfer would cost a large state's 700 arrays a tenth of a second)."""
+    leaves, tree = jax.tree.flatten(state)
+    arrays = [index for index, leaf in enumerate(leaves) if isinstance(leaf, jax.Array)]
+    if not arrays:
+        return state
+
+    def host(sharding: jax.sharding.Sharding) -> jax.sharding.Sharding:
+        kinds = {memory.kind for memory in next(iter(sharding.device_set)).addressable_memories()}
+        return sharding.with_memory_kind("pinned_host") if "pinned_host" in kinds else sharding
+
+    targets: dict[jax.sharding.Sharding, jax.sharding.Sharding] = {}  # a few shardings among hundreds of arrays
+    for index in arrays:
+        if leaves[index].sharding not in targets:
+            targets[leaves[index].sharding] = host(leaves[index].sharding)
+    shardings = [targets[leaves[index].sharding] for index in arrays]
+    copies = jax.device_put([leaves[i] for i in arrays], shardings, may_alias=False)
+    for index, copy in zip(arrays, copies):
+        leaves[index] = copy
+    return jax.tree.unflatten(tree, leaves)
 
 
 def _await_startup_cleanup(manager: ocp.CheckpointManager) -> None:
@@ -88,6 +124,9 @@ class Checkpointer:
     ) -> None:
         self.directory = absolute(directory)
         self.read_only = read_only
+        # One process: saves are written by a thread of ours, Orbax called synchronously in it (see the docstring).
+        self.in_background = asynchronous and not read_only and jax.process_count() == 1
+        orbax_async = asynchronous and not self.in_background
         self.best_metric, self.best_mode = best_metric, best_mode
         policies: list[Any] = [_policies.LatestN(keep)]
         if best_metric:
@@ -104,11 +143,11 @@ class Checkpointer:
             # reader): nothing is created, unfinished saves are left to the writer (which may be mid-save),
             # and nothing is saved or deleted (save() refuses; deleting happens only in a save).
             options = ocp.CheckpointManagerOptions(save_interval_steps=0, create=False, cleanup_tmp_directories=False,
-                                                   enable_async_checkpointing=asynchronous)
+                                                   enable_async_checkpointing=orbax_async)
         else:
             options = ocp.CheckpointManagerOptions(
                 preservation_policy=_policies.AnyPreservationPolicy(policies),
-                enable_async_checkpointing=asynchronous,
+                enable_async_checkpointing=orbax_async,
                 cleanup_tmp_directories=True,  # what a crash or a full disk left mid-save
             )
         handlers = {
@@ -127,6 +166,9 @@ class Checkpointer:
             logging.getLogger("absl").addFilter(self._faults)  # the logger Orbax logs to
         self.pending: int | None = None  # the step of the save started last, until it is waited for
         self.failed = False  # whether the storage refused a save (raised once, as StorageError)
+        self._writer: threading.Thread | None = None  # the thread writing the pending save (in_background)
+        self._written: BaseException | None = None  # what the writer raised, raised again by `wait`
+        self._manager_lock = threading.Lock()  # the writer's Orbax calls against `steps`'s
 
     def save(
         self,
@@ -138,18 +180,49 @@ class Checkpointer:
     ) -> bool:
         """Start saving `state` at `step` (asynchronously); refuse non-finite parameters.
 
-        Returns False (and saves nothing) when the parameters hold NaN or Inf. Raises StorageError when the
-        storage refuses this save or the one before it (which is waited for first).
+        Parameters that hold NaN or Inf are not saved: an error line says so, and False is returned where that is
+        known at once (several processes; one process checks in the writer, after this returns True). Raises
+        StorageError when the storage refuses this save or the one before it (which is waited for first).
         """
         if self.read_only:
             raise RuntimeError(f"{self.directory} was opened read-only: it takes no checkpoints")
+        if self.in_background:
+            self.wait()
+            copied = host_copy(state)  # the one thing the training thread waits for: the copy's start
+            self.pending = step
+            records = copy.deepcopy((data_state, meta, metrics))  # the caller's to change once this returns
+            self._writer = threading.Thread(target=self._write_in_background, name=f"checkpoint-{step}",
+                                            args=(step, copied, *records))
+            self._writer.start()
+            return True
         if not bool(jax.device_get(tree_is_finite(state.params))):
+            _not_finite(step)
             return False
         self.wait()
-        ranked = metrics if metrics and self.best_metric in metrics else None
-        meta = {**meta, "step": step, "metrics": metrics or {}, "checksums": state_checksums(state)}
         self.pending = step
         try:
+            self._write(step, state, data_state, {**meta, "checksums": state_checksums(state)}, metrics)
+        except Exception as error:
+            raise self._save_failed(error) from None
+        return True
+
+    def _write_in_background(self, step: int, state: Any, data_state: dict[str, Any], meta: dict[str, Any],
+                             metrics: dict[str, float] | None) -> None:
+        """The writer thread of a one-process save: checks and checksums on the host copy, then Orbax's writes."""
+        try:
+            if not host_is_finite(state.params):
+                _not_finite(step)
+                return
+            self._write(step, state, data_state, {**meta, "checksums": host_checksums(state)}, metrics)
+        except BaseException as error:  # noqa: BLE001 - raised again on the training thread by `wait`
+            self._written = error
+
+    def _write(self, step: int, state: Any, data_state: dict[str, Any], meta: dict[str, Any],
+               metrics: dict[str, float] | None) -> None:
+        """Orbax's save of `step`: the state, the data position and `meta` with the step and its metrics."""
+        meta = {**meta, "step": step, "metrics": metrics or {}}
+        ranked = metrics if metrics and self.best_metric in metrics else None
+        with self._manager_lock:
             self.manager.save(
                 step,
                 args=ocp.args.Composite(
@@ -160,12 +233,16 @@ class Checkpointer:
                 metrics=ranked,
                 force=True,
             )
-        except Exception as error:
-            raise self._save_failed(error) from None
-        return True
 
     def wait(self) -> None:
         """Block until pending asynchronous saves are on disk; StorageError when the storage refused one."""
+        if self._writer is not None:
+            self._writer.join()
+            self._writer, error, self._written = None, self._written, None
+            if isinstance(error, Exception):
+                raise self._save_failed(error) from None
+            if error is not None:
+                raise error
         try:
             self.manager.wait_until_finished()
         except Exception as error:
@@ -194,8 +271,10 @@ class Checkpointer:
     def steps(self) -> list[int]:
         """Complete checkpoints on disk, oldest first; a file named as a step (a bad copy, a hand-made mistake)
         counts as one, which cannot be read back (Orbax lists only directories, and would save over it)."""
-        self.manager.reload()
-        return sorted(set(self.manager.all_steps()) | set(self._files_named_as_steps()))
+        with self._manager_lock:  # not while the writer is in Orbax's save
+            self.manager.reload()
+            saved = self.manager.all_steps()
+        return sorted(set(saved) | set(self._files_named_as_steps()))
 
     def _files_named_as_steps(self) -> list[int]:
         if not is_dir(self.directory):
@@ -311,18 +390,23 @@ class Checkpointer:
 
         Raises StorageError, as `wait`, when the storage refused a save, unless one was raised already.
         """
+        already = self.failed
         try:
             try:
-                self.manager.wait_until_finished()
+                self.wait()
             finally:
                 self.manager.close()  # Orbax may raise a failed save (again) here
         except Exception as error:
-            if not self.failed:
-                raise self._save_failed(error) from None
+            if not already:
+                raise (error if isinstance(error, StorageError) else self._save_failed(error)) from None
         finally:
             if self._faults is not None:
                 logging.getLogger("absl").removeFilter(self._faults)
                 self._faults.watch.close()
+
+
+def _not_finite(step: int) -> None:
+    logging.error("parameters at step %d are not finite: checkpoint not written", step)
 
 
 class _StorageFaults(logging.Filter):
