@@ -22,8 +22,9 @@ $(VENV)/.test: $(VENV)/.installed
 	$(PY) -m pip install -q -e '.[test,tpu,hf]'
 	touch $@
 
+# On every core (pytest-xdist: a test at a time to whichever worker is free), with the 25 slowest listed.
 test: $(VENV)/.installed $(VENV)/.test
-	$(PY) -m pytest tests; rc=$$?; \
+	$(PY) -m pytest -n auto --dist worksteal --durations=25 tests; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
 
 demo: $(VENV)/.installed

@@ -1,16 +1,42 @@
-"""Shared fixtures: a tiny config and small token batches."""
+"""Shared fixtures (a tiny config, small token batches, one trained run) and the suite's compilation cache.
+
+The suite runs on every core (`make test`: pytest-xdist, `-n auto`); the processes of one run, and the
+train.py/eval.py subprocesses they start, share one persistent JAX compilation cache in a temporary directory
+made for that run and removed after it ($TRANSFORMER_JAX_TEST_CACHE, handed to JAX as
+$JAX_COMPILATION_CACHE_DIR): a program two tests compile alike is compiled once. Tests that open a port take a
+free one (runs.free_port); tests that write take their own tmp_path, so the workers never share a directory.
+
+The slowest tests, and why (2 cores, `.ci/run` prints the current 25 slowest on every run):
+- the multi-process runs (tests/run/test_multiprocess.py, tests/evaluation/test_eval_multihost.py): each launch
+  starts JAX in 1-2 fresh processes that join a jax.distributed cluster and compile the tiny run;
+- the preflights of the pages' recipes (tests/test_recipes.py): the base and big models compiled for TPU pods
+  through libtpu, about a minute each;
+- the mesh equality test (tests/base/test_sharding.py): five train steps compiled for 8 CPU devices;
+- the base install and the wheel (tests/test_base_install.py, tests/test_wheel.py): a fresh virtualenv each.
+"""
 
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import signal
+import tempfile
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import pytest
+# Before JAX is imported: it reads $JAX_COMPILATION_CACHE_DIR once. The first process of a run (xdist's
+# controller, or the only one) makes the directory; the workers it starts inherit the variable.
+if "TRANSFORMER_JAX_TEST_CACHE" not in os.environ:
+    os.environ["TRANSFORMER_JAX_TEST_CACHE"] = tempfile.mkdtemp(prefix="transformer_jax_test_cache_")
+    atexit.register(shutil.rmtree, os.environ["TRANSFORMER_JAX_TEST_CACHE"], True)
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["TRANSFORMER_JAX_TEST_CACHE"]
 
-from runs import tiny_run_config
-from transformer_jax import TransformerConfig
+import jax  # noqa: E402 - after the cache's directory is set
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from runs import tiny_run_config  # noqa: E402
+from transformer_jax import TransformerConfig  # noqa: E402
 
 # The float32 references here hold to float32 rounding. On NVIDIA GPUs XLA runs float32 dots as TF32 unless asked
 # (about 1e-3 relative error: seven attention tests failed on an H100 for it), so a GPU run asks for full float32.

@@ -1,7 +1,8 @@
 """Helpers for tests that run train.py and eval.py as a user does: config files, subprocesses, workdir snapshots.
 
-Subprocesses share a persistent JAX compilation cache (in the system temp directory), so each launch
-after the first skips most compiling; it changes how fast a run starts, never what it computes.
+Subprocesses share the suite's persistent JAX compilation cache (a temporary directory per test run, made by
+tests/conftest.py and named by $JAX_COMPILATION_CACHE_DIR), so each launch after the first skips most compiling;
+it changes how fast a run starts, never what it computes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from typing import Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TESTS = pathlib.Path(__file__).resolve().parent
-COMPILE_CACHE = pathlib.Path(tempfile.gettempdir()) / f"transformer_jax_test_compile_cache_{os.getuid()}"
+# The suite's compilation cache when tests/conftest.py did not set one (a helper imported outside pytest).
+FALLBACK_COMPILE_CACHE = pathlib.Path(tempfile.gettempdir()) / f"transformer_jax_test_compile_cache_{os.getuid()}"
+
+
+def compile_cache() -> str:
+    """The compilation cache the suite's processes share: $JAX_COMPILATION_CACHE_DIR (tests/conftest.py)."""
+    return os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(FALLBACK_COMPILE_CACHE)
 
 
 def tiny_run_config():
@@ -47,7 +54,7 @@ def write_config(directory: pathlib.Path) -> str:
 def script_env(devices: int = 1, **extra: str) -> dict[str, str]:
     """The environment of a train.py/eval.py subprocess: CPU with `devices` devices, the shared compile cache."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-               JAX_COMPILATION_CACHE_DIR=str(COMPILE_CACHE), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               JAX_COMPILATION_CACHE_DIR=compile_cache(), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     env.update(extra)
     return env

@@ -26,7 +26,8 @@ MESH_SCRIPT = textwrap.dedent(
     from transformer_jax.training.state import create_train_state
     from transformer_jax.training.step import train_step
 
-    model = Transformer(TransformerConfig.preset("tiny", vocab_size=64))
+    # One layer: how a step splits over a mesh does not depend on the depth (each layer splits alike).
+    model = Transformer(TransformerConfig.preset("tiny", vocab_size=64, num_layers=1))
     config = model.config
     optimizers = {"sgd": optax.sgd(0.5), "adam": paper_optimizer(paper_learning_rate(config.d_model, warmup_steps=10))}
     rng = np.random.default_rng(0)
