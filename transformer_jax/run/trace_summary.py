@@ -56,8 +56,9 @@ class TraceSummary:
         if not self.device:
             return head + ["no device tracks and no XLA ops in the trace"]
         if self.device == "host":
-            head += ["no device tracks: this platform runs XLA's ops as thunks on host threads (a CPU); "
-                     "kernels, device busy time and launches are not measured. The host's XLA ops instead:",
+            head += ["no device tracks: XLA's ops ran as thunks on host threads (a CPU's backend; on a GPU, the "
+                     "profiler recorded no kernels); kernels, device busy time and launches are not measured. "
+                     "The host's XLA ops instead:",
                      f"host XLA ops busy {ms(self.busy)} per update ({self.share(self.busy)} of the wall), "
                      f"{self.kernels:.0f} ops per update"]
         else:
