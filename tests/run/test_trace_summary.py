@@ -60,3 +60,8 @@ def test_no_step_marker_is_said_not_zeros(tmp_path):
     assert newest_trace(str(tmp_path)) == str(folder / "perfetto_trace.json.gz")
     assert len(read_trace(newest_trace(str(tmp_path)))) == len(gpu_trace())
     assert newest_trace(str(tmp_path / "none")) is None
+    viewer = tmp_path / "viewer"  # a JAX that wrote no Perfetto trace: its trace viewer JSON holds the same events
+    viewer.mkdir()
+    with gzip.open(viewer / "host.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": gpu_trace()}, f)
+    assert newest_trace(str(viewer)) == str(viewer / "host.trace.json.gz")

@@ -10,7 +10,8 @@
   eval/<split>.<tag>.hyp/.json   eval.py's translations and scores
   plots/                 figures (learning curves, attention maps, positional encodings)
   profile/               jax.profiler traces of a few updates (training.profile_steps): one folder per trace
-                         below it (JAX's plugins/profile/<time>/) with the XSpace and perfetto_trace.json.gz
+                         below it (JAX's plugins/profile/<time>/): the XSpace, perfetto_trace.json.gz and
+                         <host>.trace.json.gz
   compilation_cache/     JAX's compiled programs, with --multihost or --compilation_cache=workdir
                          (base/compile_cache.py)
 
@@ -47,6 +48,7 @@ WANDB = "wandb"  # Weights & Biases' local files (training.wandb_project)
 WANDB_RUN_ID = "wandb_run_id"  # the W&B run a resumed run goes on logging to
 PROFILE = "profile"  # jax.profiler's traces (training.profile_steps)
 PERFETTO_TRACE = "perfetto_trace.json.gz"  # the Chrome/Perfetto trace JSON jax.profiler writes beside its XSpace
+TRACE_VIEWER_SUFFIX = ".trace.json.gz"  # <host>.trace.json.gz: the same events as TensorBoard's trace viewer JSON
 
 
 def run_path(workdir: str, *names: str) -> str:

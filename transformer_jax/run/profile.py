@@ -53,7 +53,10 @@ class UpdateProfile:
 
     def _start(self) -> None:
         try:
-            jax.profiler.start_trace(self.directory, create_perfetto_trace=True)
+            try:
+                jax.profiler.start_trace(self.directory, create_perfetto_trace=True)
+            except TypeError:  # a JAX without the option: trace_summary reads the trace viewer's JSON instead
+                jax.profiler.start_trace(self.directory)
         except Exception as error:  # noqa: BLE001 - see the module docstring
             logging.warning("the profiler did not start (%s); training goes on without a profile", error)
             return

@@ -93,9 +93,13 @@ class TraceSummary:
 
 
 def newest_trace(directory: str) -> str | None:
-    """The newest Perfetto trace JSON below `directory` (a run's profile folder), or None."""
-    found = [os.path.join(folder, layout.PERFETTO_TRACE) for folder, _, files in os.walk(directory)
-             if layout.PERFETTO_TRACE in files]
+    """The newest trace JSON below `directory` (a run's profile folder): its Perfetto trace, else the trace
+    viewer's JSON that JAX writes beside it (the same events); None without one."""
+    found = []
+    for folder, _, files in os.walk(directory):
+        names = [layout.PERFETTO_TRACE] if layout.PERFETTO_TRACE in files else sorted(
+            name for name in files if name.endswith(layout.TRACE_VIEWER_SUFFIX))
+        found += [os.path.join(folder, names[0])] if names else []
     return max(found, key=os.path.getmtime) if found else None
 
 
