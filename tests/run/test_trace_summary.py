@@ -41,6 +41,9 @@ def test_a_gpu_trace_gives_busy_time_kernels_and_launches_per_update():
     assert "device busy 0.65 ms per update (68% of the wall), 3 kernels per update" in text
     assert "host launch calls 0.02 ms per update (2% of the wall), 4 calls per update" in text
     assert "bound: neither alone" in text and "no device tracks" not in text
+    assert "device tracks read: /device:GPU:0 / Stream #7(Compute)" in text  # the derived "XLA Ops" left out
+    unlaunched = summarize_trace([e for e in gpu_trace() if e.get("name") != "cuLaunchKernelEx"])
+    assert unlaunched.launches == 0 and "host launch calls: none in the trace" in "\n".join(unlaunched.lines())
 
 
 def test_the_verdict_tells_a_busy_gpu_from_a_host_that_launches():

@@ -46,6 +46,7 @@ class TraceSummary:
     launch: float | None  # the host's time in launch calls; None without device tracks
     launches: float
     programs: dict[str, float]  # the XLA programs (modules) the ops belong to: seconds per update
+    tracks: list[str] = dataclasses.field(default_factory=list)  # the device tracks read (process / thread)
 
     def lines(self) -> list[str]:
         """The summary as lines of text."""
@@ -62,10 +63,12 @@ class TraceSummary:
                      f"host XLA ops busy {ms(self.busy)} per update ({self.share(self.busy)} of the wall), "
                      f"{self.kernels:.0f} ops per update"]
         else:
+            launches = (f"host launch calls {ms(self.launch or 0.0)} per update ({self.share(self.launch or 0.0)} "
+                        f"of the wall), {self.launches:.0f} calls per update" if self.launches else
+                        f"host launch calls: none in the trace (named {', '.join(LAUNCH_PREFIXES)}...)")
             head += [f"device busy {ms(self.busy)} per update ({self.share(self.busy)} of the wall), "
-                     f"{self.kernels:.0f} kernels per update",
-                     f"host launch calls {ms(self.launch or 0.0)} per update ({self.share(self.launch or 0.0)} of "
-                     f"the wall), {self.launches:.0f} calls per update", self.verdict()]
+                     f"{self.kernels:.0f} kernels per update", launches, self.verdict(),
+                     f"device tracks read: {', '.join(self.tracks[:6])}" + (" ..." if len(self.tracks) > 6 else "")]
         if self.programs:
             head.append("programs: " + ", ".join(f"{name} {ms(seconds)}" for name, seconds in
                                                   sorted(self.programs.items(), key=lambda item: -item[1])))
@@ -155,7 +158,9 @@ def summarize_trace(events: Iterable[dict[str, Any]]) -> TraceSummary:
         updates=n, device=device, wall=(end - begin) / 1e6 / n, busy=_union(busy_spans) / 1e6 / n,
         kernels=len(ops) / n, top=[(name, total / 1e6 / n, count / n) for name, (total, count) in top],
         launch=sum(e["dur"] for e in launch_calls) / 1e6 / n if device == "gpu" else None,
-        launches=len(launch_calls) / n, programs=dict(programs))
+        launches=len(launch_calls) / n, programs=dict(programs),
+        tracks=sorted({f"{processes[e['pid']]} / {threads.get((e['pid'], e.get('tid')), e.get('tid'))}"
+                       for e in on_device}))
 
 
 def _union(spans: list[dict[str, Any]]) -> float:
