@@ -121,14 +121,15 @@ def test_a_two_process_checkpoint_resumes_in_a_plain_single_process(runs, tmp_pa
     assert all(snapshot(resumed / "checkpoints").get(k) == v for k, v in before.items())
 
 
-def test_four_processes_of_two_devices_read_only_their_rows_of_a_prepared_corpus_and_resume_after_sigterm(tmp_path):
-    """A pod-shaped run: 4 hosts x 2 chips, mesh data=4 x fsdp=2 (parameters sharded over pairs of devices),
-    on a corpus prepared beforehand. Each process reads only the pairs of its own rows; process 1 gets
-    SIGTERM mid-run, all four stop at the same step with a checkpoint and exit 143 (to be restarted), and the rerun ends
-    with the metrics and parameters of one uninterrupted process of 8 devices."""
+def test_two_hosts_of_two_devices_read_only_their_rows_of_a_prepared_corpus_and_resume_after_sigterm(tmp_path):
+    """A pod-shaped run: hosts of 2 chips each, mesh data=2 x fsdp=2 (parameters sharded over each host's pair of
+    devices), on a corpus prepared beforehand. Each process reads only the pairs of its own rows; process 1 gets
+    SIGTERM mid-run, every process stops at the same step with a checkpoint and exits 143 (to be restarted), and the
+    rerun ends with the metrics and parameters of one uninterrupted process of 4 devices. Two hosts show each of
+    these as four would (a pod's hosts differ only in their process index), at half the processes to start."""
     config = tmp_path / "fsdp_config.py"
     config.write_text(f"exec(open({write_config(tmp_path)!r}).read())\n_tiny = get_config\n\n"
-                      "def get_config():\n    config = _tiny()\n    config.mesh.update(data=4, fsdp=2)\n"
+                      "def get_config():\n    config = _tiny()\n    config.mesh.update(data=2, fsdp=2)\n"
                       "    config.training.num_train_steps = 4\n    return config\n")
     prepared = tmp_path / "prepared"
     result = subprocess.run([sys.executable, "-m", "transformer_jax.cli.prepare", f"--config={config}",
@@ -136,25 +137,24 @@ def test_four_processes_of_two_devices_read_only_their_rows_of_a_prepared_corpus
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     single, multi = tmp_path / "single", tmp_path / "multi"
-    reference = launch(str(config), single, 1, f"--config.data.prepared={prepared}", devices=8)
-    stopped = launch(str(config), multi, 4, f"--config.data.prepared={prepared}", devices=8, timeout=600,
+    reference = launch(str(config), single, 1, f"--config.data.prepared={prepared}")
+    stopped = launch(str(config), multi, 2, f"--config.data.prepared={prepared}", timeout=600,
                      records_name="stopped", status=143, TERMINATE_PROCESS="1", TERMINATE_AFTER_BATCH="2")
     steps = [r["step"] for r in read_metrics(str(multi)) if r["split"] == "train"]
     assert steps and steps[-1] < 4 and (multi / "checkpoints" / str(steps[-1])).is_dir()  # stopped early, saved
     assert not (multi / "run.lock").exists()
-    # Each process read from disk exactly the pairs of its own rows: about a quarter of each batch.
+    # Each process read from disk exactly the pairs of its own rows: about half of each batch.
     alone = json.loads((reference / "process_0.json").read_text())
-    recorded = [json.loads((stopped / f"process_{index}.json").read_text()) for index in range(4)]
+    recorded = [json.loads((stopped / f"process_{index}.json").read_text()) for index in range(2)]
     for record in recorded:
         assert record["records_read"] == record["pairs_in_rows"] > 0
     assert sum(r["records_read"] for r in recorded) < alone["records_read"]
-    # The first batches of the four shards, in process order, are the batches one process reads alone.
+    # The first batches of the two shards, in process order, are the batches one process reads alone.
     full = np.load(reference / "process_0.npz")
-    shards = [np.load(stopped / f"process_{index}.npz") for index in range(4)]
+    shards = [np.load(stopped / f"process_{index}.npz") for index in range(2)]
     for key in set(full.keys()).intersection(*(shard.keys() for shard in shards)):
         np.testing.assert_array_equal(np.concatenate([shard[key] for shard in shards]), full[key])
-    launch(str(config), multi, 4, f"--config.data.prepared={prepared}", devices=8, timeout=600,
-           records_name="resumed")
+    launch(str(config), multi, 2, f"--config.data.prepared={prepared}", timeout=600, records_name="resumed")
     assert [r["step"] for r in read_metrics(str(multi)) if r["split"] == "train"] == [1, 2, 3, 4]
     # Both go through the multi-process runtime, so their sums are taken in the same order (README).
     assert (multi / "metrics.jsonl").read_bytes() == (single / "metrics.jsonl").read_bytes()
