@@ -7,6 +7,16 @@ the first epoch) each in a fresh process, reporting its wall time and peak resid
   tiny corpus   1,000 pairs, same tokenizer: the floor (imports, tokenizer, dev/test);
   first run     the large corpus prepared in the workdir (data/prepared.py: encoded into token shards);
   resume        the same workdir again: the prepared corpus's index is read, the text is not encoded.
+
+Then launch to first update: train.py with the base model's sizes (6 + 6 layers, d_model 512, float32) on the
+built-in corpus (vocabulary 2,000), started as a new process and stopped with SIGTERM once timing.jsonl holds
+its start-up record; the seconds from the process's start to that record (imports included), and the record's
+own compile and restore seconds:
+  cold cache    a new workdir, JAX's compile cache empty;
+  warm cache    a new workdir, the compile cache the cold run filled;
+  resume        the warm run's workdir again (it saved its state when stopped): the state is restored.
+Ours, and with --startup_baseline (a git revision extracted with `git archive`; '' for none) that revision's
+train.py, each with its own cache.
 """
 
 from __future__ import annotations
@@ -15,13 +25,16 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 from typing import Any
 
 import numpy as np
 
+from benchmarks.sections.decode import baseline_tree
 from benchmarks.workers import REPO, peak_rss_bytes, worker_command
 from transformer_jax.base import workdir as layout
 from transformer_jax.config import default_config
@@ -29,6 +42,12 @@ from transformer_jax.data import load_splits, prepare_data, train_tokenizer
 
 MODES = ("tiny corpus", "first run", "resume")
 VOCAB_SIZE = 32_000
+LAUNCHES = ("cold cache", "warm cache", "resume")
+BASE_SIZES = ("--config.model.num_layers=6", "--config.model.d_model=512", "--config.model.d_ff=2048",
+              "--config.model.num_heads=8", "--config.model.max_len=256", "--config.data.vocab_size=2000",
+              "--config.data.builtin_train_size=2000", "--config.data.tokenizer_sample_size=4000",
+              "--config.data.tokens_per_batch=2048", "--config.data.max_length=64",
+              "--config.training.num_train_steps=1000", "--config.training.checkpoint_every=1000")
 
 
 def write_corpus(directory: str, num_pairs: int, seed: int = 0) -> None:
@@ -75,7 +94,77 @@ def train_small_tokenizer(corpus: str, path: str) -> None:
     train_tokenizer([text for pair in pairs for text in pair if text], path, VOCAB_SIZE)
 
 
-def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+def startup_records(workdir: str) -> list[dict[str, Any]]:
+    """The start-up records of the timing log in `workdir` (one per start of train.py), complete lines only."""
+    path = layout.run_path(workdir, layout.TIMING)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [r for r in (json.loads(line) for line in f if line.strip().endswith("}")) if "startup_seconds" in r]
+
+
+def launch(tree: str, workdir: str, cache: str, timeout: float = 1200) -> dict[str, Any]:
+    """Start `tree`'s train.py (the base model's sizes) in `workdir`, stop it once it records its start-up; the
+    seconds from the process's start to that record, and the record."""
+    before = len(startup_records(workdir))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=cache, PYTHONPATH=tree)
+    start = time.perf_counter()
+    process = subprocess.Popen([sys.executable, "train.py", "--config=configs/smoke.py", f"--workdir={workdir}",
+                                *BASE_SIZES], cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True)
+    records: list[dict[str, Any]] = []
+    while len(records) <= before and process.poll() is None and time.perf_counter() - start < timeout:
+        time.sleep(0.05)
+        records = startup_records(workdir)
+    record = records[before] if len(records) > before else None
+    seconds = time.perf_counter() - start
+    process.send_signal(signal.SIGTERM)
+    _, errors = process.communicate(timeout=600)
+    if record is None:
+        raise RuntimeError(f"train.py recorded no start-up (exit {process.returncode}): {errors[-2000:]}")
+    return {"launch_to_first_update_s": seconds, **record}
+
+
+def launches(tree: str, root: str) -> list[dict[str, Any]]:
+    """Cold cache, warm cache and resume of `tree`'s train.py, one line each."""
+    cache, results = os.path.join(root, "cache"), []
+    for mode in LAUNCHES:
+        workdir = os.path.join(root, "warm_cache" if mode == "resume" else mode.replace(" ", "_"))
+        result = {"mode": mode, **launch(tree, workdir, cache)}
+        results.append(result)
+        print(f"  {mode:<11} launch to first update {result['launch_to_first_update_s']:6.1f} s  (start-up "
+              f"{result['startup_seconds']:5.1f} s: restore {result['restore_seconds']:5.1f} s, compile "
+              f"{result['compile_seconds']:5.1f} s)", flush=True)
+    return results
+
+
+def run_launches(args: argparse.Namespace) -> dict[str, Any]:
+    """Launch to first update, ours and the baseline revision's."""
+    results: dict[str, Any] = {"baseline_revision": args.startup_baseline or None}
+    with tempfile.TemporaryDirectory() as root:
+        trees = {"ours": str(REPO)}
+        if args.startup_baseline:
+            before = os.path.join(root, "before")
+            os.makedirs(before)
+            if baseline_tree(args.startup_baseline, before):
+                for name in ("train.py", "configs"):  # baseline_tree extracts the package alone
+                    archive = subprocess.run(["git", "-C", str(REPO), "archive", args.startup_baseline, name],
+                                             capture_output=True, check=True)
+                    subprocess.run(["tar", "-x", "-C", before], input=archive.stdout, check=True)
+                trees["before"] = before
+        for name, tree in trees.items():
+            print(f"{name} ({args.startup_baseline if name == 'before' else 'this checkout'}):", flush=True)
+            os.makedirs(os.path.join(root, name + "-runs"))
+            results[name] = launches(tree, os.path.join(root, name + "-runs"))
+    return results
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """Data preparation (every mode), then launch to first update."""
+    return {"data_preparation": run_data_preparation(args), "launch": run_launches(args)}
+
+
+def run_data_preparation(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every mode, one line each."""
     pairs = 20_000 if args.quick else args.startup_pairs
     with tempfile.TemporaryDirectory() as root:

@@ -346,10 +346,7 @@ class Trainer:
         self.last_saved_step = step
         open_window = [{k: float(v) for k, v in m.items()} for m in jax.device_get(window)]
         meta = {"model_config": dataclasses.asdict(self.model_config), "open_window": open_window}
-        if not self.checkpointer.save(step, self.state, self.input_state(), meta, metrics):
-            logging.error("parameters at step %d are not finite: checkpoint not written", step)
-            return False
-        return True
+        return self.checkpointer.save(step, self.state, self.input_state(), meta, metrics)  # logs a refusal
 
     def newest_checkpoint(self) -> int | None:
         """The newest checkpoint on disk once pending saves are written (None: there is none)."""
