@@ -95,8 +95,8 @@ def measure(megabytes: float, tree: str | None) -> dict[str, Any]:
     env = dict(os.environ)
     if tree:
         env["PYTHONPATH"] = os.pathsep.join([tree, str(workers.REPO)])
-    output = subprocess.run(workers.worker_command("checkpoint_stall", {"megabytes": megabytes}), cwd=tree or workers.REPO,
-                            env=env, check=True, capture_output=True, text=True)
+    command = workers.worker_command("checkpoint_stall", {"megabytes": megabytes})
+    output = subprocess.run(command, cwd=tree or workers.REPO, env=env, check=True, capture_output=True, text=True)
     result = json.loads(output.stdout.strip().splitlines()[-1])
     return {**result, **{f"median_{key}": float(np.median(result[key]))
                          for key in ("blocked_s", "on_disk_s", "step_delay_s")}}
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 result = measure(megabytes, tree)
                 results[name].append(result)
-                print(f"{name:<6} {megabytes:>5} MB ({result['arrays']} arrays)  blocked {result['median_blocked_s']:6.3f} s"
-                      f"  on disk {result['median_on_disk_s']:6.2f} s  step delay {result['median_step_delay_s']:+6.2f} s",
-                      flush=True)
+                print(f"{name:<6} {megabytes:>5} MB ({result['arrays']} arrays)  "
+                      f"blocked {result['median_blocked_s']:6.3f} s  on disk {result['median_on_disk_s']:6.2f} s  "
+                      f"step delay {result['median_step_delay_s']:+6.2f} s", flush=True)
     return results
