@@ -1,4 +1,5 @@
-"""The sharded train step gives one device's results on data=8 and data=4 x fsdp=2 meshes; CPU device counts."""
+"""The sharded train step gives one device's results on data=8 and data=4 x fsdp=2 meshes (an initial state made
+whole and placed is the mesh's own); CPU device counts."""
 
 import json
 import os
@@ -20,7 +21,8 @@ MESH_SCRIPT = textwrap.dedent(
     import itertools, json, sys
     import jax, numpy as np, optax
     from transformer_jax import Transformer, TransformerConfig
-    from transformer_jax.base.sharding import global_batch, init_sharded, make_mesh
+    from jax.sharding import SingleDeviceSharding
+    from transformer_jax.base.sharding import global_batch, init_sharded, make_mesh, place_whole
     from transformer_jax.checkpoints.manager import Checkpointer
     from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer
     from transformer_jax.training.state import create_train_state
@@ -42,6 +44,13 @@ MESH_SCRIPT = textwrap.dedent(
             continue  # Adam's losses are compared on the other meshes; parameters after SGD on all three
         mesh = make_mesh(data, fsdp, devices)
         state, shardings = init_sharded(lambda: create_train_state(model, optimizer, seed=0), mesh)
+        if name == "data4_fsdp2" and opt_name == "adam":  # made whole on one device, then placed: the same
+            whole = jax.jit(lambda: create_train_state(model, optimizer, seed=0),
+                            out_shardings=SingleDeviceSharding(jax.devices()[0]))()
+            placed = place_whole(whole, shardings)
+            results["placed_equal"] = jax.tree.structure(placed) == jax.tree.structure(state) and all(
+                a.sharding == b.sharding and np.array_equal(a, b)
+                for a, b in zip(jax.tree.leaves(placed), jax.tree.leaves(state)))
         step = jax.jit(train_step, static_argnums=2, in_shardings=(shardings, None),
                        out_shardings=(shardings, None), donate_argnums=0)
         losses = []
@@ -80,6 +89,8 @@ def test_mesh_results_equal_one_device(tmp_path):
         one, other = results["one/sgd"], results[f"{mesh}/sgd"]
         for a, b in zip(one["params"], other["params"]):
             assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5, mesh
+    # The state made whole on one device and placed on the 4x2 mesh is the one its devices made.
+    assert results["placed_equal"] is True
     # fsdp=2 really shards parameters: the d_model axis of a kernel is split in two.
     assert results["data4_fsdp2/adam"]["kernel_shards"] == 2
     assert results["data8/sgd"]["kernel_shards"] == 1

@@ -6,8 +6,9 @@ import numpy as np
 from transformer_jax.aot.compile import compile_run, run_programs
 from transformer_jax.base import make_mesh
 from transformer_jax.data.shapes import PACKED_KEYS, nominal_batch_shapes
+from transformer_jax.model import Transformer
 from transformer_jax.run.dev_loss import loss_batches
-from transformer_jax.run import Trainer, assemble_run
+from transformer_jax.run import Trainer, assemble_run, build_run
 
 
 def hlo_by_name(lowered):
@@ -48,6 +49,40 @@ def test_the_preflight_on_cpu_devices_reports_each_program_it_compiles(run_confi
     assert names[:2] == [f"micro-step gradients {rows}x{width}", "apply accumulated gradients"]
     assert any(name.startswith("dev loss ") for name in names) and names[-1].startswith("beam search (beam")
     assert all(program.flops > 0 and program.total_bytes > 0 for program in programs)
+
+
+def test_the_hosts_initial_state_is_the_meshs_bit_for_bit_and_its_placement_compiles_nothing(run_config):
+    # On accelerators init_state makes the state with the host's CPU and places it (no accelerator program).
+    programs = build_run(run_config, make_mesh(devices=jax.devices()[:1]), 64)
+    on_mesh = programs.init_state(on_host=False)
+    compiled = []
+
+    def listen(event: str, duration: float, fun_name: str = "", **_) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(fun_name)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        placed = programs.init_state(on_host=True)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert set(compiled) <= {"jit(create_host_state)"}  # (none when the compile cache had it)
+    assert jax.tree.structure(placed) == jax.tree.structure(on_mesh)
+    for got, want in zip(jax.tree.leaves(placed), jax.tree.leaves(on_mesh), strict=True):
+        assert got.dtype == want.dtype and got.sharding == want.sharding
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert placed.params is not on_mesh.params and jax.tree.leaves(placed.opt_state)
+
+
+def test_the_parameters_do_not_depend_on_the_attention_backend(tiny_config):
+    # The host traces model.init with einsum attention (a GPU's or TPU's kernel may not run on its CPU).
+    tokens = jax.numpy.ones((1, 8), np.int32)
+
+    def layout(backend):
+        model = Transformer(tiny_config.replace(attention_backend=backend, attention_dropout_rate=0.0))
+        return jax.tree.map(lambda x: (x.shape, x.dtype), jax.eval_shape(model.init, jax.random.key(0), tokens, tokens))
+
+    assert layout("fused") == layout("splash") == layout("auto") == layout("einsum")
 
 
 def test_nominal_shapes_round_rows_to_the_mesh():

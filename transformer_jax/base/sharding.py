@@ -8,6 +8,7 @@ below map `embed` (d_model, present in every weight matrix) onto `fsdp`.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Callable, Sequence
 
@@ -149,6 +150,28 @@ def init_sharded(create: Callable[[], Any], mesh: Mesh) -> tuple[Any, Any]:
     abstract_state = jax.eval_shape(create)
     shardings = state_shardings(mesh, abstract_state)
     return jax.jit(create, out_shardings=shardings)(), shardings
+
+
+def host_cpu_device() -> jax.Device | None:
+    """A CPU device of this process (JAX has one next to any accelerator), or None when JAX_PLATFORMS leaves
+    the CPU backend out."""
+    try:
+        return jax.local_devices(backend="cpu")[0]
+    except RuntimeError:
+        return None
+
+
+def place_whole(tree: Any, shardings: Any) -> Any:
+    """`tree`'s arrays, whole on this host (NumPy or one CPU device's), placed as `shardings` (a prefix of the
+    tree: one NamedSharding per leaf or logical-axis box) say; each process puts only the shards of its own
+    devices, so every process passes the same values. Compiles nothing."""
+
+    def place(sharding: NamedSharding, leaf: Any) -> jax.Array:
+        whole = np.asarray(leaf)  # a view of a CPU device's buffer: no copy
+        return jax.make_array_from_callback(whole.shape, sharding, lambda index: np.asarray(whole[index]))
+
+    return jax.tree.map(lambda sharding, subtree: jax.tree.map(functools.partial(place, sharding), subtree),
+                        shardings, tree)
 
 
 def abstract_with_shardings(state: Any, shardings: Any) -> Any:

@@ -16,9 +16,16 @@ import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 
-from transformer_jax.base.sharding import abstract_with_shardings, batch_sharding, mesh_platform, state_shardings
+from transformer_jax.base.sharding import (
+    abstract_with_shardings,
+    batch_sharding,
+    host_cpu_device,
+    mesh_platform,
+    place_whole,
+    state_shardings,
+)
 from transformer_jax.config.schema import model_config as run_model_config
 from transformer_jax.config.schema import translation_batching
 from transformer_jax.data.shapes import (
@@ -85,6 +92,7 @@ class RunPrograms:
     shapes: BatchShapes | None
     schedule: Callable[[jax.Array], jax.Array]
     create_state: Callable[[], TrainState]
+    create_host_state: Callable[[], TrainState]  # create_state's values, traceable for the host's CPU
     shardings: Any  # NamedShardings of every leaf of the TrainState
     abstract_state: Any  # the TrainState as ShapeDtypeStructs carrying their shardings
     train_step: Callable  # (state, batch) -> (state, metrics); donates the state
@@ -108,10 +116,24 @@ class RunPrograms:
         check_fits(state_bytes_per_device(self.abstract_state), self.mesh, train_state_description(self.model_config),
                    STATE_FIX)
 
-    def init_state(self) -> TrainState:
-        """The initial state, each device materializing only its own shards (checked to fit them first)."""
+    def init_state(self, on_host: bool | None = None) -> TrainState:
+        """The initial state (checked to fit the devices first).
+
+        On accelerators (`on_host` None), or with `on_host`, the host's CPU backend makes it whole and each process
+        places its devices' shards (`place_whole`): the accelerator compiles nothing. The random initialisation is
+        a large program (every parameter derives its key and draws its bits: ~30k instructions, 25 s to compile on
+        an H200, ~7 s for a CPU), and threefry's bits are the same on every platform. On a CPU mesh, or where JAX
+        has no CPU backend, one program on the mesh makes it, each device materializing only its own shards.
+        """
         self.check_state_fits()
-        return jax.jit(self.create_state, out_shardings=self.shardings)()
+        host = host_cpu_device()
+        if on_host is None:
+            on_host = mesh_platform(self.mesh) != "cpu"
+        if not on_host or host is None:
+            return jax.jit(self.create_state, out_shardings=self.shardings)()
+        whole = jax.jit(self.create_host_state, out_shardings=SingleDeviceSharding(host))()
+        with jax.transfer_guard("allow"):  # the intended copy, wherever the state is first asked for
+            return place_whole(whole, self.shardings)
 
     def compile_train(self, state: Any = None, micro_step: Any = None) -> list[jax.stages.Compiled]:
         """lower_train's programs compiled, each checked by XLA's memory analysis to fit a device."""
@@ -252,6 +274,14 @@ def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
     def create_state() -> TrainState:
         return create_train_state(model, optimizer, training.seed)
 
+    # model.init traces a forward pass: on the host's CPU, with attention the CPU runs (the run's backend may be a
+    # GPU's or a TPU's kernel). The parameters do not depend on the attention backend; the state keeps the run's
+    # model.apply, so its tree is the run's.
+    host_model = Transformer(model_config.replace(attention_backend="einsum"))
+
+    def create_host_state() -> TrainState:
+        return create_train_state(host_model, optimizer, training.seed).replace(apply_fn=model.apply)
+
     # Before the model is traced (a layer count or width too large for any device would take minutes to build):
     # the parameters and Adam's two moments, in the parameters' dtype, by the closed form, sharded over fsdp.
     state_estimate = 3 * parameter_count(model_config) * np.dtype(model_config.params_dtype).itemsize
@@ -267,7 +297,7 @@ def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
 
     return RunPrograms(
         config=config, model_config=model_config, model=model, mesh=mesh, shapes=shapes, schedule=schedule,
-        create_state=create_state, shardings=shardings,
+        create_state=create_state, create_host_state=create_host_state, shardings=shardings,
         abstract_state=abstract_with_shardings(jax.eval_shape(create_state), shardings),
         train_step=OnMesh(jax.jit(  # a partial, not a lambda: compile logs and events name it train_step
             functools.partial(train_step, smoothing=smoothing, projected=projected, skip_by=skip_by, norm_by=norm_by),
