@@ -6,13 +6,18 @@ made for that run and removed after it ($TRANSFORMER_JAX_TEST_CACHE, handed to J
 $JAX_COMPILATION_CACHE_DIR): a program two tests compile alike is compiled once. Tests that open a port take a
 free one (runs.free_port); tests that write take their own tmp_path, so the workers never share a directory.
 
-The slowest tests, and why (2 cores, `.ci/run` prints the current 25 slowest on every run):
-- the multi-process runs (tests/run/test_multiprocess.py, tests/evaluation/test_eval_multihost.py): each launch
-  starts JAX in 1-2 fresh processes that join a jax.distributed cluster and compile the tiny run;
-- the preflights of the pages' recipes (tests/test_recipes.py): the base and big models compiled for TPU pods
-  through libtpu, about a minute each;
-- the mesh equality test (tests/base/test_sharding.py): five train steps compiled for 8 CPU devices;
-- the base install and the wheel (tests/test_base_install.py, tests/test_wheel.py): a fresh virtualenv each.
+The slowest tests, and why (2 cores, 2 workers, 2026-11-28; `.ci/run` prints the current 25 slowest on every run):
+- the pages' TPU preflights (tests/test_recipes.py, 121-157 s each): the base and big models compiled for
+  v5e-256 and v5p:4x4x8 through libtpu (a smaller topology compiles no faster: the big model on v5p:2x2x2 took
+  as long as on 4x4x8);
+- the README's back-translation and own-text recipes (tests/test_readme.py, 101-135 s): each command as written,
+  train.py and eval.py in fresh processes;
+- the multi-process runs (tests/run/test_multiprocess.py, 83-125 s; tests/run/test_preemption.py, 76 s): each
+  launch starts JAX in 1-2 fresh processes that join a jax.distributed cluster and compile the tiny run;
+- resumable bulk translation killed at random points (tests/evaluation/test_corpus_translation.py, 59-114 s);
+- the mesh equality test (tests/base/test_sharding.py, 109 s): train steps compiled for 8 CPU devices;
+- the base install and the wheel (tests/test_base_install.py, tests/test_wheel.py, 53-55 s): a fresh virtualenv
+  each.
 """
 
 from __future__ import annotations
