@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import sys
 import time
 import uuid
 from typing import Any, Iterator, Mapping
@@ -31,11 +32,24 @@ def _event_file_suffix() -> str:
     return f".{os.getpid()}.{uuid.uuid4().hex[:8]}"
 
 
+def _import_tensorboardx() -> None:
+    """Import tensorboardX without PyTorch. Its writer module imports torch wherever torch is installed (1.3-2 s of
+    a run's start on a 2-core host), only to accept torch tensors, which this project never writes. Where torch is
+    not loaded yet, tensorboardX is imported with torch hidden (its own fallback when torch is missing), then torch
+    is importable again as before."""
+    if "tensorboardX" in sys.modules or "torch" in sys.modules:
+        return
+    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError meanwhile
+    try:
+        import tensorboardX  # noqa: F401
+    finally:
+        del sys.modules["torch"]
+
+
 def tensorboard_writer(workdir: str, **kwargs: Any) -> Any:
     """A tensorboardX SummaryWriter on `<workdir>/tensorboard` whose event file no other writer has (for figures)."""
-    from tensorboardX import (
-        SummaryWriter,  # imported here: only the writing process needs it
-    )
+    _import_tensorboardx()  # imported here: only the writing process needs it
+    from tensorboardX import SummaryWriter
 
     return SummaryWriter(layout.run_path(workdir, layout.TENSORBOARD), filename_suffix=_event_file_suffix(), **kwargs)
 
@@ -50,6 +64,7 @@ class ScalarEvents:
     """
 
     def __init__(self, workdir: str, purge_step: int) -> None:
+        _import_tensorboardx()
         from tensorboardX.event_file_writer import EventsWriter
         from tensorboardX.proto.event_pb2 import Event, SessionLog
 
