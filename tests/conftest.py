@@ -23,7 +23,9 @@ The slowest tests, and why (2 cores, 2 workers, 2026-11-28; `.ci/run` prints the
 from __future__ import annotations
 
 import atexit
+import json
 import os
+import pathlib
 import shutil
 import signal
 import tempfile
@@ -34,6 +36,11 @@ if "TRANSFORMER_JAX_TEST_CACHE" not in os.environ:
     os.environ["TRANSFORMER_JAX_TEST_CACHE"] = tempfile.mkdtemp(prefix="transformer_jax_test_cache_")
     atexit.register(shutil.rmtree, os.environ["TRANSFORMER_JAX_TEST_CACHE"], True)
 os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["TRANSFORMER_JAX_TEST_CACHE"]
+# Also before JAX starts: XLA:CPU compiles without LLVM's optimisation passes (runs.CPU_COMPILE_FLAGS says why).
+from runs import CPU_COMPILE_FLAGS  # noqa: E402
+
+if CPU_COMPILE_FLAGS not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{CPU_COMPILE_FLAGS} {os.environ.get('XLA_FLAGS', '')}".strip()
 
 import jax  # noqa: E402 - after the cache's directory is set
 import jax.numpy as jnp  # noqa: E402
@@ -102,19 +109,64 @@ def gcs_workdir(gcs_emulator, request):
         yield f"gs://{BUCKET}/{request.node.name[:40]}-{uuid.uuid4().hex[:8]}"
 
 
+def made_once(tmp_path_factory, worker_id: str, name: str, make) -> pathlib.Path:
+    """A directory `name` that `make(directory)` fills once per test run, whichever xdist worker asks first (the
+    others wait for it), then copied into this worker's own temporary directory: each worker reads and changes its
+    own copy, never another's."""
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent  # the run's directory, above every worker's
+    made = shared / f"{name}.made"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not (made / ".complete").exists():
+            shutil.rmtree(made, ignore_errors=True)  # a half-made one (a worker that failed making it)
+            made.mkdir()
+            make(made)
+            (made / ".complete").touch()
+    copy = tmp_path_factory.mktemp(name)
+    shutil.copytree(made, copy, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".complete"))
+    return copy
+
+
+def _train_in_process(directory: pathlib.Path) -> None:
+    from transformer_jax.run import Trainer, assemble_run
+
+    trainer = Trainer(assemble_run(tiny_run_config(), str(directory / "run")))
+    trainer.run()
+    trainer.close()
+
+
 @pytest.fixture(scope="session")
-def trained_run(tmp_path_factory) -> dict:
-    """A finished tiny run, trained once per session: {"config": its config file, "workdir": the run}.
+def trained_run(tmp_path_factory, worker_id) -> dict:
+    """A finished tiny run (trained in-process with run.Trainer, once per test run): {"config": its config file,
+    "workdir": the run}.
 
     Read only: a test that changes a run copies it first (runs.copy_run).
     """
     from runs import write_config
-    from transformer_jax.run import Trainer, assemble_run
 
-    directory = tmp_path_factory.mktemp("trained")
-    config = write_config(directory)
-    workdir = directory / "run"
-    trainer = Trainer(assemble_run(tiny_run_config(), str(workdir)))
-    trainer.run()
-    trainer.close()
-    return {"config": config, "workdir": workdir}
+    directory = made_once(tmp_path_factory, worker_id, "trained", _train_in_process)
+    return {"config": write_config(directory), "workdir": directory / "run"}
+
+
+def _train_with_train_py(directory: pathlib.Path) -> None:
+    from runs import run_script, write_config
+
+    result = run_script("train.py", f"--config={write_config(directory)}", f"--workdir={directory / 'run'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (directory / "result.json").write_text(json.dumps({"stdout": result.stdout, "stderr": result.stderr}))
+
+
+@pytest.fixture(scope="session")
+def script_trained_run(tmp_path_factory, worker_id) -> dict:
+    """The tiny run trained by `python train.py --config=... --workdir=...` as a user runs it (once per test run):
+    {"config": its config file, "workdir": the run, "stdout" and "stderr": what train.py printed}.
+
+    Read only, as trained_run; a module that changes it copies it (runs.copy_run).
+    """
+    from runs import write_config
+
+    directory = made_once(tmp_path_factory, worker_id, "script_trained", _train_with_train_py)
+    printed = json.loads((directory / "result.json").read_text())
+    return {"config": write_config(directory), "workdir": directory / "run", **printed}

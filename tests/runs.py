@@ -25,6 +25,22 @@ TESTS = pathlib.Path(__file__).resolve().parent
 FALLBACK_COMPILE_CACHE = pathlib.Path(tempfile.gettempdir()) / f"transformer_jax_test_compile_cache_{os.getuid()}"
 
 
+# XLA:CPU compiles of the suite skip LLVM's optimisation passes: the programs compute the same values (LLVM may not
+# reorder floating-point arithmetic without fast-math, which XLA leaves off), compile in about half the time, and
+# run a little slower, which tests of a few steps do not feel. tests/conftest.py puts them in XLA_FLAGS before JAX
+# starts; the subprocesses inherit them (script_env and cpu_xla_flags keep them next to a device count). libtpu's
+# compiles for the preflight's TPU topologies give the same memory, cost and cycle figures with them (checked
+# 2026-11-28).
+CPU_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
+def cpu_xla_flags(devices: int | None = None) -> str:
+    """XLA_FLAGS for a test's JAX process: the suite's compile flags, with `devices` CPU devices when given."""
+    if devices is None:
+        return CPU_COMPILE_FLAGS
+    return f"{CPU_COMPILE_FLAGS} --xla_force_host_platform_device_count={devices}"
+
+
 def compile_cache() -> str:
     """The compilation cache the suite's processes share: $JAX_COMPILATION_CACHE_DIR (tests/conftest.py)."""
     return os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(FALLBACK_COMPILE_CACHE)
@@ -53,7 +69,7 @@ def write_config(directory: pathlib.Path) -> str:
 
 def script_env(devices: int = 1, **extra: str) -> dict[str, str]:
     """The environment of a train.py/eval.py subprocess: CPU with `devices` devices, the shared compile cache."""
-    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=cpu_xla_flags(devices),
                JAX_COMPILATION_CACHE_DIR=compile_cache(), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
     env.update(extra)

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from runs import cpu_xla_flags
 from transformer_jax.errors import ConfigError, MeshError
 from transformer_jax.base.sharding import make_mesh, set_cpu_devices
 from transformer_jax.checkpoints.manager import Checkpointer
@@ -72,7 +73,7 @@ MESH_SCRIPT = textwrap.dedent(
 
 
 def test_mesh_results_equal_one_device(tmp_path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=cpu_xla_flags(8), JAX_PLATFORMS="cpu")
     checkpoints = str(tmp_path / "checkpoints")
     run = subprocess.run([sys.executable, "-c", MESH_SCRIPT, checkpoints], env=env, capture_output=True,
                          text=True, timeout=600)

@@ -7,7 +7,7 @@ import shutil
 import jax
 import numpy as np
 import pytest
-from runs import flip_a_readable_bit, tiny_run_config
+from runs import flip_a_readable_bit
 
 from transformer_jax.errors import CheckpointError
 from transformer_jax.checkpoints.manager import Checkpointer
@@ -37,14 +37,9 @@ def garble_json(step_dir):
 
 
 @pytest.fixture(scope="module")
-def finished(tmp_path_factory):
-    """A finished 6-step tiny run: checkpoints at 4 and 6 (plus the best by dev loss)."""
-
-    workdir = tmp_path_factory.mktemp("finished")
-    trainer = Trainer(assemble_run(tiny_run_config(), str(workdir)))
-    trainer.run()
-    trainer.close()
-    return workdir
+def finished(trained_run):
+    """A finished 6-step tiny run: checkpoints at 4 and 6 (plus the best by dev loss). Read only."""
+    return trained_run["workdir"]
 
 
 @pytest.mark.parametrize("damage, reported", [(truncate, "cannot be read"), (flip_a_bit, "does not match its checksum")])

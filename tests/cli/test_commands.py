@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from runs import assert_one_line_error, write_config
+from runs import CPU_COMPILE_FLAGS, assert_one_line_error, copy_run, write_config
 from transformer_jax.checkpoints.manager import Checkpointer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -25,14 +25,12 @@ def run(script: str, *args: str, stdin: str | None = None, timeout: int = 300) -
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tiny run trained by train.py: 6 steps, checkpoints at 2, 4 (dropped), 6 (+ best)."""
-    directory = tmp_path_factory.mktemp("run")
-    config = write_config(directory)
-    workdir = directory / "workdir"
-    result = run("train.py", f"--config={config}", f"--workdir={workdir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return config, workdir, result
+def trained(script_trained_run, tmp_path_factory):
+    """This module's copy of the tiny run trained by train.py (6 steps, checkpoints at 2, 4 (dropped), 6 (+ best)),
+    and what train.py printed."""
+    workdir = copy_run(script_trained_run, tmp_path_factory.mktemp("run") / "workdir")
+    printed = subprocess.CompletedProcess([], 0, script_trained_run["stdout"], script_trained_run["stderr"])
+    return script_trained_run["config"], workdir, printed
 
 
 def test_train_prints_sacrebleu_with_signature_and_writes_outputs(trained):
@@ -87,7 +85,8 @@ def test_eval_splits_a_files_batches_over_cpu_devices_with_the_same_translations
     text = tmp_path / "lines.txt"
     text.write_text("The dog sleeps.\nI see the cat.\n\nThe cat sees the big dog.\nA bird.\n")
     # Without a device count in the environment, so that the default is one device per core.
-    env = {key: value for key, value in os.environ.items() if key not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env = {key: value for key, value in os.environ.items() if key != "JAX_NUM_CPU_DEVICES"}
+    env["XLA_FLAGS"] = CPU_COMPILE_FLAGS
     cores = min(len(os.sched_getaffinity(0)), 8)
     outputs = {}
     for devices, expected in (("1", 1), ("3", 3), (None, cores)):

@@ -14,6 +14,7 @@ import matplotlib.image
 import numpy as np
 import pytest
 
+from runs import copy_run
 from transformer_jax import Transformer, sinusoidal_encoding
 from transformer_jax.model.special_tokens import BOS_ID
 from transformer_jax.decoding.options import DecodeOptions
@@ -36,21 +37,12 @@ from transformer_jax.evaluation.plots import (
 from transformer_jax.evaluation.translate_split import translate_lines
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-TESTS = ROOT / "tests"
 
 
 def run(script: str, *args: str) -> subprocess.CompletedProcess:
     """`python script args...` from the repository root, as a user runs it."""
     return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=300)
-
-
-def write_config(directory: pathlib.Path) -> str:
-    """A config file for runs.tiny_run_config (a 6-step run on a small built-in corpus)."""
-    path = directory / "tiny_config.py"
-    path.write_text(f"import sys\nsys.path.insert(0, {str(TESTS)!r})\nfrom runs import tiny_run_config\n\n"
-                    "def get_config():\n    return tiny_run_config()\n")
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -209,13 +201,9 @@ def test_figures_added_within_one_second_keep_each_others_event_files(tmp_path, 
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A tiny run trained by train.py (6 steps)."""
-    directory = tmp_path_factory.mktemp("plots_run")
-    workdir = directory / "workdir"
-    result = run("train.py", f"--config={write_config(directory)}", f"--workdir={workdir}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return workdir
+def trained(script_trained_run, tmp_path_factory):
+    """This module's copy of the tiny run trained by train.py (6 steps)."""
+    return copy_run(script_trained_run, tmp_path_factory.mktemp("plots_run") / "workdir")
 
 
 def test_eval_plots_attention_positions_and_curves_of_a_trained_run(trained):

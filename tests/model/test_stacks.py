@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from flax import traverse_util
 
+from runs import cpu_xla_flags
 from transformer_jax import Transformer, TransformerConfig
 from transformer_jax.errors import ConfigError
 from transformer_jax.model import DECODING_COLLECTIONS
@@ -183,7 +184,7 @@ def test_rows_split_keeps_activations_split_by_rows_only_where_parameters_are_sh
     import subprocess
     import sys
 
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=cpu_xla_flags(4), JAX_PLATFORMS="cpu")
     run = subprocess.run([sys.executable, "-c", ROWS_SPLIT_SCRIPT], env=env, capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

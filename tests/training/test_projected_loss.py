@@ -121,7 +121,9 @@ print("all-reduces", text.count(" all-reduce("), "ok")
 
 @pytest.mark.parametrize("path", ["chunks", "kernel"])
 def test_on_a_mesh_each_device_takes_its_rows_and_the_sums_meet_once(path):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
+    from runs import cpu_xla_flags  # here: the script imports this module where tests/ is not on the path
+
+    env = dict(os.environ, XLA_FLAGS=cpu_xla_flags(4), JAX_PLATFORMS="cpu")
     run = subprocess.run([sys.executable, "-c", MESH_SCRIPT, os.path.dirname(__file__), path], env=env,
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
