@@ -151,17 +151,27 @@ def trained_run(tmp_path_factory, worker_id) -> dict:
 
 
 def _train_with_train_py(directory: pathlib.Path) -> None:
-    from runs import run_script, write_config
+    """train.py with its standard error to a file, as `nohup python train.py ... 2> train.log` leaves it."""
+    import subprocess
 
-    result = run_script("train.py", f"--config={write_config(directory)}", f"--workdir={directory / 'run'}")
-    assert result.returncode == 0, result.stderr[-3000:]
-    (directory / "result.json").write_text(json.dumps({"stdout": result.stdout, "stderr": result.stderr}))
+    from runs import ROOT, command, script_env, write_config
+
+    workdir = directory / "run"
+    with open(directory / "train.log", "w") as log:
+        result = subprocess.run(command("train.py", f"--config={write_config(directory)}", f"--workdir={workdir}"),
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True, timeout=300,
+                                env=script_env())
+    stderr = (directory / "train.log").read_text()
+    assert result.returncode == 0, stderr[-3000:]
+    (directory / "result.json").write_text(json.dumps({"stdout": result.stdout, "stderr": stderr,
+                                                       "trained_in": str(workdir)}))
 
 
 @pytest.fixture(scope="session")
 def script_trained_run(tmp_path_factory, worker_id) -> dict:
-    """The tiny run trained by `python train.py --config=... --workdir=...` as a user runs it (once per test run):
-    {"config": its config file, "workdir": the run, "stdout" and "stderr": what train.py printed}.
+    """The tiny run trained by `python train.py --config=... --workdir=...` as a user runs it (once per test run), its
+    standard error written to a file: {"config": its config file, "workdir": the run, "stdout" and "stderr": what
+    train.py printed, "trained_in": the workdir it trained in, which stdout names}.
 
     Read only, as trained_run; a module that changes it copies it (runs.copy_run).
     """

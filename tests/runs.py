@@ -25,12 +25,13 @@ TESTS = pathlib.Path(__file__).resolve().parent
 FALLBACK_COMPILE_CACHE = pathlib.Path(tempfile.gettempdir()) / f"transformer_jax_test_compile_cache_{os.getuid()}"
 
 
-# XLA:CPU compiles of the suite skip LLVM's optimisation passes: the programs compute the same values (LLVM may not
-# reorder floating-point arithmetic without fast-math, which XLA leaves off), compile in about half the time, and
-# run a little slower, which tests of a few steps do not feel. tests/conftest.py puts them in XLA_FLAGS before JAX
-# starts; the subprocesses inherit them (script_env and cpu_xla_flags keep them next to a device count). libtpu's
-# compiles for the preflight's TPU topologies give the same memory, cost and cycle figures with them (checked
-# 2026-11-28).
+# XLA:CPU compiles of the suite skip LLVM's optimisation passes: the same programs (XLA's own passes all run), compiled
+# in about 60% of the CPU time and run slower, which tests of a few steps do not feel (a test that runs many
+# updates passes XLA_FLAGS without them: test_readme's own-text run). Values may differ from an optimised build's in
+# the last bits (LLVM fuses multiply-adds when it optimises); every comparison in the suite is between programs
+# compiled alike. tests/conftest.py puts the flags in XLA_FLAGS before JAX starts; subprocesses inherit them
+# (script_env and cpu_xla_flags keep them next to a device count). libtpu's compiles for the preflight's TPU
+# topologies give the same memory, cost and cycle figures with them (compared 2026-11-28).
 CPU_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 
 

@@ -12,13 +12,15 @@ What is run, and how:
   relative paths (`runs/...`) moved under a temporary directory, after the pages' own
   `transformer-jax prepare` lines on those configs have made the corpus they name.
 - Commands that are the same after that run once (the README's pod preflight is the pod recipe's).
+- TPU preflights of WMT configs that the README does not show run with one layer per stack (SHALLOW); the README's
+  pod preflight stays full size.
 - TPU topologies need libtpu (the `tpu` extra) and run with JAX_PLATFORMS=cpu. GPU topologies (`h100...`)
   run with exactly the environment the page shows, since `JAX_PLATFORMS=cpu` is part of what a reader
   must type: where JAX's CUDA plugin (jax[cuda12] or jax[cuda13]) is importable they compile and must
   fit; elsewhere (CI) they must stop with the one-line error that names the plugin to install.
 
-Runtime on 2 CPU cores (2026-11-25): the pod preflight (base on v5e-256) about 80 s, the big model on
-v5p:4x4x8 about 2 minutes, the rehearsal's prepare and preflight about 10 s, each GPU command a few
+Runtime on 2 CPU cores (2026-11-28): the pod preflight (base on v5e-256) about 80 s, the big model on
+v5p:4x4x8 with one layer about 40 s (2 minutes with six), the rehearsal's prepare and preflight about 10 s, each GPU command a few
 seconds without the plugin and about a minute with it.
 """
 
@@ -41,6 +43,11 @@ from transformer_jax.aot.topology import CUDA_PLUGINS, GPU_TYPES
 AOT, PREPARE = "transformer_jax.aot", "transformer_jax.cli.prepare"
 PROGRAM_COMMANDS = {AOT: "preflight", PREPARE: "prepare"}  # the `transformer-jax` command of each module
 CORPUS_FLAGS = ("--config.data.prepared=", "--workdir=", "--output=")
+# The README's pod preflight (the base model on v5e-256; docs/scaling.md shows it too) runs at full size. The other
+# TPU preflights on WMT configs (the big model with fsdp=2 on v5p:4x4x8) run with one layer of each stack: the same mesh, sharding,
+# widths and programs, each layer compiled alike, in a fifth of the time (2 cores: about 115 s at six layers for
+# the big model, of which the six-layer train step alone is most).
+SHALLOW = "--config.model.num_layers=1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,11 +75,15 @@ class Command:
         """Whether that topology is GPUs (JAX's CUDA plugin builds them)."""
         return self.topology in GPU_TYPES
 
-    def runnable(self) -> Command:
-        """The command as the test runs it: corpus arguments of WMT configs dropped (see the module docstring)."""
+    def runnable(self, full_size: bool = True) -> Command:
+        """The command as the test runs it: corpus arguments of WMT configs dropped (see the module docstring), and
+        unless `full_size`, a TPU preflight's model cut to one layer (see SHALLOW)."""
         if not self.wmt:
             return self
-        return dataclasses.replace(self, args=tuple(a for a in self.args if not a.startswith(CORPUS_FLAGS)))
+        args = tuple(a for a in self.args if not a.startswith(CORPUS_FLAGS))
+        if not full_size and not self.gpu:
+            args += (SHALLOW,)
+        return dataclasses.replace(self, args=args)
 
     def argv(self, scratch: pathlib.Path) -> list[str]:
         """This interpreter running the command (`python -m transformer_jax COMMAND`), its relative corpus paths
@@ -110,7 +121,9 @@ def shown_commands(module: str) -> list[Command]:
 
 def preflights() -> list[Command]:
     """The pages' preflight commands as the test runs them, each once, in the order the pages show them."""
-    runnable = [command.runnable() for command in shown_commands(AOT)]
+    shown = shown_commands(AOT)
+    in_readme = {(c.runnable().args, c.env) for c in shown if c.page == "README.md"}
+    runnable = [command.runnable(full_size=(command.runnable().args, command.env) in in_readme) for command in shown]
     once = {(c.args, c.env): c for c in reversed(runnable)}
     return sorted(once.values(), key=runnable.index)
 

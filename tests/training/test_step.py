@@ -184,6 +184,9 @@ def test_accumulated_micro_batches_equal_one_big_batch():
     batch = copy_task_batch(np.random.default_rng(1))
     batch["targets"][:8, 4:] = 0  # uneven padding: halves hold different token counts
     whole, whole_metrics = jax.jit(train_step, static_argnums=2)(state, batch, 0.1)
+    # Each piece compiled, as the accumulating train step runs it (op by op, the tiny model takes ~20 s to dispatch).
+    compute_gradients, apply_gradients, add_trees = (
+        jax.jit(compute_gradients, static_argnums=2), jax.jit(apply_gradients), jax.jit(add_trees))
     halves = [{k: v[:8] for k, v in batch.items()}, {k: v[8:] for k, v in batch.items()}]
     grads, sums = compute_gradients(state, halves[0], 0.1, 0)
     more_grads, more_sums = compute_gradients(state, halves[1], 0.1, 1)
