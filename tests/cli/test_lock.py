@@ -38,6 +38,35 @@ def test_a_second_lock_is_refused_naming_the_owner_and_release_frees_the_workdir
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no temporary files left either
 
 
+@pytest.mark.parametrize("where", ["just after the file is created", "while JAX starts its backend"])
+def test_a_stop_right_after_the_lock_is_taken_releases_it(tmp_path, monkeypatch, where):
+    """SIGTERM raises wherever the main thread is: once the lock file exists, a stop anywhere releases it (it was
+    left behind when the signal came before the lock knew it was its own, or while JAX started its backend)."""
+    import jax
+
+    class Stop(BaseException):  # what the SIGTERM handler raises (cli.stops)
+        pass
+
+    if where == "just after the file is created":
+        create = run_lock._create_exclusively
+
+        def create_then_stop(path, content):
+            assert create(path, content)
+            raise Stop
+
+        monkeypatch.setattr(run_lock, "_create_exclusively", create_then_stop)
+    else:
+        def process_count_then_stop():
+            assert (tmp_path / layout.LOCK).exists()
+            raise Stop
+
+        monkeypatch.setattr(jax, "process_count", process_count_then_stop)
+    with pytest.raises(Stop):
+        with run_lock.owning(str(tmp_path)):
+            pass
+    assert not (tmp_path / layout.LOCK).exists()
+
+
 def test_a_lock_of_a_process_that_is_gone_is_taken_over(tmp_path, caplog):
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()

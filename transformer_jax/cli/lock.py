@@ -251,11 +251,13 @@ class RunLock:
                 logging.warning("taking over the lock of %s left by a job that is gone (%s)", self.workdir,
                                 current.describe())
                 _remove_if_still(self.path, current)
-            owner = Owner.this_process()
-            if _create_exclusively(self.path, json.dumps(dataclasses.asdict(owner))):
-                self.owner = owner
+            # Owned before the file exists: a stop (SIGTERM raises wherever the main thread is) right after the
+            # create still finds the lock to release; release() removes the file only if it holds this token.
+            self.owner = Owner.this_process()
+            if _create_exclusively(self.path, json.dumps(dataclasses.asdict(self.owner))):
                 self._start_heartbeat()
                 return
+            self.owner = None
         raise WorkdirLockedError(f"workdir {self.workdir}: another job took the lock at the same time; "
                                  "choose another --workdir or stop the other job")
 
@@ -301,22 +303,22 @@ def owning(workdir: str) -> Iterator[None]:
 
     lock = RunLock(workdir)
     refusal: UserError | None = None
-    if jax.process_index() == 0:
-        try:
-            lock.acquire()
-        except UserError as error:  # another job's lock, a directory at its place, a full disk
-            refusal = error
-    if jax.process_count() > 1:
-        import numpy as np
-        from jax.experimental import multihost_utils
+    try:  # from the moment the lock may exist: a stop anywhere after (JAX starting its backend) releases it
+        if jax.process_index() == 0:
+            try:
+                lock.acquire()
+            except UserError as error:  # another job's lock, a directory at its place, a full disk
+                refusal = error
+        if jax.process_count() > 1:
+            import numpy as np
+            from jax.experimental import multihost_utils
 
-        refused = bool(multihost_utils.broadcast_one_to_all(np.array(refusal is not None)))
-        if refused and refusal is None:
-            refusal = WorkdirLockedError(f"workdir {workdir} is in use by another training job, or its lock could "
-                                         "not be taken (process 0 names it)")
-    if refusal is not None:
-        raise refusal
-    try:
+            refused = bool(multihost_utils.broadcast_one_to_all(np.array(refusal is not None)))
+            if refused and refusal is None:
+                refusal = WorkdirLockedError(f"workdir {workdir} is in use by another training job, or its lock "
+                                             "could not be taken (process 0 names it)")
+        if refusal is not None:
+            raise refusal
         yield
     finally:
         lock.release()
