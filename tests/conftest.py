@@ -1,23 +1,28 @@
-"""Shared fixtures (a tiny config, small token batches, one trained run) and the suite's compilation cache.
+"""Shared fixtures (a tiny config, small token batches, trained runs) and the suite's compilation settings.
 
 The suite runs on every core (`make test`: pytest-xdist, `-n auto`); the processes of one run, and the
 train.py/eval.py subprocesses they start, share one persistent JAX compilation cache in a temporary directory
 made for that run and removed after it ($TRANSFORMER_JAX_TEST_CACHE, handed to JAX as
-$JAX_COMPILATION_CACHE_DIR): a program two tests compile alike is compiled once. Tests that open a port take a
-free one (runs.free_port); tests that write take their own tmp_path, so the workers never share a directory.
+$JAX_COMPILATION_CACHE_DIR), every program in it however small: a program two tests compile alike is compiled
+once. XLA:CPU compiles without LLVM's optimisation passes (runs.CPU_COMPILE_FLAGS: about 40% less compile time).
+The trained tiny runs (trained_run, script_trained_run) are made once per test run, by whichever worker asks first,
+and copied for each worker (made_once). Tests that open a port take a free one (runs.free_port); tests that write
+take their own tmp_path, so the workers never share a directory.
 
 The slowest tests, and why (2 cores, 2 workers, 2026-11-28; `.ci/run` prints the current 25 slowest on every run):
-- the pages' TPU preflights (tests/test_recipes.py, 121-157 s each): the base and big models compiled for
-  v5e-256 and v5p:4x4x8 through libtpu (a smaller topology compiles no faster: the big model on v5p:2x2x2 took
-  as long as on 4x4x8);
-- the README's back-translation and own-text recipes (tests/test_readme.py, 101-135 s): each command as written,
-  train.py and eval.py in fresh processes;
-- the multi-process runs (tests/run/test_multiprocess.py, 83-125 s; tests/run/test_preemption.py, 76 s): each
-  launch starts JAX in 1-2 fresh processes that join a jax.distributed cluster and compile the tiny run;
-- resumable bulk translation killed at random points (tests/evaluation/test_corpus_translation.py, 59-114 s);
-- the mesh equality test (tests/base/test_sharding.py, 109 s): train steps compiled for 8 CPU devices;
-- the base install and the wheel (tests/test_base_install.py, tests/test_wheel.py, 53-55 s): a fresh virtualenv
-  each.
+- the README's back-translation and own-text recipes (tests/test_readme.py, 90-120 s): each command as written,
+  train.py and eval.py in fresh processes; the own-text run trains its 38 updates with XLA's optimised code;
+- the README's pod preflight (tests/test_recipes.py, about 90 s): the base model compiled for v5e-256 through
+  libtpu (the train step alone about 45 s; libtpu's compile does not shrink with the topology); the big model's
+  preflight compiles one layer per stack (about 50 s);
+- the multi-process runs (tests/run/test_multiprocess.py, 30-95 s; tests/run/test_preemption.py, 55 s): each
+  launch starts JAX in 1-2 fresh processes that join a jax.distributed cluster and each compile the tiny run;
+- the 8-device scripts (tests/evaluation/test_split_evaluation.py, 70 s; tests/base/test_sharding.py, 35 s): train,
+  loss and search programs compiled for several meshes;
+- the damaged-run catalogue (tests/cli/test_damaged_runs.py, 45-65 s): 27 command lines in one process, most of
+  which resume and finish the tiny run;
+- the base install (tests/test_base_install.py, 40-50 s): a fresh virtualenv;
+- resumable bulk translation killed at random points (tests/evaluation/test_corpus_translation.py, 30-45 s).
 """
 
 from __future__ import annotations
@@ -185,3 +190,18 @@ def script_trained_run(tmp_path_factory, worker_id) -> dict:
     directory = made_once(tmp_path_factory, worker_id, "script_trained", _train_with_train_py)
     printed = json.loads((directory / "result.json").read_text())
     return {"config": write_config(directory), "workdir": directory / "run", **printed}
+
+
+# Modules that take minutes, run first: xdist hands each worker a block of tests in collection order and an idle
+# worker takes half of another's remaining ones, so long tests collected last would leave one core waiting at the
+# end. Whole modules move, in this order, keeping their module-scoped fixtures made once per worker.
+SLOW_MODULES = ("test_readme.py", "test_recipes.py", "run/test_multiprocess.py", "evaluation/test_split_evaluation.py",
+                "run/test_preemption.py", "cli/test_damaged_runs.py", "test_base_install.py")
+
+
+def pytest_collection_modifyitems(items: list) -> None:
+    def rank(item) -> int:
+        path = item.path.as_posix()
+        return next((i for i, module in enumerate(SLOW_MODULES) if path.endswith(f"tests/{module}")), len(SLOW_MODULES))
+
+    items.sort(key=rank)  # stable: the order within a module, and of every other module, stays
