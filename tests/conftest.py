@@ -41,9 +41,9 @@ if "TRANSFORMER_JAX_TEST_CACHE" not in os.environ:
     os.environ["TRANSFORMER_JAX_TEST_CACHE"] = tempfile.mkdtemp(prefix="transformer_jax_test_cache_")
     atexit.register(shutil.rmtree, os.environ["TRANSFORMER_JAX_TEST_CACHE"], True)
 os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["TRANSFORMER_JAX_TEST_CACHE"]
-# Every program is cached, however small or quick to compile (JAX's defaults skip those under 1 s), in this process and
-# in every process a test starts, however it builds the environment: a tiny run's programs mostly compile in under
-# a second, and a cache hit reads them in a few milliseconds (an eval.py launch: 0.85 s less CPU).
+# Every program is cached, however small or quick to compile (JAX's defaults skip those under 1 s), in every process a
+# test starts, however it builds the environment: a tiny run's programs mostly compile in under a second, and a cache
+# hit reads them in a few milliseconds (an eval.py launch: 0.85 s less CPU).
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 # Also before JAX starts: XLA:CPU compiles without LLVM's optimisation passes (runs.CPU_COMPILE_FLAGS says why).
@@ -53,12 +53,17 @@ if CPU_COMPILE_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{CPU_COMPILE_FLAGS} {os.environ.get('XLA_FLAGS', '')}".strip()
 
 import jax  # noqa: E402 - after the cache's directory is set
+
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 from runs import tiny_run_config  # noqa: E402
 from transformer_jax import TransformerConfig  # noqa: E402
+
+# This process (a worker) compiles mostly programs no other test compiles alike: it caches only those that take over
+# a second, as JAX does by default (writing every small one cost the in-process tests ~10% more CPU).
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 # The float32 references here hold to float32 rounding. On NVIDIA GPUs XLA runs float32 dots as TF32 unless asked
 # (about 1e-3 relative error: seven attention tests failed on an H100 for it), so a GPU run asks for full float32.
@@ -191,17 +196,3 @@ def script_trained_run(tmp_path_factory, worker_id) -> dict:
     printed = json.loads((directory / "result.json").read_text())
     return {"config": write_config(directory), "workdir": directory / "run", **printed}
 
-
-# Modules that take minutes, run first: xdist hands each worker a block of tests in collection order and an idle
-# worker takes half of another's remaining ones, so long tests collected last would leave one core waiting at the
-# end. Whole modules move, in this order, keeping their module-scoped fixtures made once per worker.
-SLOW_MODULES = ("test_readme.py", "test_recipes.py", "run/test_multiprocess.py", "evaluation/test_split_evaluation.py",
-                "run/test_preemption.py", "cli/test_damaged_runs.py", "test_base_install.py")
-
-
-def pytest_collection_modifyitems(items: list) -> None:
-    def rank(item) -> int:
-        path = item.path.as_posix()
-        return next((i for i, module in enumerate(SLOW_MODULES) if path.endswith(f"tests/{module}")), len(SLOW_MODULES))
-
-    items.sort(key=rank)  # stable: the order within a module, and of every other module, stays
