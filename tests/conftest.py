@@ -10,19 +10,19 @@ and copied for each worker (made_once). Tests that open a port take a free one (
 take their own tmp_path, so the workers never share a directory.
 
 The slowest tests, and why (2 cores, 2 workers, 2026-11-28; `.ci/run` prints the current 25 slowest on every run):
-- the README's back-translation and own-text recipes (tests/test_readme.py, 90-120 s): each command as written,
+- the README's back-translation and own-text recipes (tests/test_readme.py, 90-130 s): each command as written,
   train.py and eval.py in fresh processes; the own-text run trains its 38 updates with XLA's optimised code;
-- the README's pod preflight (tests/test_recipes.py, about 90 s): the base model compiled for v5e-256 through
+- the README's pod preflight (tests/test_recipes.py, 90-105 s): the base model compiled for v5e-256 through
   libtpu (the train step alone about 45 s; libtpu's compile does not shrink with the topology); the big model's
-  preflight compiles one layer per stack (about 50 s);
-- the multi-process runs (tests/run/test_multiprocess.py, 30-95 s; tests/run/test_preemption.py, 55 s): each
+  preflight compiles one layer per stack (50-60 s);
+- the multi-process runs (tests/run/test_multiprocess.py, 30-105 s; tests/run/test_preemption.py, 55-65 s): each
   launch starts JAX in 1-2 fresh processes that join a jax.distributed cluster and each compile the tiny run;
 - the 8-device scripts (tests/evaluation/test_split_evaluation.py, 70 s; tests/base/test_sharding.py, 35 s): train,
   loss and search programs compiled for several meshes;
 - the damaged-run catalogue (tests/cli/test_damaged_runs.py, 45-65 s): 27 command lines in one process, most of
   which resume and finish the tiny run;
-- the base install (tests/test_base_install.py, 40-50 s): a fresh virtualenv;
-- resumable bulk translation killed at random points (tests/evaluation/test_corpus_translation.py, 30-45 s).
+- the base install (tests/test_base_install.py, 40-55 s): a fresh virtualenv;
+- resumable bulk translation killed at random points (tests/evaluation/test_corpus_translation.py, 30-55 s).
 """
 
 from __future__ import annotations
@@ -53,7 +53,6 @@ if CPU_COMPILE_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{CPU_COMPILE_FLAGS} {os.environ.get('XLA_FLAGS', '')}".strip()
 
 import jax  # noqa: E402 - after the cache's directory is set
-
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
