@@ -3,8 +3,8 @@
 The suite runs on every core (`make test`: pytest-xdist, `-n auto`); the processes of one run, and the
 train.py/eval.py subprocesses they start, share one persistent JAX compilation cache in a temporary directory
 made for that run and removed after it ($TRANSFORMER_JAX_TEST_CACHE, handed to JAX as
-$JAX_COMPILATION_CACHE_DIR), every program in it however small: a program two tests compile alike is compiled
-once. XLA:CPU compiles without LLVM's optimisation passes (runs.CPU_COMPILE_FLAGS: about 40% less compile time).
+$JAX_COMPILATION_CACHE_DIR): a program two tests compile alike is compiled once (the processes tests start cache
+every program, however small; the workers, as JAX does, those taking over a second). XLA:CPU compiles without LLVM's optimisation passes (runs.CPU_COMPILE_FLAGS: about 40% less compile time).
 The trained tiny runs (trained_run, script_trained_run) are made once per test run, by whichever worker asks first,
 and copied for each worker (made_once). Tests that open a port take a free one (runs.free_port); tests that write
 take their own tmp_path, so the workers never share a directory.
@@ -47,7 +47,7 @@ os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["TRANSFORMER_JAX_TEST_CACHE
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 # Also before JAX starts: XLA:CPU compiles without LLVM's optimisation passes (runs.CPU_COMPILE_FLAGS says why).
-from runs import CPU_COMPILE_FLAGS  # noqa: E402
+from runs import CPU_COMPILE_FLAGS, tiny_run_config  # noqa: E402
 
 if CPU_COMPILE_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{CPU_COMPILE_FLAGS} {os.environ.get('XLA_FLAGS', '')}".strip()
@@ -57,7 +57,6 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from runs import tiny_run_config  # noqa: E402
 from transformer_jax import TransformerConfig  # noqa: E402
 
 # This process (a worker) compiles mostly programs no other test compiles alike: it caches only those that take over
