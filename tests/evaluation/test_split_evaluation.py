@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent(
     from transformer_jax.evaluation.translate_split import replicate, translate_encoded
     from transformer_jax.base.sharding import batch_sharding, init_sharded, make_mesh
     from transformer_jax.training.state import create_train_state
-    from transformer_jax.training.step import eval_step
+    from transformer_jax.run.programs import dev_loss_step
 
     CONFIG = TransformerConfig.preset("tiny", vocab_size=50, max_len=32, norm_position="pre",
                                       positional_encoding="learned", tie_output_embedding=False)
@@ -68,7 +68,7 @@ SCRIPT = textwrap.dedent(
         mesh = make_mesh(data, fsdp, devices)
         state, shardings = init_sharded(lambda: create_train_state(MODEL, optax.sgd(0.1), seed=0), mesh)
         params = jax.jit(vary, out_shardings=shardings.params)(state.params)
-        return mesh, params, jax.jit(lambda p, b: eval_step(p, MODEL.apply, b, 0.1))
+        return mesh, params, dev_loss_step(CONFIG, 0.1, mesh)
 
     def loss_sums(step, params, mesh):
         batch_sums = []
@@ -77,7 +77,7 @@ SCRIPT = textwrap.dedent(
             return batch_sums[-1]
         figures = evaluate_loss(recording, params, CORPUS, BATCH, mesh)
         return {"figures": figures, "batches": len(batch_sums),
-                "sums": {k: sum(float(s[k]) for s in jax.device_get(batch_sums)) for k in batch_sums[0]}}
+                "sums": {k: sum(float(np.sum(s[k])) for s in jax.device_get(batch_sums)) for k in batch_sums[0]}}
 
     def flops(step, params, mesh):
         batch = eval_batches(CORPUS, BATCH, row_multiple=1 if mesh is None else mesh.size)[0]

@@ -73,7 +73,8 @@ def test_dev_loss_is_the_same_packed_as_in_the_padded_rows_of_before():
     assert {b["inputs"].shape[1] for b in packed} == {16}  # the split's longest pair (14) rounded up to 8
     padded = [{k: v for k, v in b.items() if k != "index"} for b in eval_batches(split, 32)]
     assert sum(b["inputs"].size for b in packed) < 0.6 * sum(b["inputs"].size for b in padded)
-    sums = {key: sum(float(step(params, b)[key]) for b in padded) for key in ("loss", "nll", "correct", "tokens")}
+    sums = {key: sum(float(np.sum(step(params, b)[key])) for b in padded)  # each batch's sums per row
+            for key in ("loss", "nll", "correct", "tokens")}
     tokens = sums["tokens"]
     new = evaluate_loss(step, params, split, 32, row_width=max_length)
     assert tokens == sum(int(n) for n in split.target.lengths)
@@ -83,5 +84,5 @@ def test_dev_loss_is_the_same_packed_as_in_the_padded_rows_of_before():
     # The check can fail: the same packed rows without segment ids and positions (pairs attending to each
     # other, positions running on across pairs) give another loss.
     leaky = [{k: v for k, v in b.items() if not k.endswith(("_segmentation", "_position"))} for b in packed]
-    leaky_nll = sum(float(step(params, b)["nll"]) for b in leaky) / tokens
+    leaky_nll = sum(float(np.sum(step(params, b)["nll"])) for b in leaky) / tokens
     assert abs(leaky_nll - new["nll"]) > 1e-3 * new["nll"]

@@ -222,7 +222,7 @@ def evaluate_checkpoint(run: Run, spec: str, split: str, options: DecodeOptions,
     layout.check_layout(run.workdir, [layout.EVAL])
     steps = select_steps(run.checkpointer, spec, run.config.eval.average_last)
     platform = mesh_platform(mesh) if mesh is not None else jax.default_backend()
-    loss_step = dev_loss_step(run.model_config.runnable_on(platform), run.config.training.label_smoothing)
+    loss_step = dev_loss_step(run.model_config.runnable_on(platform), run.config.training.label_smoothing, mesh)
     params = checkpoint_params(run, steps)
     pairs = run_split(run.config, run.workdir, split)
     scores, hypotheses = evaluate_split(

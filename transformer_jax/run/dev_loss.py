@@ -58,8 +58,9 @@ def evaluate_loss(step_fn: Callable, params: Any, split: EncodedPairs, batch_siz
                   mesh: Mesh | None = None, row_width: int | None = None) -> dict[str, float]:
     """Token-weighted loss, NLL, perplexity and accuracy of `params` over every pair of `split`.
 
-    `step_fn(params, batch)` returns a batch's summed metrics. The pairs are packed into batches of
-    `batch_size` rows as wide as the split needs (`loss_batches`; `row_width`: the training row width).
+    `step_fn(params, batch)` returns a batch's metrics summed per row (training/step.py's eval_step) or in all.
+    The pairs are packed into batches of `batch_size` rows as wide as the split needs (`loss_batches`;
+    `row_width`: the training row width).
     With `mesh`, each batch's rows (padded to a multiple of the mesh size with all-PAD rows, which
     weigh nothing) are split over its batch axes, so each device computes different rows; `params`
     must be laid out on the same mesh.
@@ -69,10 +70,11 @@ def evaluate_loss(step_fn: Callable, params: Any, split: EncodedPairs, batch_siz
     for batch in loss_batches(split, batch_size, row_width, row_multiple):
         # Dispatched without waiting: the next batch is prepared while the devices compute this one.
         batch_sums.append(step_fn(params, batch if mesh is None else place_rows(batch, mesh)))
+    # Each batch's sums per row (or one sum), added on the host in float64 in row order: the same totals on any mesh.
     totals: dict[str, float] = {}
     for sums in jax.device_get(batch_sums):
         for key, value in sums.items():
-            totals[key] = totals.get(key, 0.0) + float(value)
+            totals[key] = totals.get(key, 0.0) + float(np.sum(np.asarray(value, np.float64)))
     tokens = max(totals.get("tokens", 0.0), 1.0)
     nll = totals.get("nll", 0.0) / tokens
     return {

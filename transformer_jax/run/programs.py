@@ -99,7 +99,7 @@ class RunPrograms:
     micro_gradients: Callable  # (state, batch, micro_step) -> (grad sums, metric sums)
     apply_gradients: Callable  # (state, grad sums, metric sums) -> (state, metrics); donates the state
     add_trees: Callable  # (a, b) -> a + b; donates a
-    dev_loss_step: Callable  # (params, packed batch split over the batch axes) -> metric sums
+    dev_loss_step: Callable  # (params, packed batch split over the batch axes) -> metric sums per row
 
     def _require_shapes(self) -> None:
         if self.shapes is None:
@@ -234,15 +234,17 @@ class RunPrograms:
 
 
 @functools.lru_cache(maxsize=8)
-def dev_loss_step(model_config: TransformerConfig, smoothing: float) -> Callable:
-    """The jitted dev-loss step `(params, packed batch) -> metric sums` of a model, one per (model, smoothing).
+def dev_loss_step(model_config: TransformerConfig, smoothing: float, mesh: Mesh | None = None) -> Callable:
+    """The jitted dev-loss step `(params, packed batch) -> metric sums per row`, one per (model, smoothing, mesh).
 
     Laid out by its arguments: params with the state's shardings and a batch split over the batch axes
-    (evaluate_loss with the mesh) make each device compute its own rows, the sums added across devices.
-    No in_shardings, so whole NumPy batches on one device work too.
+    (evaluate_loss with the mesh) make each device compute its own rows. No in_shardings, so whole NumPy
+    batches on one device work too. With `mesh`, every process gets every row's sums (an all-gather, which adds
+    nothing: evaluate_loss adds the rows in order, so the totals do not depend on the mesh).
     """
     apply = Transformer(model_config).apply
-    return jax.jit(lambda params, batch: eval_step(params, apply, batch, smoothing))
+    replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
+    return jax.jit(lambda params, batch: eval_step(params, apply, batch, smoothing), out_shardings=replicated)
 
 
 STATE_FIX = "lower the model's sizes, or shard the state over more devices with --config.mesh.fsdp"
@@ -308,7 +310,7 @@ def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
                                 in_shardings=(shardings, shardings.params, None),
                                 out_shardings=(shardings, None), donate_argnums=0),
         add_trees=jax.jit(add_trees, donate_argnums=0),
-        dev_loss_step=dev_loss_step(model_config, smoothing),
+        dev_loss_step=dev_loss_step(model_config, smoothing, mesh),
     )
 
 

@@ -27,6 +27,30 @@ def _model_inputs(batch: Batch) -> dict[str, jax.Array | None]:
     )
 
 
+def _token_metrics(logits_BxTxV: jax.Array, targets_BxT: jax.Array, smoothing: float) -> Metrics:
+    """Per-token [B, T] label-smoothed loss, NLL, correct token and non-pad weight (padding weighs 0)."""
+    loss_BxT, nll_BxT = label_smoothed_cross_entropy(logits_BxTxV, targets_BxT, smoothing)
+    weights_BxT = (targets_BxT != PAD_ID).astype(jnp.float32)
+    # "Correct" = the reference has the highest logit (ties count as correct). A max is one vectorized
+    # pass over the logits; XLA's argmax (a variadic reduce) is several times slower on CPU.
+    logits_BxTxV = jax.lax.stop_gradient(logits_BxTxV)
+    reference_BxT = jnp.take_along_axis(logits_BxTxV, targets_BxT[..., None], -1)[..., 0]
+    correct_BxT = (reference_BxT >= logits_BxTxV.max(-1)).astype(jnp.float32)
+    return {"loss": loss_BxT * weights_BxT, "nll": nll_BxT * weights_BxT, "correct": correct_BxT * weights_BxT,
+            "tokens": weights_BxT}
+
+
+def _outputs(params: Any, apply_fn: Callable, batch: Batch, dropout_key: jax.Array | None,
+             hidden_only: bool = False) -> jax.Array:
+    """The model's logits of `batch` (or the decoder's hidden states when `hidden_only`); dropout with a key."""
+    deterministic = dropout_key is None
+    return apply_fn(
+        {"params": params}, batch["inputs"], batch["target_inputs"], **_model_inputs(batch),
+        deterministic=deterministic, rngs=None if deterministic else {"dropout": dropout_key},
+        **({"hidden_only": True} if hidden_only else {}),
+    )
+
+
 def loss_sums(
     params: Any, apply_fn: Callable, batch: Batch, smoothing: float, dropout_key: jax.Array | None,
     projected: ProjectedLoss | None = None,
@@ -36,29 +60,11 @@ def loss_sums(
     With `projected`, the pre-softmax projection and the loss are formed a chunk of tokens at a time
     (training/loss.py's `projected_cross_entropy_sums`: no float32 logits of the whole batch).
     """
-    deterministic = dropout_key is None
-    rngs = None if deterministic else {"dropout": dropout_key}
-    outputs = apply_fn(
-        {"params": params}, batch["inputs"], batch["target_inputs"], **_model_inputs(batch),
-        deterministic=deterministic, rngs=rngs, **({"hidden_only": True} if projected is not None else {}),
-    )
+    outputs = _outputs(params, apply_fn, batch, dropout_key, hidden_only=projected is not None)
     if projected is not None:
         sums = projected.sums(params, outputs, batch["targets"], smoothing)
         return sums["loss"], sums
-    logits_BxTxV = outputs
-    loss_BxT, nll_BxT = label_smoothed_cross_entropy(logits_BxTxV, batch["targets"], smoothing)
-    weights_BxT = (batch["targets"] != PAD_ID).astype(jnp.float32)
-    # "Correct" = the reference has the highest logit (ties count as correct). A max is one vectorized
-    # pass over the logits; XLA's argmax (a variadic reduce) is several times slower on CPU.
-    logits_BxTxV = jax.lax.stop_gradient(logits_BxTxV)
-    reference_BxT = jnp.take_along_axis(logits_BxTxV, batch["targets"][..., None], -1)[..., 0]
-    correct_BxT = (reference_BxT >= logits_BxTxV.max(-1)).astype(jnp.float32)
-    sums = {
-        "loss": (loss_BxT * weights_BxT).sum(),
-        "nll": (nll_BxT * weights_BxT).sum(),
-        "correct": (correct_BxT * weights_BxT).sum(),
-        "tokens": weights_BxT.sum(),
-    }
+    sums = {key: value.sum() for key, value in _token_metrics(outputs, batch["targets"], smoothing).items()}
     return sums["loss"], sums
 
 
@@ -167,9 +173,14 @@ def train_step(state: TrainState, batch: Batch, smoothing: float, projected: Pro
 
 
 def eval_step(params: Any, apply_fn: Callable, batch: Batch, smoothing: float) -> Metrics:
-    """Summed loss, NLL, correct-token and token counts of one batch, without dropout."""
-    _, sums = loss_sums(params, apply_fn, batch, smoothing, None)
-    return sums
+    """Loss, NLL, correct-token and token counts of each row of one batch ([rows] sums), without dropout.
+
+    Summed over each row's tokens, not over the rows: the caller adds the rows up in a fixed order, so a split's
+    totals are the same however its rows were spread over devices and processes (a cross-device sum adds in the
+    order of its collective, which differs between one process of 4 devices and 2 of 2).
+    """
+    metrics = _token_metrics(_outputs(params, apply_fn, batch, None), batch["targets"], smoothing)
+    return {key: value.sum(-1) for key, value in metrics.items()}
 
 
 def add_trees(a: Any, b: Any) -> Any:
