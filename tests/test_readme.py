@@ -257,14 +257,14 @@ def test_the_own_text_lines_train_and_evaluate_on_files_as_written(tmp_path):
     assert len(lines) == 2 and lines[0].startswith("python train.py") and lines[1].startswith("python eval.py")
     corpus = tmp_path / "my_corpus"
     corpus.mkdir()
-    pairs = generate_pairs(180, seed=5)
-    for split, part in (("train", pairs[:150]), ("valid", pairs[150:])):
+    pairs = generate_pairs(92, seed=5)  # the smallest tier's fewest updates (20; this corpus gets 21)
+    for split, part in (("train", pairs[:80]), ("valid", pairs[80:])):
         for side, lang in enumerate(("en", "de")):
             (corpus / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in part), encoding="utf-8")
     for name in ("train.py", "eval.py", "configs"):  # the commands run from a checkout: these beside my_corpus
         (tmp_path / name).symlink_to(ROOT / name)
-    # 38 updates of 4,096-token batches and a beam search: XLA:CPU's optimised code pays for its longer compile here
-    # (about 70 s with the suite's unoptimised compiles, 50 s with XLA's default).
+    # 21 updates of 4,096-token batches and a beam search: XLA:CPU's optimised code pays for its longer compile here
+    # (the training alone: 80 s with XLA's default, 97 s with the suite's unoptimised compiles; 2 cores, 2026-12-01).
     env = script_env(XLA_FLAGS="--xla_force_host_platform_device_count=1")
     results = [subprocess.run([sys.executable, *line.split()[1:]], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=600) for line in lines]
@@ -301,8 +301,8 @@ def test_the_run_from_python_example_trains_the_smoke_run(tmp_path, monkeypatch,
 
 def test_the_back_translation_recipe_runs_in_its_order(tmp_path):
     """docs/back_translation.md's lines on a tiny corpus (`transformer-jax` as this checkout's
-    `python -m transformer_jax`, each training capped at a few steps): each runs, and the union holds the real pairs
-    and the tagged synthetic ones. No BLEU claim."""
+    `python -m transformer_jax`, each training capped at a few steps of 1,024-token batches): each runs, and the
+    union holds the real pairs and the tagged synthetic ones. No BLEU claim."""
     import subprocess
     import sys
 
@@ -312,7 +312,7 @@ def test_the_back_translation_recipe_runs_in_its_order(tmp_path):
     path, block = marked_block("back-translation", "bash")
     assert path.name == "back_translation.md"
     lines = [line for line in block.splitlines() if line.strip()]
-    pairs = generate_pairs(200, seed=7)
+    pairs = generate_pairs(180, seed=7)
     (tmp_path / "my_corpus").mkdir()
     for split, part in (("train", pairs[:120]), ("valid", pairs[120:140])):
         for side, lang in enumerate(("en", "de")):
@@ -321,11 +321,12 @@ def test_the_back_translation_recipe_runs_in_its_order(tmp_path):
     for line in lines:
         command = line.replace("transformer-jax ", f"{sys.executable} -m transformer_jax ")
         if " train " in command:
-            command += " --config.training.num_train_steps=6 --config.training.warmup_steps=3"
+            command += (" --config.training.num_train_steps=6 --config.training.warmup_steps=3"
+                        " --config.data.tokens_per_batch=1024")
         done = subprocess.run(command, shell=True, cwd=tmp_path, env=script_env(), capture_output=True, text=True,
                               timeout=600)
         assert done.returncode == 0, f"{line}\n{done.stderr[-3000:]}"
     union = (tmp_path / "union" / "train.en").read_text().splitlines()
-    assert len(union) == 120 + 60 == len((tmp_path / "union" / "train.de").read_text().splitlines())
+    assert len(union) == 120 + 40 == len((tmp_path / "union" / "train.de").read_text().splitlines())
     assert all(line.startswith("<BT> ") for line in union[120:]) and not union[0].startswith("<BT>")
     assert "SacreBLEU" in done.stdout  # the last line scored the forward model

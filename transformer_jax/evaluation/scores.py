@@ -12,7 +12,6 @@ import re
 from typing import Sequence
 
 import sacrebleu
-from sacremoses import MosesTokenizer
 
 _COMPOUND = re.compile(r"(\S)-(\S)")
 
@@ -43,6 +42,10 @@ def tokenized_compound_split_bleu(
     hypotheses: Sequence[str], references: Sequence[str], language: str = "de"
 ) -> float:
     """The paper's tokenized BLEU (Moses tokenizer, compound splitting); for comparison with the paper only."""
+    # Imported here: sacremoses compiles its patterns on import (0.6 s), which a command that only translates,
+    # or stops before scoring, need not pay.
+    from sacremoses import MosesTokenizer
+
     tokenizer = MosesTokenizer(lang=language)
 
     def prepare(text: str) -> str:
