@@ -73,7 +73,7 @@ ROWS = [
      ["corpus/manifest.json is a directory, but a prepared corpus keeps a file of that name", "move it away",
       "the corpus is prepared again if its manifest.json is missing"]),
     ("run.lock is a directory", lambda w: (w / "run.lock").mkdir(),
-     ["/run.lock is not a file, but a run keeps its lock in a file of that name", "move it away"]),
+     ["/run.lock is not a file, but a job keeps its lock in a file of that name", "move it away"]),
     ("garbage appended to timing.jsonl", lambda w: append(w / "timing.jsonl", GARBAGE),
      ["timing.jsonl is damaged: line", "is not a JSON record (byte 0xff", "delete that line"]),
     # The dev and test splits are checked when the run starts, not when they are first translated or scored.

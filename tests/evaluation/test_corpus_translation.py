@@ -136,7 +136,8 @@ def test_bad_input_is_one_line_and_nothing_is_overwritten(trained_run, tmp_path)
     for (_, fragments), result in zip(rows, results):
         assert_one_line_error(result, *fragments)
     assert (theirs / "mono.en.de").read_text() == "someone's file\n" and os.listdir(theirs) == ["mono.en.de"]
-    assert not (tmp_path / "out" / "bad.en.de").exists()  # the two good lines are kept as a shard, not an output
+    # The failed first attempt wrote no output and no parts folder that would pin its settings for the next.
+    assert not (tmp_path / "out" / "bad.en.de").exists() and not (tmp_path / "out" / "bad.en.de.parts").exists()
 
 
 def test_a_finished_output_is_kept_and_other_settings_are_refused(trained_run, tmp_path):
@@ -187,3 +188,181 @@ def test_a_glob_in_a_bucket_is_translated_into_the_bucket_and_resumed(trained_ru
         for name in ("part0.en.de", "part1.en.de"):
             output = bucket.cat_file(f"{root}/resumed/{name}")
             assert output == bucket.cat_file(f"{root}/whole/{name}") and output.count(b"\n") > 3 * SHARD_LINES - 1
+
+
+class Stopped(Exception):
+    """A stop in the middle of a job (as SIGKILL leaves it: the shards written so far)."""
+
+
+class StoppingTranslator:
+    """A Translator that stops the job after `shards` translate calls (None: never)."""
+
+    def __init__(self, translator, shards: int | None):
+        self.translator, self.left = translator, shards
+
+    def __getattr__(self, name):
+        return getattr(self.translator, name)
+
+    def translate(self, lines, **search):
+        if self.left is not None:
+            if self.left == 0:
+                raise Stopped
+            self.left -= 1
+        return self.translator.translate(lines, **search)
+
+
+def edit_input(rng: random.Random, path: pathlib.Path, other: pathlib.Path) -> str:
+    """One random edit of the input file between attempts; returns what it did."""
+    lines = path.read_text().splitlines()
+    kind = rng.choice(["change", "insert", "delete", "append", "swap", "none"])
+    at = rng.randrange(len(lines))
+    if kind == "change":
+        lines[at] = lines[at] + " big"
+    elif kind == "insert":
+        lines.insert(at, "the red dog")
+    elif kind == "delete":
+        del lines[at]
+    elif kind == "append":
+        lines.append("a small cat")
+    elif kind == "swap":  # another file of the same name in its place
+        lines = other.read_text().splitlines()
+    path.write_text("".join(line + "\n" for line in lines))
+    return f"{kind} at {at}"
+
+
+def damage_parts(rng: random.Random, parts: pathlib.Path) -> str:
+    """One random damage to a parts folder's shard files; returns what it did."""
+    files = sorted(parts.glob("0*")) if parts.is_dir() else []
+    if not files:
+        return "no parts"
+    victim = rng.choice(files)
+    kind = rng.choice(["truncate", "delete", "garbage", "empty", "none"])
+    if kind == "truncate":
+        victim.write_bytes(victim.read_bytes()[: len(victim.read_bytes()) // 2])
+    elif kind == "delete":
+        victim.unlink()
+    elif kind == "garbage":
+        victim.write_bytes(victim.read_bytes() + b"spam\n")
+    elif kind == "empty":
+        victim.write_bytes(b"")
+    return f"{kind} {victim.name}"
+
+
+def test_any_edit_of_the_input_or_damage_to_the_parts_ends_in_a_clean_jobs_output_or_a_refusal(trained_run, tmp_path):
+    """Property: a job stopped after some shards, its input then edited at random (a line changed, inserted, deleted
+    or appended; another file of the same name) and its parts damaged at random (a shard file cut, removed, added to
+    or emptied), then run again, ends with the bytes of a clean job on the input as it now is; or, where the first
+    attempt had finished, the output is refused as no longer its input's, and nothing of the user's changes."""
+    from transformer_jax.errors import ConfigError
+    from transformer_jax.evaluation import Translator
+    from transformer_jax.evaluation.corpus_translation import plan_files, translate_corpus
+
+    seed = random.randrange(1 << 30)
+    rng = random.Random(seed)
+    search = {"mode": "sample", "top_k": 5, "seed": 1}
+    settings = {"job": "property", "search": search}
+    with Translator(str(trained_run["workdir"])) as translator:
+        def job(inputs: pathlib.Path, out: pathlib.Path, stop_after: int | None = None) -> list[dict]:
+            files = plan_files([str(inputs)], str(out), "de")
+            return translate_corpus(StoppingTranslator(translator, stop_after), files, settings, search,
+                                    shard_lines=16, say=lambda line: None)
+
+        other = write_corpus(tmp_path / "other.en", 48, seed=99)
+        for trial in range(6):
+            work = tmp_path / f"trial{trial}"
+            work.mkdir()
+            # Whole shards of 16 lines before the edit: the search compiles few shapes (rows of 16, 15 or 1).
+            mono = write_corpus(work / "mono.en", 16 * rng.randint(2, 5), seed=trial)
+            out, parts = work / "out", work / "out" / "mono.en.de.parts"
+            stop_after = rng.choice([0, 1, 2, 3, None])  # shards before the stop (None: none)
+            completed = True
+            try:
+                job(mono, out, stop_after)
+            except Stopped:
+                completed = False
+                assert stop_after == 0 or parts.is_dir()
+                if stop_after == 0:  # stopped before its first shard: it left nothing to pin its settings
+                    assert not out.exists() or not os.listdir(out), f"seed {seed}, trial {trial}"
+            edit, damage = edit_input(rng, mono, other), damage_parts(rng, parts)
+            first = "finished" if completed else f"stopped after {stop_after}"
+            what = f"seed {seed}, trial {trial}: {first}, {edit}, {damage}"
+            kept = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} if out.is_dir() else {}
+            try:
+                job(mono, out)
+            except ConfigError as error:
+                assert completed and edit.split()[0] != "none", f"{what}: refused ({error})"
+                assert "changed since" in str(error), what
+                assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == kept, what
+                continue
+            assert not (completed and edit.split()[0] != "none"), f"{what}: kept a finished output of a changed input"
+            job(mono, work / "clean")
+            assert (out / "mono.en.de").read_bytes() == (work / "clean" / "mono.en.de").read_bytes(), what
+            assert (out / "mono.en.de").read_bytes().count(b"\n") == len(mono.read_text().splitlines()), what
+            assert not parts.exists(), what
+
+        # A finished output cut by hand is not taken for its input's translation either.
+        mono = write_corpus(tmp_path / "finished.en", 16)
+        job(mono, tmp_path / "finished")
+        output = tmp_path / "finished" / "finished.en.de"
+        cut = output.read_bytes()[:-7]
+        output.write_bytes(cut)
+        with pytest.raises(ConfigError, match="is not the text its .json records"):
+            job(mono, tmp_path / "finished")
+        assert output.read_bytes() == cut
+
+
+def test_the_model_is_named_by_its_parameters_and_tokenizer(trained_run):
+    """A job's settings name the model that translates: the same run gives the same name, a changed parameter
+    another (so a checkpoint replaced between attempts is refused like any other change of settings)."""
+    import jax
+
+    from transformer_jax.evaluation import Translator
+
+    with Translator(str(trained_run["workdir"])) as first, Translator(str(trained_run["workdir"])) as second:
+        assert first.fingerprint() == second.fingerprint()
+        second.params = jax.tree.map(lambda x: x * 1.001, second.params)
+        assert first.fingerprint() != second.fingerprint()
+
+
+def test_what_is_not_the_jobs_is_refused_in_one_line_and_left_as_it_is(trained_run, tmp_path):
+    """A folder or file where the parts go, an --output_dir that is a file, a suffix with a /, an output another job
+    claims: one line each, and nothing there is read, changed or removed."""
+    from transformer_jax.cli.lock import Claim
+
+    workdir = trained_run["workdir"]
+    mono = write_corpus(tmp_path / "mono.en", 5)
+    theirs = tmp_path / "theirs"
+    (theirs / "mono.en.de.parts").mkdir(parents=True)
+    (theirs / "mono.en.de.parts" / "notes.txt").write_text("mine\n")
+    a_file = tmp_path / "a_file"
+    (a_file / "mono.en.de.parts").parent.mkdir()
+    (a_file / "mono.en.de.parts").write_text("mine too\n")
+    plain = tmp_path / "plain.txt"
+    plain.write_text("not a directory\n")
+    claimed = tmp_path / "claimed"
+    claim = Claim(str(claimed / "mono.en.de.lock"), str(claimed / "mono.en.de"), "translate-corpus job",
+                  "--output_dir")
+    claim.acquire(heartbeat=False)  # this test's process: alive, so the claim holds
+    try:
+        rows = [
+            ([f"--output_dir={theirs}"], ["mono.en.de.parts exists but is not a translate-corpus parts folder",
+                                           "nothing in it is read or removed"]),
+            ([f"--output_dir={a_file}"], ["mono.en.de.parts exists but is not a translate-corpus parts folder"]),
+            ([f"--output_dir={plain}"], ["is a file; pass a directory"]),
+            ([f"--output_dir={tmp_path / 'out'}", "--suffix=a/b"], ["--suffix='a/b' must be a plain name"]),
+            ([f"--output_dir={claimed}"], ["mono.en.de is in use by another translate-corpus job",
+                                            f"pid {os.getpid()}"]),
+            ([f"--input={tmp_path}", f"--output_dir={tmp_path / 'out'}"], ["is a directory, not a text file"]),
+        ]
+        results = run_rows("transformer-jax", [["translate-corpus", f"--workdir={workdir}", f"--input={mono}", *args]
+                                               for args, _ in rows], tmp_path)
+    finally:
+        claim.release()
+    for (_, fragments), result in zip(rows, results):
+        assert_one_line_error(result, *fragments)
+    assert os.listdir(theirs / "mono.en.de.parts") == ["notes.txt"]
+    assert (theirs / "mono.en.de.parts" / "notes.txt").read_text() == "mine\n"
+    assert (a_file / "mono.en.de.parts").read_text() == "mine too\n" and os.listdir(a_file) == ["mono.en.de.parts"]
+    assert plain.read_text() == "not a directory\n"
+    assert sorted(os.listdir(claimed)) == []  # the claim released; the refused job wrote nothing
+    assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []

@@ -1,4 +1,5 @@
-"""One job owns a run directory: `<workdir>/run.lock`, taken at start, released at exit, taken over when stale.
+"""One job owns a run directory (`<workdir>/run.lock`; a bulk output: `<output>.lock`), taken at start, released at
+exit, taken over when stale.
 
 Two `train.py` jobs writing one workdir would interleave their metrics and race inside Orbax's
 checkpoint directories. The job that creates `run.lock` owns the workdir; another one is refused
@@ -212,29 +213,34 @@ def _remove_if_still(path: str, stale: Owner) -> None:
             remove(path)
 
 
-class RunLock:
-    """The lock of one workdir; `acquire()` takes it or raises WorkdirLockedError naming the owner."""
+class Claim:
+    """A job's claim on `subject` (a workdir, an output): the lock file `path`, taken by `acquire()` or refused with
+    a WorkdirLockedError naming the owner; `job` names what holds such claims, `flag` the way to another subject."""
 
-    def __init__(self, workdir: str) -> None:
-        self.workdir = workdir
-        self.path = layout.run_path(workdir, layout.LOCK)
+    def __init__(self, path: str, subject: str, job: str, flag: str) -> None:
+        self.path, self.subject, self.job, self.flag = path, subject, job, flag
         self.owner: Owner | None = None
         self._stop = threading.Event()
         self._heartbeat: threading.Thread | None = None
 
-    def acquire(self) -> None:
-        """Take the lock (taking over a stale one); start the heartbeat.
+    def acquire(self, heartbeat: bool = True) -> None:
+        """Take the lock (taking over a stale one); start the heartbeat unless `heartbeat` is False (then the holder
+        calls `beat()` every HEARTBEAT_SECONDS, as `holding` does for many claims with one thread).
 
         Raises WorkdirLockedError when another job holds it, CheckpointError when something other than a file
         stands at its place, StorageError when the storage refuses to write it (a full disk).
         """
         if exists(self.path) and not is_file(self.path):  # a lock cannot be read, taken over or moved aside there
             raise CheckpointError(
-                f"{self.path} is not a file, but a run keeps its lock in a file of that name; move it away and "
-                "run the same command again"
+                f"{self.path} is not a file, but a job keeps its lock in a file of that name; move it away and run "
+                "the same command again"
             )
         with storage_named(f"taking the lock {self.path}"):
+            if is_local(self.path):
+                os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
             self._take()
+        if heartbeat:
+            self._start_heartbeat()
 
     def _take(self) -> None:
         for _ in range(3):  # a stale lock is moved away, then created anew; a race may need another try
@@ -244,22 +250,21 @@ class RunLock:
             if current is not None:
                 if not current.is_dead():
                     raise WorkdirLockedError(
-                        f"workdir {self.workdir} is in use by another training job ({current.describe()}); "
-                        "wait for it to finish or stop it, or choose another --workdir (if that job is gone, "
+                        f"{self.subject} is in use by another {self.job} ({current.describe()}); "
+                        f"wait for it to finish or stop it, or choose another {self.flag} (if that job is gone, "
                         f"delete {self.path})"
                     )
-                logging.warning("taking over the lock of %s left by a job that is gone (%s)", self.workdir,
+                logging.warning("taking over the lock of %s left by a job that is gone (%s)", self.subject,
                                 current.describe())
                 _remove_if_still(self.path, current)
             # Owned before the file exists: a stop (SIGTERM raises wherever the main thread is) right after the
             # create still finds the lock to release; release() removes the file only if it holds this token.
             self.owner = Owner.this_process()
             if _create_exclusively(self.path, json.dumps(dataclasses.asdict(self.owner))):
-                self._start_heartbeat()
                 return
             self.owner = None
-        raise WorkdirLockedError(f"workdir {self.workdir}: another job took the lock at the same time; "
-                                 "choose another --workdir or stop the other job")
+        raise WorkdirLockedError(f"{self.subject}: another job took the lock at the same time; "
+                                 f"choose another {self.flag} or stop the other job")
 
     def release(self) -> None:
         """Stop the heartbeat and remove the lock if this job still holds it."""
@@ -280,16 +285,71 @@ class RunLock:
         self._heartbeat.start()
 
     def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_SECONDS):
+        while not self._stop.wait(HEARTBEAT_SECONDS) and self.beat():
+            pass
+
+    def beat(self) -> bool:
+        """Renew the heartbeat once; False when the lock is no longer this job's (nothing more to renew)."""
+        try:
+            current = read_owner(self.path)
+            if current is None or self.owner is None or current.token != self.owner.token:
+                logging.error("the lock %s is no longer held by this job", self.path)
+                return False
+            self.owner = dataclasses.replace(self.owner, heartbeat=time.time())
+            write_atomically(self.path, json.dumps(dataclasses.asdict(self.owner)))
+        except OSError as error:  # a storage hiccup: try again at the next beat
+            logging.warning("could not renew the lock %s: %s", self.path, error)
+        return True
+
+
+class RunLock(Claim):
+    """The lock of one workdir (`<workdir>/run.lock`)."""
+
+    def __init__(self, workdir: str) -> None:
+        super().__init__(layout.run_path(workdir, layout.LOCK), f"workdir {workdir}", "training job", "--workdir")
+        self.workdir = workdir
+
+
+@contextlib.contextmanager
+def holding(claims: list[Claim], refused: str) -> Iterator[None]:
+    """Hold every claim for the duration: process 0 takes them (one heartbeat thread renews them all); every process
+    learns the outcome. Raises on every process when a claim is refused (process 0 what `Claim.acquire` raised,
+    the others `refused`), after releasing those taken."""
+    import jax
+
+    refusal: UserError | None = None
+    stop = threading.Event()
+    beating: threading.Thread | None = None
+    try:  # from the moment a lock may exist: a stop anywhere after (JAX starting its backend) releases it
+        if jax.process_index() == 0:
             try:
-                current = read_owner(self.path)
-                if current is None or self.owner is None or current.token != self.owner.token:
-                    logging.error("the lock %s is no longer held by this job", self.path)
-                    return
-                self.owner = dataclasses.replace(self.owner, heartbeat=time.time())
-                write_atomically(self.path, json.dumps(dataclasses.asdict(self.owner)))
-            except OSError as error:  # a storage hiccup: try again at the next beat
-                logging.warning("could not renew the lock %s: %s", self.path, error)
+                for claim in claims:
+                    claim.acquire(heartbeat=len(claims) == 1)
+            except UserError as error:  # another job's lock, a directory at its place, a full disk
+                refusal = error
+        if jax.process_count() > 1:
+            import numpy as np
+            from jax.experimental import multihost_utils
+
+            refused_anywhere = bool(multihost_utils.broadcast_one_to_all(np.array(refusal is not None)))
+            if refused_anywhere and refusal is None:
+                refusal = WorkdirLockedError(refused)
+        if refusal is not None:
+            raise refusal
+        if len(claims) > 1 and jax.process_index() == 0:
+            def beat_all() -> None:
+                while not stop.wait(HEARTBEAT_SECONDS):
+                    for claim in claims:
+                        claim.beat()
+            beating = threading.Thread(target=beat_all, name="claims-heartbeat", daemon=True)
+            beating.start()
+        yield
+    finally:
+        stop.set()
+        if beating is not None:
+            beating.join()
+        for claim in claims:
+            claim.release()
 
 
 @contextlib.contextmanager
@@ -299,26 +359,6 @@ def owning(workdir: str) -> Iterator[None]:
     Raises WorkdirLockedError on every process when another job owns the workdir (process 0 raises what
     `RunLock.acquire` raised, the others say that process 0 names it).
     """
-    import jax
-
-    lock = RunLock(workdir)
-    refusal: UserError | None = None
-    try:  # from the moment the lock may exist: a stop anywhere after (JAX starting its backend) releases it
-        if jax.process_index() == 0:
-            try:
-                lock.acquire()
-            except UserError as error:  # another job's lock, a directory at its place, a full disk
-                refusal = error
-        if jax.process_count() > 1:
-            import numpy as np
-            from jax.experimental import multihost_utils
-
-            refused = bool(multihost_utils.broadcast_one_to_all(np.array(refusal is not None)))
-            if refused and refusal is None:
-                refusal = WorkdirLockedError(f"workdir {workdir} is in use by another training job, or its lock "
-                                             "could not be taken (process 0 names it)")
-        if refusal is not None:
-            raise refusal
+    with holding([RunLock(workdir)], f"workdir {workdir} is in use by another training job, or its lock could not "
+                                     "be taken (process 0 names it)"):
         yield
-    finally:
-        lock.release()

@@ -6,8 +6,10 @@ in --output_dir, line for line with its input, and `<output>.json` records the s
 lines, lines cut to the model's max_len). Each file is read in shards of --shard_lines lines; each finished shard
 is kept in `<output>.parts/`, so the same command, run again after a stop of any kind (SIGTERM, SIGKILL, a
 preempted VM), goes on from the first unfinished shard, and the output is the same bytes as an uninterrupted
-run's. With --multihost every process takes its own shards (on storage they all reach: gs://, or a shared
-file system) and translates them on its own devices.
+run's; a shard whose input lines changed since (an edited input, another file of the same name) or whose file is
+damaged is translated again, and a checkpoint replaced in --workdir is refused. One job owns an output at a time
+(`<output>.lock`, as a run owns its workdir). With --multihost every process takes its own shards (on storage they
+all reach: gs://, or a shared file system) and translates them on its own devices.
 """
 
 import os
@@ -16,6 +18,7 @@ import sys
 from absl import flags
 
 from transformer_jax.cli.commands import user_errors
+from transformer_jax.cli.lock import Claim, holding
 from transformer_jax.cli.run_flags import define_run_flags, define_search_flags
 from transformer_jax.cli.stops import interrupts_reported
 from transformer_jax.errors import ConfigError
@@ -63,13 +66,17 @@ def main(argv: list[str]) -> None:
                                                   suffix)
             workdir = _RUN.workdir.value
             settings = {"workdir": os.path.abspath(workdir) if is_local(workdir) else workdir,
-                        "checkpoint": _RUN.checkpoint.value,
-                        "steps": translator.steps, "search": dataclasses.asdict(options), "dtype": translator.dtype,
-                        "batching": dataclasses.asdict(batching), "shard_lines": _SHARD_LINES.value}
+                        "checkpoint": _RUN.checkpoint.value, "steps": translator.steps,
+                        "model": translator.fingerprint(), "search": dataclasses.asdict(options),
+                        "dtype": translator.dtype, "batching": dataclasses.asdict(batching),
+                        "shard_lines": _SHARD_LINES.value}
             say = (lambda line: print(line, file=sys.stderr, flush=True)) if _RUN.lead else (lambda line: None)
-            records = corpus_translation.translate_corpus(
-                translator, files, settings, dataclasses.asdict(options), shard_lines=_SHARD_LINES.value,
-                process_index=jax.process_index(), process_count=jax.process_count(), say=say)
+            claims = [Claim(item.output + ".lock", item.output, "translate-corpus job", "--output_dir")
+                      for item in files]
+            with holding(claims, "an output is in use by another translate-corpus job (process 0 names it)"):
+                records = corpus_translation.translate_corpus(
+                    translator, files, settings, dataclasses.asdict(options), shard_lines=_SHARD_LINES.value,
+                    process_index=jax.process_index(), process_count=jax.process_count(), say=say)
         finally:
             translator.close()
         for record in records:

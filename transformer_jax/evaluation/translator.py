@@ -15,11 +15,14 @@ An empty string gives an empty translation; a sentence longer than the model's m
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Sequence
 
 import jax
 
 from transformer_jax.base.sharding import make_mesh
+from transformer_jax.checkpoints.integrity import state_checksums
 from transformer_jax.checkpoints.selection import Run, checkpoint_params, open_run, select_steps
 from transformer_jax.config.schema import decode_options, decoding_dtype, translation_batching
 from transformer_jax.data.encoded import encode_pairs
@@ -66,6 +69,13 @@ class Translator:
         batching = self.batching.replace(batch_size=batch_size or rows, batch_tokens=batch_tokens)
         return translate_encoded(self.params, self.run.model_config, encoded, self.run.tokenizer, options,
                                  batching=batching, dtype=self.dtype, show_progress=False, mesh=self.mesh)
+
+    def fingerprint(self) -> str:
+        """A name of the model that translates: its tokenizer and every parameter's checksum. Two runs, or one run
+        whose checkpoint was replaced, have the same fingerprint only if they translate alike."""
+        sums = state_checksums(self.params)
+        named = json.dumps({"tokenizer": self.run.tokenizer.fingerprint, "params": sorted(sums.items())})
+        return hashlib.sha256(named.encode()).hexdigest()[:16]
 
     def close(self) -> None:
         self.run.checkpointer.close()
