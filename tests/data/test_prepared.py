@@ -214,3 +214,31 @@ def test_prepare_cli_given_a_file_or_a_path_under_one_refuses_with_one_line(tmp_
                                 text=True, timeout=300)
         assert_one_line_error(result, *fragments)
     assert snapshot(tmp_path) == before
+
+
+def test_preparing_after_an_interrupted_preparation_of_another_vocabulary_trains_its_own_tokenizer(prepared, tmp_path):
+    config, one, _, _, _ = prepared
+    leftover = pipeline.prepare_corpus(small_config(vocab_size=450), str(tmp_path / "other"))
+    directory = tmp_path / "corpus"
+    directory.mkdir()  # what a stopped preparation leaves: its tokenizer, no manifest
+    (directory / layout.TOKENIZER).write_bytes((pathlib.Path(leftover.directory) / layout.TOKENIZER).read_bytes())
+    corpus = pipeline.prepare_corpus(config, str(directory))
+    assert Tokenizer.load(str(directory / layout.TOKENIZER)).vocab_size == corpus.manifest["vocab_size"] == 400
+    assert (directory / layout.TOKENIZER).read_bytes() == (pathlib.Path(one.directory) / layout.TOKENIZER).read_bytes()
+    values = corpus.read(np.arange(corpus.manifest["pairs"])).source.values
+    assert values.max() < 400
+
+
+def test_a_manifest_whose_vocabulary_was_edited_is_refused_and_ids_past_it_never_read(prepared, tmp_path):
+    config, one, _, _, _ = prepared
+    directory = copy_corpus(one, tmp_path / "corpus")
+    manifest = json.loads((directory / MANIFEST).read_text())
+    manifest["vocab_size"] = 300
+    (directory / MANIFEST).write_text(json.dumps(manifest))
+    config.data.prepared = str(directory)
+    with pytest.raises(DataError, match="says vocab_size 300, but its tokenizer has 400 pieces") as error:
+        pipeline.run_corpus(config, str(tmp_path / "run"))
+    assert "prepare it again" in str(error.value) and "\n" not in str(error.value)
+    corpus = PreparedCorpus.open(str(directory))
+    with pytest.raises(DataError, match=r"train-00000-of-00001.tokens holds token id 3\d\d, outside the 300 pieces"):
+        corpus.read(np.arange(corpus.manifest["pairs"]))

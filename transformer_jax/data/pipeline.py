@@ -13,7 +13,14 @@ import numpy as np
 
 from transformer_jax.data.batching import BatchIterator
 from transformer_jax.data.encoded import EncodedPairs, encode_pairs, filter_by_length
-from transformer_jax.data.prepared import MANIFEST, PreparedCorpus, check_can_write, read_split, write_prepared
+from transformer_jax.data.prepared import (
+    MANIFEST,
+    PreparedCorpus,
+    check_can_write,
+    corpus_fix,
+    read_split,
+    write_prepared,
+)
 from transformer_jax.data.row_width import choose_packed_rows
 from transformer_jax.data.shapes import (
     WIDTH_MULTIPLE,
@@ -27,7 +34,7 @@ from transformer_jax.data.shapes import (
     widest_translation_width,
 )
 from transformer_jax.data.sources import Pair, drop_empty_pairs, load_splits
-from transformer_jax.data.tokenizer import Tokenizer, load_or_train_tokenizer
+from transformer_jax.data.tokenizer import Tokenizer, sample_sentences, train_tokenizer
 from transformer_jax.errors import DataError
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.base.files import exists, is_file, is_local, read_bytes, write_atomically
@@ -199,13 +206,15 @@ def prepare_corpus(config: ml_collections.ConfigDict, directory: str, workers: i
     if dropped:
         logging.warning("dropped %d training pairs with an empty side", dropped)
     if tokenizer_model is None:
-        load_or_train_tokenizer(directory, train_pairs, vocab_size=data.vocab_size, model_type=data.tokenizer_type,
-                                byte_fallback=data.byte_fallback, sample_size=data.tokenizer_sample_size,
-                                seed=config.training.seed)
+        # Trained anew, never taken from the directory: without a manifest, a tokenizer there is what an interrupted
+        # preparation left, perhaps of other settings (another vocab_size), which the manifest would then vouch for.
         tokenizer_model = os.path.join(directory, layout.TOKENIZER)
+        sentences = sample_sentences(train_pairs, data.tokenizer_sample_size, config.training.seed)
+        train_tokenizer(sentences, tokenizer_model, data.vocab_size, data.tokenizer_type, data.byte_fallback,
+                        exact_size=True)
     elif (pieces := Tokenizer.load(tokenizer_model).vocab_size) != data.vocab_size:
         raise DataError(f"data.vocab_size={data.vocab_size} differs from the {pieces} "
-                        f"pieces of {tokenizer_model}; set --config.data.vocab_size to that, or use a new workdir")
+                        f"pieces of {tokenizer_model}; set --config.data.vocab_size={pieces}")
     return write_prepared(directory, key, tokenizer_model, train_pairs, splits, workers,
                           test_is_dev=splits["test"] is splits["dev"])
 
@@ -249,6 +258,9 @@ def run_corpus(config: ml_collections.ConfigDict, workdir: str | None, process_i
     if tokenizer.fingerprint != corpus.manifest["tokenizer"]:
         raise DataError(f"{corpus_tokenizer} is not the tokenizer its corpus was prepared with; "
                         f"prepare the corpus again into a new directory")
+    if tokenizer.vocab_size != corpus.manifest["vocab_size"]:
+        raise DataError(f"{directory}/{MANIFEST} says vocab_size {corpus.manifest['vocab_size']}, but its tokenizer "
+                        f"has {tokenizer.vocab_size} pieces (the manifest was edited); {corpus_fix(directory)}")
     if workdir_tokenizer and exists(workdir_tokenizer):
         if Tokenizer.load(workdir_tokenizer, copies=[corpus_tokenizer]).fingerprint != tokenizer.fingerprint:
             raise DataError(f"{directory} was prepared with another tokenizer than {workdir_tokenizer} (this run's); "

@@ -93,7 +93,7 @@ def pair_checksums(values: np.ndarray, starts: np.ndarray, totals: np.ndarray) -
         return np.add.reduceat(weighted, np.cumsum(totals) - totals)
 
 
-def _fix(directory: str) -> str:
+def corpus_fix(directory: str) -> str:
     """The repair for a damaged or changed corpus at `directory`."""
     return (f"prepare it again into a new directory (python -m transformer_jax.cli.prepare --output=DIR) and point "
             f"data.prepared there, or restore {directory} as it was prepared")
@@ -140,26 +140,27 @@ class PreparedCorpus:
         manifest = read_manifest(directory)
         index_path = os.path.join(directory, INDEX)
         if not is_file(index_path):
-            raise DataError(f"{index_path} is missing; {_fix(directory)}")
+            raise DataError(f"{index_path} is missing; {corpus_fix(directory)}")
         index_bytes = read_bytes(index_path)
         if hashlib.sha256(index_bytes).hexdigest() != manifest["index_sha256"]:
-            raise DataError(f"{index_path} changed since the corpus was prepared (its checksum differs); {_fix(directory)}")
+            raise DataError(f"{index_path} changed since the corpus was prepared (its checksum differs); "
+                            f"{corpus_fix(directory)}")
         with np.load(io.BytesIO(index_bytes)) as index:
             source, target = index["source_lengths"], index["target_lengths"]
             checksums = index["pair_checksums"] if "pair_checksums" in index.files else None  # older corpora: none
         if len(source) != manifest["pairs"] or sum(s["pairs"] for s in manifest["shards"]) != manifest["pairs"]:
             raise DataError(f"{index_path} lists {len(source)} pairs where {directory}/{MANIFEST} says "
-                            f"{manifest['pairs']}; {_fix(directory)}")
+                            f"{manifest['pairs']}; {corpus_fix(directory)}")
         itemsize = np.dtype(manifest["dtype"]).itemsize
         for shard, (start, end) in zip(manifest["shards"], _shard_bounds(manifest)):
             path = os.path.join(directory, shard["name"])
             expected = int(source[start:end].sum() + target[start:end].sum()) * itemsize
             size = _size(path)
             if size is None:
-                raise DataError(f"{path} is missing; {_fix(directory)}")
+                raise DataError(f"{path} is missing; {corpus_fix(directory)}")
             if size != expected or size != shard["bytes"]:
                 raise DataError(f"{path} has {size} bytes where {shard['bytes']} were written; it is damaged: "
-                                f"{_fix(directory)}")
+                                f"{corpus_fix(directory)}")
         corpus = cls(directory, manifest, source, target)
         corpus._shared["checksums"] = checksums
         return corpus
@@ -202,7 +203,15 @@ class PreparedCorpus:
         if len(items) and damaged.any():
             bad = self.manifest["shards"][int(shard_of[np.flatnonzero(damaged)[0]])]["name"]
             raise DataError(f"{self.directory}/{bad} holds tokens that do not match its index (damaged shard); "
-                            f"{_fix(self.directory)}")
+                            f"{corpus_fix(self.directory)}")
+        # An id past the vocabulary would be clamped by the embedding's gather without a word: never trained on.
+        pieces = self.manifest["vocab_size"]
+        if len(values) and (values.max() >= pieces or values.min() < 0):
+            outside = np.flatnonzero((values >= pieces) | (values < 0))[0]
+            pair = np.searchsorted(starts, outside, side="right") - 1
+            bad = self.manifest["shards"][int(shard_of[pair])]["name"]
+            raise DataError(f"{self.directory}/{bad} holds token id {int(values[outside])}, outside the "
+                            f"{pieces} pieces of its tokenizer; {corpus_fix(self.directory)}")
         return EncodedPairs(source, target)
 
     def _read_shard(self, shard: int, offsets: np.ndarray, totals: np.ndarray, destinations: np.ndarray,
@@ -252,12 +261,13 @@ def read_split(directory: str, name: str) -> list[Pair]:
         pairs = json.loads(content.decode())
     except (OSError, ValueError) as error:
         raise DataError(f"{path} cannot be read ({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
-                        f"{_fix(directory)}") from None
+                        f"{corpus_fix(directory)}") from None
     problem = _split_problem(pairs)
     if problem:  # a damaged file would fail only when encoded or scored, the test split after training
-        raise DataError(f"{path} is damaged ({problem}); {_fix(directory)}")
+        raise DataError(f"{path} is damaged ({problem}); {corpus_fix(directory)}")
     if expected is not None and hashlib.sha256(content).hexdigest() != expected:  # well-formed, yet not as written
-        raise DataError(f"{path} changed since the corpus was prepared (its checksum differs); {_fix(directory)}")
+        raise DataError(f"{path} changed since the corpus was prepared (its checksum differs); "
+                        f"{corpus_fix(directory)}")
     return [tuple(pair) for pair in pairs]
 
 
@@ -298,10 +308,11 @@ def read_manifest(directory: str) -> dict[str, Any]:
         manifest = json.loads(read_text(path))
         if manifest.get("format") != FORMAT:
             raise ValueError(f"format {manifest.get('format')!r}")
-        manifest["shards"], manifest["index_sha256"], manifest["dtype"], manifest["pairs"]  # noqa: B018
+        for key in ("shards", "index_sha256", "dtype", "pairs", "vocab_size"):
+            manifest[key]  # noqa: B018
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise DataError(f"{path} is damaged ({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
-                        f"{_fix(directory)}") from None
+                        f"{corpus_fix(directory)}") from None
     return manifest
 
 

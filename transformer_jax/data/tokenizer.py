@@ -180,14 +180,3 @@ def train_tokenizer(sentences: Sequence[str], model_path: str, vocab_size: int =
         )
     write_atomically(model_path, model.getvalue())
     return tokenizer
-
-
-def load_or_train_tokenizer(workdir: str, train_pairs: Sequence[tuple[str, str]], vocab_size: int = 32_000,
-                            model_type: str = "unigram", byte_fallback: bool = True,
-                            sample_size: int = 1_000_000, seed: int = 0) -> Tokenizer:
-    """Reuse `<workdir>/tokenizer.model` if it exists (resume, eval); otherwise train and save it."""
-    path = layout.run_path(workdir, layout.TOKENIZER)
-    if exists(path):
-        return Tokenizer.load(path)
-    sentences = sample_sentences(train_pairs, sample_size, seed)
-    return train_tokenizer(sentences, path, vocab_size, model_type, byte_fallback, exact_size=True)
