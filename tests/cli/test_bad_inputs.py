@@ -96,6 +96,9 @@ def setup(tmp_path_factory, trained_run):
     saved["model"]["d_ff"] = -5
     (edited / "config.json").write_text(json.dumps(saved, indent=2))
     (directory / "edited.json").write_text(json.dumps(saved, indent=2))
+    lacking = json.loads((workdir / "config.json").read_text())  # as from an older version: settings absent
+    del lacking["training"]["warmup_steps"], lacking["model"]["dropout_rate"]
+    (directory / "lacking.json").write_text(json.dumps(lacking, indent=2))
     corpora["dir_as_file"] = write_text_corpus(directory / "dir_as_file", train_en=None)
     (corpora["dir_as_file"] / "train.en").mkdir()
     corpora["pipe_as_file"] = write_text_corpus(directory / "pipe_as_file", train_en=None)
@@ -258,6 +261,10 @@ TRAIN_ROWS = [
     ("a hand-edited config.json through configs/rerun.py",
      lambda s: [f"--config=configs/rerun.py:{s['dir'] / 'edited.json'}"],
      ["edited.json holds a setting no run can use: d_ff=-5 must be a positive integer", "correct it in"]),
+    ("a config.json lacking settings through configs/rerun.py",
+     lambda s: [f"--config=configs/rerun.py:{s['dir'] / 'lacking.json'}"],
+     ["lacking.json lacks 2 setting(s) a rerun needs (model.dropout_rate=0.1, training.warmup_steps=4000: the "
+      "defaults", "add each with the value that run used"]),
     ("fsdp axis that does not divide the devices", lambda s: ["--config.mesh.fsdp=2"],
      ["mesh.fsdp=2 does not divide the 1 available devices, so mesh.data=-1 cannot take the rest",
       "--config.mesh.fsdp to a divisor of 1"]),

@@ -1,5 +1,6 @@
 """The training loop: metrics, checkpoints, resume equal to an uninterrupted run, the non-finite guard."""
 
+import datetime
 import json
 import os
 
@@ -11,7 +12,7 @@ from transformer_jax.data.pipeline import prepare_data
 from transformer_jax.errors import ConfigError, TrainingError
 from transformer_jax.config.schema import model_config
 from transformer_jax.checkpoints.manager import Checkpointer
-from transformer_jax.run import Trainer, assemble_run
+from transformer_jax.run import Trainer, assemble_run, loop
 from transformer_jax.run.metrics_log import read_metrics
 
 
@@ -75,12 +76,15 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(run_config, tmp_path
     resumed.run()
 
     assert train_losses(str(tmp_path / "b")) == train_losses(str(tmp_path / "a"))
+    assert not (tmp_path / "b" / "config_changes.jsonl").exists()  # going further changes no earlier step
     for a, b in zip(params_of(uninterrupted), params_of(resumed)):
         np.testing.assert_array_equal(a, b)
 
 
-def test_non_finite_updates_stop_training_and_keep_the_last_good_checkpoint(run_config, tmp_path):
+def test_non_finite_updates_stop_training_and_keep_the_last_good_checkpoint(run_config, tmp_path, monkeypatch):
     Trainer(assemble_run(run_config, str(tmp_path))).run()  # a good checkpoint at step 6
+    said = []
+    monkeypatch.setattr(loop, "say", said.append)
     config = run_config.copy_and_resolve_references()
     config.training.num_train_steps = 12
     config.training.learning_rate_scale = 1e30  # the first update overflows to inf
@@ -88,6 +92,15 @@ def test_non_finite_updates_stop_training_and_keep_the_last_good_checkpoint(run_
     trainer = Trainer(assemble_run(config, str(tmp_path)))
     with pytest.raises(TrainingError, match="non-finite"):
         trainer.run()
+    # The resume changed what a step means (the learning rate): dated in the change log, said once; config.json
+    # holds the settings the run went on with. How far it goes and its patience are not such changes.
+    changes = [json.loads(line) for line in (tmp_path / "config_changes.jsonl").read_text().splitlines()]
+    assert [(c["step"], c["changes"]) for c in changes] == [(6, {"training.learning_rate_scale": [1.0, 1e30]})]
+    assert changes[0]["time"].startswith(str(datetime.datetime.now(datetime.timezone.utc).year))
+    assert [line for line in said if "with changed settings" in line] == [
+        f"resuming at step 6 with changed settings, recorded in {tmp_path}/config_changes.jsonl: "
+        "training.learning_rate_scale 1.0 -> 1e+30"]
+    assert json.load(open(tmp_path / "config.json"))["training"]["learning_rate_scale"] == 1e30
     checkpointer = Checkpointer(str(tmp_path / "checkpoints"))
     for step in checkpointer.steps():
         params = checkpointer.restore_params(step)

@@ -1,6 +1,7 @@
 """A run directory's layout: every file and folder name train.py and eval.py write under --workdir.
 
   config.json            the run's settings (eval.py rebuilds the model from it)
+  config_changes.jsonl   settings changed at a resume: one dated line each (run/setting_changes.py)
   tokenizer.model        the SentencePiece model, trained once per run
   corpus/                the prepared training corpus (data/prepared.py), unless data.prepared names one
   run.lock               the job that owns the workdir (cli/lock.py)
@@ -30,6 +31,7 @@ from transformer_jax.base.files import DirectoryWatch, exists, is_dir, is_file, 
 from transformer_jax.errors import CheckpointError
 
 CONFIG = "config.json"
+CONFIG_CHANGES = "config_changes.jsonl"
 TOKENIZER = "tokenizer.model"
 CORPUS = "corpus"
 LOCK = "run.lock"
@@ -59,7 +61,7 @@ def run_path(workdir: str, *names: str) -> str:
 # What each name above holds, and whether as a file or a directory: what `check_layout` holds the workdir to.
 FILE, DIRECTORY = "file", "directory"
 ENTRIES = {
-    CONFIG: (FILE, "settings"), TOKENIZER: (FILE, "tokenizer"), CORPUS: (DIRECTORY, "prepared corpus"),
+    CONFIG: (FILE, "settings"), CONFIG_CHANGES: (FILE, "changed settings"), TOKENIZER: (FILE, "tokenizer"), CORPUS: (DIRECTORY, "prepared corpus"),
     LOCK: (FILE, "lock"), CHECKPOINTS: (DIRECTORY, "checkpoints"),
     CHECKPOINTS + CORRUPT_SUFFIX: (DIRECTORY, "damaged checkpoints set aside"), METRICS: (FILE, "metrics"),
     TIMING: (FILE, "timing log"), TENSORBOARD: (DIRECTORY, "TensorBoard events"),

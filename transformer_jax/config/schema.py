@@ -244,10 +244,12 @@ def write_run_config(config: ml_collections.ConfigDict, workdir: str) -> None:
     write_atomically(layout.run_path(workdir, layout.CONFIG), config.to_json_best_effort(indent=2))
 
 
-def read_run_config(path: str) -> ml_collections.ConfigDict:
+def read_run_config(path: str, complete: bool = False) -> ml_collections.ConfigDict:
     """A run's saved config (`<workdir>/config.json`) as the full schema, every saved value in place.
 
-    Raises CheckpointError naming the file when it is missing, not JSON, or not a run config.
+    Raises CheckpointError naming the file when it is missing, not JSON, or not a run config. `complete`
+    (a rerun of the settings, configs/rerun.py): a setting of the schema the file lacks is an error too, not
+    the default taken without a word (a file from an older version, or edited by hand).
     """
     repair = ("restore it, or run train.py on the workdir again with the --config it was trained with "
               "(train.py writes config.json anew)")
@@ -263,12 +265,35 @@ def read_run_config(path: str) -> ml_collections.ConfigDict:
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         detail = error.args[0] if isinstance(error, KeyError) else error
         raise CheckpointError(f"{path} is not a run config of this project ({detail}); {repair}") from None
+    missing = [key for key in _keys(config) if key not in _keys(saved)] if complete else []
+    if missing:
+        defaults = ", ".join(f"{key}={_value(config, key)!r}" for key in missing[:4])
+        more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+        raise CheckpointError(
+            f"{path} lacks {len(missing)} setting(s) a rerun needs ({defaults}{more}: the defaults, which the run "
+            f"it records may not have used); add each with the value that run used to {path}, or start from a "
+            "packaged config (--config=demo, ...) with --config.KEY=VALUE") from None
     try:
         check_run_config(config)  # a hand-edited value: name the file it is in, not a flag
     except ConfigError as error:
         raise CheckpointError(f"{path} holds a setting no run can use: {error}".split("; set --config")[0]
                               + f"; correct it in {path}, or {repair}") from None
     return config
+
+
+def _keys(values: Any, prefix: str = "") -> list[str]:
+    """"section.key" of every setting in a nested dict or ConfigDict (in order)."""
+    keys: list[str] = []
+    for key, value in values.items():
+        nested = isinstance(value, (dict, ml_collections.ConfigDict))
+        keys.extend(_keys(value, f"{prefix}{key}.") if nested else [f"{prefix}{key}"])
+    return keys
+
+
+def _value(config: ml_collections.ConfigDict, key: str) -> Any:
+    """The value of "section.key" in `config`."""
+    section, _, name = key.rpartition(".")
+    return (config[section] if section else config)[name]
 
 
 def _merge(config: ml_collections.ConfigDict, saved: Any, prefix: str) -> None:

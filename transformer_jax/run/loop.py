@@ -40,6 +40,7 @@ from transformer_jax.run.periodic_eval import PeriodicEval
 from transformer_jax.run.preemption import StopAgreement, StopFlag
 from transformer_jax.run.prefetch import Prefetcher
 from transformer_jax.run.profile import UpdateProfile
+from transformer_jax.run.setting_changes import CHANGES, describe, record_changes
 from transformer_jax.training.state import TrainState
 
 # What to lower when updates go non-finite: the learning-rate setting the run uses (see rate_advice).
@@ -393,6 +394,9 @@ class Trainer:
         compiled = time.perf_counter()
         is_writer = jax.process_index() == 0
         if is_writer:
+            if start > 0 and (changes := record_changes(self.workdir, start, self.config)):
+                say(f"resuming at step {start} with changed settings, recorded in {self.workdir}/{CHANGES}: "
+                    f"{describe(changes)}")
             write_run_config(self.config, self.workdir)
         self.workdir_watch.note_names()
         window = LogWindow(self.workdir, self.schedule, start, training.num_train_steps, open_window, is_writer,
