@@ -10,6 +10,7 @@ import pytest
 from runs import flip_a_readable_bit
 
 from transformer_jax.errors import CheckpointError
+from transformer_jax.checkpoints.initial import initial_params
 from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.run import Trainer, assemble_run
 from transformer_jax.run.metrics_log import read_metrics
@@ -127,3 +128,33 @@ def test_a_save_copies_the_state_and_writes_it_in_the_background(tmp_path, caplo
     assert "parameters at step 4 are not finite: checkpoint not written" in caplog.text
     assert checkpointer.steps() == [3]
     checkpointer.close()
+
+
+def test_a_step_rotated_away_while_a_reader_reads_it_is_named_as_rotated(finished, tmp_path):
+    workdir = tmp_path / "run"
+    shutil.copytree(finished, workdir)
+    reader = Checkpointer(str(workdir / "checkpoints"), read_only=True)
+    assert 4 in reader.steps()  # listed, then removed by the training run's rotation before it is read
+    shutil.rmtree(workdir / "checkpoints" / "4")
+    with pytest.raises(CheckpointError, match=r"checkpoints/4 was removed while it was read: the training run "
+                                              r"writing .* keeps only its newest checkpoints \(training.keep_"
+                                              r"checkpoints\) and rotated it away; run the same command again"):
+        reader.restore_params(4)
+    # A step that is there but cannot be read is still named damaged, with the reader's own flag.
+    truncate(workdir / "checkpoints" / "6")
+    with pytest.raises(CheckpointError, match="checkpoints/6 cannot be read .*; choose another with --checkpoint"):
+        reader.restore_params(6)
+    gc.collect()
+
+
+def test_a_fine_tune_from_a_run_without_checkpoints_names_training_init_from(finished, tmp_path, run_config):
+    source = tmp_path / "source"
+    shutil.copytree(finished, source, ignore=lambda folder, names: ["checkpoints"] if folder == str(finished) else [])
+    (source / "checkpoints").mkdir()
+    current = Trainer(assemble_run(run_config, str(tmp_path / "new"))).state.params
+    with pytest.raises(CheckpointError) as error:
+        initial_params(str(source), current, scanned=False)
+    message = str(error.value)
+    assert message.startswith(f"training.init_from={source}: no checkpoint in {source}/checkpoints")
+    assert "set training.init_from to a run with an intact one" in message
+    assert "--workdir" not in message and "--checkpoint" not in message

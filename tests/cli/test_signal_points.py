@@ -140,13 +140,13 @@ print("not stopped", done)
 @pytest.mark.parametrize("name, status, line", [("SIGTERM", 0, "stopped by SIGTERM: step"),
                                                 ("SIGINT", 130, "interrupted: step")])
 def test_a_stop_raised_where_python_drops_it_is_sent_again(name, status, line):
-    """A signal's exception raised inside a __del__ (or one of JAX's gc callbacks) is lost; it comes again."""
+    """A signal's exception raised inside a __del__ (or one of JAX's gc callbacks) is lost; it comes again, and
+    the lost one prints nothing ("Exception ignored in ... KeyboardInterrupt" before the stop's line)."""
     result = subprocess.run([sys.executable, "-c", SWALLOWED.format(name=name)], cwd=ROOT, env=script_env(),
                             capture_output=True, text=True, timeout=120)
-    assert "Exception ignored" in result.stderr  # the first raise was dropped ...
     assert result.returncode == status and "not stopped" not in result.stdout, result.stderr[-3000:]
-    last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith(line) and int(last.split("step ")[1].split()[0]) <= 3, last  # ... the second was not
+    [last] = result.stderr.strip().splitlines()  # the stop's line alone
+    assert last.startswith(line) and int(last.split("step ")[1].split()[0]) <= 3, last  # the second raise was not lost
 
 
 def test_a_sigint_the_command_was_started_ignoring_stays_ignored():

@@ -20,7 +20,7 @@ import numpy as np
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.console import say
 from transformer_jax.config.schema import read_run_config
-from transformer_jax.errors import ConfigError
+from transformer_jax.errors import CheckpointError, ConfigError, ShapeMismatchError
 
 # The model settings that make the parameters what they are: taken from the run started from. The rest (dropout,
 # dtype, attention backend, remat, scanned layers) are the new run's own choice.
@@ -82,9 +82,16 @@ def initial_params(source: str, current: Any, scanned: bool) -> tuple[Any, int]:
     from transformer_jax.checkpoints.selection import checkpoint_params, open_run, select_steps
     from transformer_jax.model.stacks import scanned_layout
 
-    run = open_run(source)
-    steps = select_steps(run.checkpointer, "latest")
-    params = checkpoint_params(run, steps)
+    try:
+        run = open_run(source)
+        steps = select_steps(run.checkpointer, "latest")
+        params = checkpoint_params(run, steps)
+    except ShapeMismatchError:
+        raise
+    except CheckpointError as error:  # its advice names eval's flags (--checkpoint, --workdir): train has neither
+        problem = str(error).split("; ")[0]
+        raise CheckpointError(f"training.init_from={source}: {problem}; a fine-tune starts from that run's newest "
+                              "checkpoint, so set training.init_from to a run with an intact one") from None
     if scanned:
         params = scanned_layout(params)
     unboxed = nn.meta.unbox(current)

@@ -360,8 +360,20 @@ class Checkpointer:
     def restore_params(self, step: int) -> Any:
         """The parameters of `step` as plain arrays on one local device, whatever mesh saved them.
 
-        Raises CorruptCheckpointError (naming the step and how to choose another) when it cannot be read.
+        Raises CorruptCheckpointError (naming the step and how to choose another) when it cannot be read; when the
+        step is gone once the read failed, that it was rotated away by the run writing it (training.keep_checkpoints).
         """
+        try:
+            return self._restore_params(step)
+        except CorruptCheckpointError:
+            if not self.read_only or step in self.steps():
+                raise
+            raise CorruptCheckpointError(
+                f"{self._where(step)} was removed while it was read: the training run writing {self.directory} keeps "
+                "only its newest checkpoints (training.keep_checkpoints) and rotated it away; run the same command "
+                "again for the newest, or choose a step it keeps with --checkpoint=STEP") from None
+
+    def _restore_params(self, step: int) -> Any:
         with reading(self._where(step), "; choose another with --checkpoint=STEP"):
             self._check_is_directory(step)
             saved = self.manager.item_metadata(step)["state"]

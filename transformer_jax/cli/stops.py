@@ -68,6 +68,15 @@ def _raise_stop(signal_number: int, frame: object) -> None:
     raise Terminated() if signal_number == signal.SIGTERM else KeyboardInterrupt()
 
 
+def _quiet_lost_stops(report: object, previous: Callable[[object], None]) -> None:
+    """sys.unraisablehook while stops are reported: a stop our handler raised where Python drops it (a gc
+    callback of JAX's, a __del__) is not printed ("Exception ignored in ... KeyboardInterrupt"): it is sent again
+    (`_raise_stop`), and then answered with the command's one line. Anything else is reported as before."""
+    if _unanswered and isinstance(getattr(report, "exc_value", None), (KeyboardInterrupt, Terminated)):
+        return
+    previous(report)
+
+
 def _handled_signals(handler: Callable) -> dict:
     """Install `handler` for SIGTERM and SIGINT; returns the handlers it replaced. A signal the command was
     started ignoring stays ignored (a shell's background job ignores SIGINT)."""
@@ -99,6 +108,8 @@ def interrupts_reported(finished: Callable[[], str], terminated_exit: int = TERM
         raise Stopped(terminated_exit) from None
 
     previous = _handled_signals(_raise_stop)
+    previous_hook = sys.unraisablehook
+    sys.unraisablehook = quiet = functools.partial(_quiet_lost_stops, previous=previous_hook)
     try:
         for number in [*(arrived or ()), *_arrived_early]:
             _raise_stop(number, None)
@@ -113,6 +124,8 @@ def interrupts_reported(finished: Callable[[], str], terminated_exit: int = TERM
         if _unanswered:
             stop(_unanswered[0])
     finally:
+        if sys.unraisablehook is quiet:  # else a hook installed since chains to it (it passes reports on)
+            sys.unraisablehook = previous_hook
         for number, handler in previous.items():
             signal.signal(number, handler)
 
