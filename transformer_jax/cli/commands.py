@@ -492,8 +492,8 @@ def define_cluster_flags() -> ClusterFlags:
             "(local or gs://), 'workdir' for <workdir>/compilation_cache, or empty for off. Default: "
             "$JAX_COMPILATION_CACHE_DIR if set, else the workdir's with --multihost (it outlives a preempted "
             f"host), else {default_cache_dir()}."),
-        flags.DEFINE_integer("cluster_timeout", 300, "Seconds to wait for the coordinator to answer and for every "
-                             "process to join (multihost)."),
+        flags.DEFINE_integer("cluster_timeout", 300, "Seconds to wait for the coordinator to answer, and then for "
+                             "every process to join (multihost)."),
     )
     register_key_flags([getattr(cluster, field.name) for field in dataclasses.fields(ClusterFlags)])
     # As the command line is parsed, before any work; a ConfigError of a validator reaches parse_flags as it is
