@@ -46,7 +46,8 @@ def results(tmp_path_factory):
             for flags, _ in MISTAKES:
                 config_flag = [f"--config={config}"] if script == "train.py" else []
                 keys.append((script, *prefix, *flags))
-                rows.append([*(arg.format(dir=directory) for arg in prefix), *config_flag, f"--workdir={workdir}", *flags])
+                named = [arg.format(dir=directory) for arg in prefix]
+                rows.append([*named, *config_flag, f"--workdir={workdir}", *flags])
         outcomes.update(zip(keys, run_rows(script, rows, directory)))
     return outcomes, workdir, directory
 
@@ -62,7 +63,8 @@ def test_a_cluster_flag_that_would_be_ignored_or_names_no_process_is_one_line(re
 
 
 def run_command(command: list[str], *flags: str) -> tuple[subprocess.CompletedProcess, float]:
-    """`command` (train.py, or `-m transformer_jax COMMAND`) with `flags`, as a user runs it; its result and seconds of wall."""
+    """`command` (train.py, or `-m transformer_jax COMMAND`) with `flags`, as a user runs it; its result and its
+    seconds of wall."""
     started = time.monotonic()
     result = subprocess.run([sys.executable, *command, *flags], cwd=ROOT, env=script_env(), capture_output=True,
                             text=True, timeout=300)

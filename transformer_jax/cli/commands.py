@@ -515,9 +515,10 @@ def check_cluster_flags(cluster: ClusterFlags) -> bool:
     if not cluster.multihost.value:
         given = [f"--{holder.name}={holder.value}" for holder in _multihost_only(cluster) if holder.present]
         if given:
-            raise ConfigError(f"{' '.join(given)} {'is' if len(given) == 1 else 'are'} given without --multihost, "
-                              "which would ignore it: this process would run alone; add --multihost to join a multi-process run, or "
-                              f"drop {'it' if len(given) == 1 else 'them'}")
+            one = len(given) == 1
+            raise ConfigError(f"{' '.join(given)} {'is' if one else 'are'} given without --multihost, where "
+                              f"{'it means' if one else 'they mean'} nothing: this process would run alone; add "
+                              f"--multihost to join a multi-process run, or drop {'it' if one else 'them'}")
         return True
     count, index = cluster.num_processes.value, cluster.process_id.value
     if count is not None and count < 1:
