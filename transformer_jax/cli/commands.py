@@ -331,7 +331,8 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
     """Join a multi-process run (jax.distributed.initialize); a wrong setting is one ConfigError line.
 
     A process other than 0 first waits, at most `timeout` seconds and interruptibly, for the coordinator to
-    answer (wait_for_coordinator); JAX's own join then waits up to `timeout` for every process to register.
+    answer (wait_for_coordinator); every process then waits at most `timeout` seconds for all of them to
+    register (join_watchdog), a wait that ends in one line of ours, never in JAX's abort.
     On CPU the processes exchange data with JAX's default CPU collectives (gloo over TCP).
     """
     import jax
@@ -347,7 +348,9 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
     if coordinator_address is not None and process_id not in (None, 0):
         wait_for_coordinator(coordinator_address, timeout)
     try:
-        jax.distributed.initialize(coordinator_address, num_processes, process_id, initialization_timeout=timeout)
+        with join_watchdog(timeout, _not_joined(coordinator_address, num_processes, process_id, timeout)):
+            jax.distributed.initialize(coordinator_address, num_processes, process_id,
+                                       initialization_timeout=timeout + JAX_JOIN_MARGIN_SECONDS)
     except (ValueError, RuntimeError) as error:
         detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise ConfigError(
@@ -355,6 +358,56 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
             "--coordinator_address=HOST:PORT --num_processes=N --process_id=I"
         ) from None
     native_output_to_stderr()
+
+
+# How much longer than --cluster_timeout JAX's own join may wait: ours (join_watchdog) must end the wait first.
+JAX_JOIN_MARGIN_SECONDS = 30
+
+
+@contextlib.contextmanager
+def join_watchdog(timeout: float, message: str) -> Iterator[None]:
+    """While the body (JAX's join) runs: after `timeout` seconds, `message` as one error line and exit status 2.
+
+    JAX's join blocks in native code, which Python's signals and exceptions cannot interrupt, and past its own
+    deadline it ends the process in a C++ check failure (SIGABRT, exit 134, a native stack trace). It releases
+    the GIL while it waits, so a thread of ours can report the wait and end the process (os._exit) first.
+    """
+    import threading
+
+    finished, deciding = threading.Event(), threading.Lock()
+
+    def expire() -> None:
+        if finished.wait(timeout):
+            return
+        with deciding:  # held to the end: a join that returns now waits here and is ended with the process
+            if finished.is_set():
+                return
+            for stream in (sys.stdout, sys.stderr):
+                with contextlib.suppress(Exception):
+                    stream.flush()
+            os.write(2, f"error: {message}\n".encode(errors="replace"))
+            os._exit(USER_ERROR_EXIT)
+
+    threading.Thread(target=expire, name="cluster-join-watchdog", daemon=True).start()
+    try:
+        yield
+    finally:
+        with deciding:
+            finished.set()
+
+
+def _not_joined(coordinator_address: str | None, num_processes: int | None, process_id: int | None,
+                timeout: float) -> str:
+    """The line for a join that timed out: how many processes were expected, where, and what to do."""
+    expected = f"the {num_processes} processes (--num_processes={num_processes})" if num_processes else \
+        "the run's processes"
+    where = f" at --coordinator_address={coordinator_address}" if coordinator_address else ""
+    others = ("--process_id=1" if num_processes == 2 else f"--process_id=1 to {num_processes - 1}") \
+        if num_processes and num_processes > 1 else "the others"
+    this = "" if process_id is None else f"process {process_id}: "
+    return (f"{this}not all of {expected} joined{where} within {timeout:g} s (--cluster_timeout); start the other "
+            f"processes ({others}) with the same command and --coordinator_address, check --num_processes, or "
+            "wait longer with --cluster_timeout")
 
 
 def native_output_to_stderr() -> None:
@@ -390,10 +443,7 @@ class ClusterFlags:
 
     def join(self) -> None:
         """With --multihost, join the run (jax.distributed); then start JAX's backends (start_backends)."""
-        if self.multihost.value:
-            if self.cluster_timeout.value <= 0:
-                raise ConfigError(f"--cluster_timeout={self.cluster_timeout.value} must be a positive number of "
-                                  "seconds")
+        if self.multihost.value:  # the flags were checked as they were parsed (check_cluster_flags)
             initialize_distributed(self.coordinator_address.value, self.num_processes.value, self.process_id.value,
                                    self.cluster_timeout.value)
         start_backends()
@@ -442,11 +492,45 @@ def define_cluster_flags() -> ClusterFlags:
             "(local or gs://), 'workdir' for <workdir>/compilation_cache, or empty for off. Default: "
             "$JAX_COMPILATION_CACHE_DIR if set, else the workdir's with --multihost (it outlives a preempted "
             f"host), else {default_cache_dir()}."),
-        flags.DEFINE_integer("cluster_timeout", 300, "Seconds to wait for the coordinator to answer and for every "
-                             "process to join (multihost)."),
+        flags.DEFINE_integer("cluster_timeout", 300, "Seconds to wait for the coordinator to answer, and then for "
+                             "every process to join (multihost)."),
     )
     register_key_flags([getattr(cluster, field.name) for field in dataclasses.fields(ClusterFlags)])
+    # As the command line is parsed, before any work; a ConfigError of a validator reaches parse_flags as it is
+    # (absl turns only its own ValidationError into a message of its own), so it is the command's one line.
+    flags.register_multi_flags_validator([holder.name for holder in (cluster.multihost, *_multihost_only(cluster))],
+                                         lambda _: check_cluster_flags(cluster))
     return cluster
+
+
+def _multihost_only(cluster: ClusterFlags) -> tuple[flags.FlagHolder, ...]:
+    """The flags that mean something only with --multihost."""
+    return cluster.coordinator_address, cluster.num_processes, cluster.process_id, cluster.cluster_timeout
+
+
+def check_cluster_flags(cluster: ClusterFlags) -> bool:
+    """Refuse, as one ConfigError line, cluster flags that would be ignored or cannot name a process of the run:
+    --coordinator_address, --num_processes, --process_id or --cluster_timeout without --multihost (the process
+    would run alone), a --num_processes below 1, a --process_id outside 0..N-1, a --cluster_timeout below 1."""
+    if not cluster.multihost.value:
+        given = [f"--{holder.name}={holder.value}" for holder in _multihost_only(cluster) if holder.present]
+        if given:
+            one = len(given) == 1
+            raise ConfigError(f"{' '.join(given)} {'is' if one else 'are'} given without --multihost, where "
+                              f"{'it means' if one else 'they mean'} nothing: this process would run alone; add "
+                              f"--multihost to join a multi-process run, or drop {'it' if one else 'them'}")
+        return True
+    count, index = cluster.num_processes.value, cluster.process_id.value
+    if count is not None and count < 1:
+        raise ConfigError(f"--num_processes={count} must be at least 1: the number of processes in the run, the "
+                          "same on every process")
+    if index is not None and (index < 0 or (count is not None and index >= count)):
+        valid = f"0 to {count - 1} for --num_processes={count}" if count is not None else "0 or more"
+        raise ConfigError(f"--process_id={index} is out of range: pass {valid}, 0 on the host of "
+                          "--coordinator_address and a different one on each process")
+    if cluster.cluster_timeout.value <= 0:
+        raise ConfigError(f"--cluster_timeout={cluster.cluster_timeout.value} must be a positive number of seconds")
+    return True
 
 
 def saved_steps(workdir: str, names: list[str] | None = None) -> list[int]:
