@@ -48,7 +48,7 @@ def main(argv: list[str]) -> None:
             raise ConfigError(f"--workers={_WORKERS.value} must be at least 1")
         start = time.perf_counter()
         with removed_on_failure(_OUTPUT.value, MANIFEST):  # a failed first attempt (a full disk) leaves no directory
-            corpus = prepare_corpus(config, _OUTPUT.value, workers=_WORKERS.value)
+            corpus = prepare_corpus(config, _OUTPUT.value, workers=_WORKERS.value, workers_flag="--workers")
         seconds = time.perf_counter() - start
         print(f"prepared {len(corpus)} training pairs in {len(corpus.manifest['shards'])} shard(s) at "
               f"{_OUTPUT.value} ({seconds:.1f} s); train with --config.data.prepared={_OUTPUT.value}")
