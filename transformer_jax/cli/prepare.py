@@ -18,7 +18,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # preparing is host work: no acce
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from transformer_jax.cli.commands import removed_on_failure, user_errors  # noqa: E402
+from transformer_jax.cli.commands import refuse_blank, removed_on_failure, user_errors  # noqa: E402
 from transformer_jax.cli.stops import interrupts_reported, run_command  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -26,6 +26,7 @@ _CONFIG = config_flags.DEFINE_config_file(
 _OUTPUT = flags.DEFINE_string("output", None, "Directory to write the prepared corpus to (local or gs://).")
 _WORKERS = flags.DEFINE_integer("workers", os.cpu_count() or 1, "Processes encoding the training shards.")
 flags.mark_flags_as_required(["config", "output"])
+refuse_blank(_OUTPUT, "the directory to prepare the corpus into (local or gs://)")
 
 
 def main(argv: list[str]) -> None:
@@ -42,8 +43,6 @@ def main(argv: list[str]) -> None:
 
         config = _CONFIG.value
         check_run_config(config)
-        if not _OUTPUT.value.strip():
-            raise ConfigError("--output is empty; pass the directory to prepare the corpus into (local or gs://)")
         if _WORKERS.value < 1:
             raise ConfigError(f"--workers={_WORKERS.value} must be at least 1")
         start = time.perf_counter()
