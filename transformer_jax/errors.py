@@ -8,7 +8,8 @@ with status 2; any other exception is a bug and keeps its traceback. Library cal
 from __future__ import annotations
 
 __all__ = ["CheckpointError", "ConfigError", "CorruptCheckpointError", "DataError", "DeviceError", "MeshError",
-           "ShapeMismatchError", "StorageError", "TrainingError", "UserError"]
+           "ShapeMismatchError", "StorageError", "TrainingError", "UserError",
+           "WorkerError"]
 
 
 class UserError(Exception):
@@ -42,6 +43,11 @@ class MeshError(ConfigError):
 class StorageError(UserError, OSError):
     """The machine's storage failed a read or write (a full disk, a read-only or vanished directory); the
     message names the path, what was kept and how to go on. Not a bug: nothing in the run was wrong."""
+
+
+class WorkerError(UserError, RuntimeError):
+    """A worker process a command started was stopped from outside (killed, out of memory); nothing it was making
+    is taken as done, and the message says how to go on."""
 
 
 class TrainingError(UserError, RuntimeError):

@@ -115,8 +115,10 @@ def test_a_multi_host_topology_and_gradient_accumulation_compile():
 def test_cloud_type_names_and_unknown_topologies():
     assert CLOUD_TYPES["v5e-256"] == "v5e:16x16" and CLOUD_TYPES["v4-128"] == "v4:4x4x4"
     assert describe("v5p-128").chips == 64
-    with pytest.raises(ConfigError, match="unknown TPU topology 'v9:2x2'"):
+    with pytest.raises(ConfigError, match="unknown topology 'v9:2x2'; use a TPU topology as VERSION:AxB"):
         describe("v9:2x2")
+    with pytest.raises(ConfigError, match=r"unknown TPU topology 'v5e:2x3' \(INVALID_ARGUMENT.*; use a TPU topology"):
+        describe("v5e:2x3")  # of a valid form: libtpu judges it
 
 
 def test_collectives_are_read_from_hlo_text():
@@ -251,7 +253,7 @@ def test_a_search_width_the_model_cannot_take_is_one_line(tmp_path):
 def test_an_unknown_topology_is_one_line(tmp_path):
     result = run_aot(tmp_path, "--topology=v9:2x2")
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert result.returncode == 2 and len(errors) == 1 and "unknown TPU topology" in errors[0]
+    assert result.returncode == 2 and len(errors) == 1 and "unknown topology 'v9:2x2'" in errors[0]
     assert "Traceback" not in result.stderr
 
 

@@ -638,7 +638,7 @@ def test_preflight_given_a_workdir_that_is_not_there_creates_nothing(setup, tmp_
 
 
 @pytest.mark.parametrize("flags, fragments", [
-    (["--hf_dir=nowhere", "--workdir="], ["--workdir is empty", "name the run directory to create"]),
+    (["--hf_dir=nowhere", "--workdir="], ["--workdir is empty", "pass the run directory to create"]),
     (["--hf_dir=nowhere", "--workdir= "], ["--workdir is empty"]),
     (["--hf_dir=nowhere", "--workdir=x", "--no_such_flag=1"], ["Unknown command line flag no_such_flag", "see --help"]),
 ])

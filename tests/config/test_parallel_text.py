@@ -1,11 +1,17 @@
 """configs/parallel_text.py's sizing (transformer_jax/config/parallel_text.py): tiers by corpus size, a vocabulary a
 small corpus supports, the layout read, and one-line errors for a wrong directory or language codes."""
 
+import json
+import random
+import subprocess
+import sys
+
 import pytest
 
-from runs import ROOT, assert_one_line_error, run_script
+from runs import ROOT, assert_one_line_error, run_script, script_env
 from transformer_jax.config import check_run_config, parallel_text_config
 from transformer_jax.config.parallel_text import TIERS, survey, tier_for
+from transformer_jax.data.tokenizer import train_tokenizer
 from transformer_jax.errors import DataError
 
 
@@ -32,7 +38,9 @@ def test_a_small_corpus_gets_the_small_model_a_vocabulary_it_supports_and_steps_
     check_run_config(config)
     assert config.data.source == "text" and config.model.d_model == 128
     found = survey(str(tmp_path / "c"), "en", "de")
-    assert found.pairs == 400 and config.data.vocab_size == 256 + found.distinct_words // 2 < 4_000
+    # Fewer than the words' bound: each word is seen about once, and SentencePiece builds fewer pieces from them.
+    assert found.pairs == 400 and 256 < config.data.vocab_size < 256 + found.distinct_words // 2 < 4_000
+    train_tokenizer(found.sentences, str(tmp_path / "t.model"), config.data.vocab_size, exact_size=True)
     more = parallel_text_config(str(write_text(tmp_path / "d", 4_000)), "en", "de")
     assert more.training.num_train_steps > config.training.num_train_steps  # more text, more steps
     assert more.training.warmup_steps < more.training.num_train_steps
@@ -54,3 +62,37 @@ def test_wrong_directory_or_languages_are_one_line_errors(tmp_path):
     result = run_script("train.py", "--config=configs/parallel_text.py:only_a_path", f"--workdir={tmp_path / 'r'}")
     assert_one_line_error(result, "configs/parallel_text.py needs DIR,SRC,TGT")
     assert not (tmp_path / "r").exists() and ROOT.exists()
+
+
+
+def write_made_up_text(directory, pairs: int, seed: int = 0):
+    """train.en/.de of made-up sentences: words of random letters, most seen once or twice."""
+    rng = random.Random(seed)
+
+    def sentence(letters: str) -> str:
+        words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 9))) for _ in range(rng.randint(3, 15))]
+        return " ".join(words).capitalize() + rng.choice([" .", " ?", " !", ","])
+
+    directory.mkdir()
+    for lang, letters in (("en", "abcdefghijklmnoprstuvwy"), ("de", "abcdefghiklmnorstuwzäöüß")):
+        (directory / f"train.{lang}").write_text("".join(sentence(letters) + "\n" for _ in range(pairs)))
+    return directory
+
+
+@pytest.mark.parametrize("write", [write_text, write_made_up_text], ids=["numbered_words", "made_up_words"])
+def test_prepare_with_the_automatic_sizes_alone_succeeds_on_a_400_pair_corpus(tmp_path, write):
+    """The automatic vocabulary is one SentencePiece reaches on the corpus: numbered words (w0..w4999, each seen
+    about once) promise 256 + distinct words / 2 = 1,656 pieces, and give 906."""
+    corpus, output = write(tmp_path / "c", 400), tmp_path / "out"
+    for split in ("dev", "test"):
+        for lang in ("en", "de"):
+            (corpus / f"{split}.{lang}").write_text("".join(f"w{i} w{i + 1} .\n" for i in range(20)))
+    config = parallel_text_config(str(corpus), "en", "de")
+    if write is write_text:
+        assert config.data.vocab_size < 256 + survey(str(corpus), "en", "de").distinct_words // 2
+    result = subprocess.run([sys.executable, "-m", "transformer_jax.cli.prepare",
+                             f"--config=parallel_text:{corpus},en,de", f"--output={output}"],
+                            cwd=ROOT, env=script_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    manifest = json.loads((output / "manifest.json").read_text())
+    assert (manifest["pairs"], manifest["vocab_size"]) == (400, config.data.vocab_size)

@@ -83,3 +83,24 @@ def test_bpe_model_type_and_bad_inputs(tmp_path, pairs):
     with pytest.raises(DataError, match="does not exist"):
         tk.Tokenizer.load(str(tmp_path / "missing.model"))
     assert not (tmp_path / "x.model").exists() and not (tmp_path / "y.model").exists()
+
+
+def test_a_vocabulary_too_small_for_the_characters_names_the_least_size_and_that_size_trains(tmp_path):
+    sentences = ["".join(chr(0x4E00 + (i * 7 + j) % 300) for j in range(20)) for i in range(300)]  # 300 characters
+    with pytest.raises(DataError, match=r"need (\d+)\); set --config.data.vocab_size=\1 or more") as raised:
+        tk.train_tokenizer(sentences, str(tmp_path / "small.model"), vocab_size=300, exact_size=True)
+    least = int(str(raised.value).rsplit("=", 1)[1].split()[0])
+    assert least > 300 + 256  # the characters, the byte pieces and the special ones
+    assert tk.train_tokenizer(sentences, str(tmp_path / "t.model"), vocab_size=least, exact_size=True).vocab_size == least
+    assert not (tmp_path / "small.model").exists()
+
+
+def test_the_supported_size_is_the_asked_one_or_the_most_the_text_gives_and_exact_training_accepts_it(tmp_path, pairs):
+    sentences = tk.sample_sentences(pairs, 1_000)
+    assert tk.supported_vocab_size(sentences, 600) == 600
+    numbered = [" ".join(f"w{(i * 7 + j) % 5000}" for j in range(8)) for i in range(400)]  # each word seen about once
+    most = tk.supported_vocab_size(numbered, 1_600)
+    assert 256 < most < 1_600
+    assert tk.train_tokenizer(numbered, str(tmp_path / "t.model"), vocab_size=most, exact_size=True).vocab_size == most
+    with pytest.raises(DataError, match=f"SentencePiece built only {most} pieces"):
+        tk.train_tokenizer(numbered, str(tmp_path / "u.model"), vocab_size=most + 1, exact_size=True)

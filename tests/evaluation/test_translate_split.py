@@ -53,7 +53,7 @@ def test_every_sentence_is_translated_in_order_and_empty_lines_stay_empty(tokeni
 
 
 def test_too_small_vocabulary_is_a_data_error(tmp_path):
-    with pytest.raises(DataError, match="raise data.vocab_size"):
+    with pytest.raises(DataError, match=r"they need \d+\); set --config.data.vocab_size=\d+ or more"):
         train_tokenizer(["äöü ÄÖÜ ß é è ê ñ"] * 5 + SENTENCES, str(tmp_path / "t.model"), vocab_size=200)
     assert not (tmp_path / "t.model").exists()
 

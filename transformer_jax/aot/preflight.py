@@ -22,7 +22,7 @@ os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")  # the CUDA plugin
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from transformer_jax.cli import define_search_flags, user_errors  # noqa: E402
+from transformer_jax.cli import define_search_flags, refuse_blank, user_errors  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Run config file (see configs/); --config_help lists every key.", lock_config=True)
@@ -41,6 +41,7 @@ _SEARCH_WIDTH = flags.DEFINE_integer(
 _SEARCH = define_search_flags()
 _HBM_GB = flags.DEFINE_float("hbm_gb", None, "Memory per device in GB instead of the chip's (e.g. to keep headroom).")
 flags.mark_flags_as_required(["config", "topology"])
+refuse_blank(_WORKDIR, "the run directory whose corpus to compile for, or leave it out")
 
 
 def main(argv: list[str]) -> None:

@@ -19,6 +19,7 @@ import dataclasses
 import importlib.util
 import math
 import os
+import re
 
 import jax
 from jax.sharding import Mesh
@@ -50,6 +51,26 @@ CLOUD_TYPES = _cloud_types()
 GPU_TYPES: dict[str, tuple[str, int]] = {
     f"{chip}-{count}": (chip, count) for chip in ("h100", "h200") for count in (1, 2, 4, 8)} | {
     "h100": ("h100", 1), "h200": ("h200", 1)}
+
+
+# TPU versions with chip data (chips.CHIPS): the only ones a topology may name, since a report needs the chip's figures.
+TPU_VERSIONS = tuple(key for key, chip in CHIPS.items() if not chip.is_gpu)
+# A libtpu topology name (`v5e:16x16`, `v4:4x4x4`: chips along each torus axis) or a Cloud type (`v5e-256`).
+_TPU_NAME = re.compile(rf"(?:{'|'.join(map(re.escape, TPU_VERSIONS))})(?::[1-9][0-9]*(?:x[1-9][0-9]*){{1,2}}|-[1-9][0-9]*)")
+
+
+def topology_forms() -> str:
+    """The names --topology takes, in words, for a message."""
+    return (f"a TPU topology as VERSION:AxB or VERSION:AxBxC (chips along each axis; VERSION one of "
+            f"{', '.join(TPU_VERSIONS)}: e.g. v5e:16x16, v4:4x4x4, v5p:4x4x8, v6e:8x8), a Cloud type as "
+            f"VERSION-N (e.g. v5e-256, v5p-128), or GPUs: {', '.join(sorted(GPU_TYPES))}")
+
+
+def check_name(name: str) -> None:
+    """Refuse (ConfigError) a topology `name` that is none of the forms of topology_forms: a misspelling is named
+    as such here, before libtpu or a CUDA plugin is looked for."""
+    if name not in GPU_TYPES and not _TPU_NAME.fullmatch(name):
+        raise ConfigError(f"unknown topology {name!r}; use {topology_forms()}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,18 +116,19 @@ class Topology:
 def describe(name: str, num_slices: int = 1) -> Topology:
     """The topology `name` (libtpu name, Cloud type or GPU_TYPES name), `num_slices` copies of it joined by DCN.
 
-    Raises ConfigError for a missing libtpu or CUDA plugin, or an unknown name.
+    Raises ConfigError for an unknown name (check_name), or a missing libtpu or CUDA plugin.
     """
     if num_slices < 1:
         raise ConfigError(f"--num_slices={num_slices} must be at least 1 (the slices joined by the data-center network)")
+    check_name(name)
     if name in GPU_TYPES:
         return _describe_gpus(name, num_slices)
     topology_name = CLOUD_TYPES.get(name, name)
     try:
         import libtpu  # noqa: F401  (the compiler JAX loads for TPU topologies)
     except ImportError:
-        raise ConfigError("compiling for a TPU topology needs libtpu; install it with "
-                          "pip install 'transformer_jax[tpu]' (or 'jax[tpu]' of the installed jax version)") from None
+        raise ConfigError(f"compiling for the TPU topology {name} needs libtpu, which is not installed; pip install "
+                          "'transformer-jax[tpu]' (or 'jax[tpu]' of the installed jax version)") from None
     from jax.experimental import topologies
 
     try:
@@ -116,9 +138,7 @@ def describe(name: str, num_slices: int = 1) -> Topology:
         detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
         if "INVALID_ARGUMENT" not in detail:
             raise
-        raise ConfigError(f"unknown TPU topology {name!r} ({detail}); use e.g. v5e:16x16, v4:4x4x4, "
-                          f"v5p:4x4x8, v6e:8x8, a Cloud type such as v5e-256, or GPUs: "
-                          f"{', '.join(sorted(GPU_TYPES))}") from None
+        raise ConfigError(f"unknown TPU topology {name!r} ({detail}); use {topology_forms()}") from None
     devices = tuple(described.devices)
     chip = chip_for(devices[0].device_kind)
     if chip is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 import re
 import shutil
@@ -21,7 +22,7 @@ from typing import Iterator
 import jax
 from etils import epath
 
-from transformer_jax.errors import StorageError
+from transformer_jax.errors import ConfigError, StorageError
 
 
 def process_tag() -> str:
@@ -49,6 +50,40 @@ def is_local(path: str | os.PathLike) -> bool:
     return "://" not in os.fspath(path)
 
 
+# The project's extra installing the client of an object store, by URL scheme (`pip install 'transformer-jax[gcs]'`).
+STORE_EXTRAS = {"gs": "gcs", "gcs": "gcs"}
+
+
+@functools.cache
+def _missing_client(scheme: str) -> str | None:
+    """The package fsspec needs for URLs of `scheme` when it cannot be imported, else None (also for a scheme fsspec
+    does not know: its own error names that)."""
+    from fsspec.registry import get_filesystem_class, known_implementations
+
+    try:
+        get_filesystem_class(scheme)
+    except ImportError:
+        return known_implementations[scheme]["class"].partition(".")[0]
+    except ValueError:  # "Protocol not known"
+        return None
+    return None
+
+
+def object_path(path: str | os.PathLike) -> epath.Path:
+    """`path` as an `epath.Path`; a URL (`gs://bucket/run`) whose object-store client is not installed is a
+    ConfigError naming the path, the package and how to install it, not the ImportError of the first read."""
+    path = os.fspath(path)
+    if not is_local(path):
+        scheme = path.partition("://")[0]
+        package = _missing_client(scheme)
+        if package is not None:
+            install = (f"pip install 'transformer-jax[{STORE_EXTRAS[scheme]}]'" if scheme in STORE_EXTRAS
+                       else f"pip install {package}")
+            raise ConfigError(f"{path} is a {scheme}:// path, which needs the {package} package, not installed; "
+                              f"{install} (or use a local path)")
+    return epath.Path(path)
+
+
 def absolute(path: str) -> str:
     """`path` made absolute when local; a URL is already absolute and is returned as is."""
     return os.path.abspath(path) if is_local(path) else path
@@ -56,37 +91,37 @@ def absolute(path: str) -> str:
 
 def exists(path: str) -> bool:
     """Whether a file or directory exists at `path`."""
-    return epath.Path(path).exists()
+    return object_path(path).exists()
 
 
 def is_file(path: str) -> bool:
     """Whether `path` is a file."""
-    return epath.Path(path).is_file()
+    return object_path(path).is_file()
 
 
 def is_dir(path: str) -> bool:
     """Whether `path` is a directory (on an object store: a prefix some object lies under)."""
-    return epath.Path(path).is_dir()
+    return object_path(path).is_dir()
 
 
 def list_names(directory: str) -> list[str]:
     """The names of the entries of `directory`."""
-    return [child.name for child in epath.Path(directory).iterdir()]
+    return [child.name for child in object_path(directory).iterdir()]
 
 
 def make_dirs(path: str) -> None:
     """Create directory `path` and its parents if missing (object stores need none: a no-op there)."""
-    epath.Path(path).mkdir(parents=True, exist_ok=True)
+    object_path(path).mkdir(parents=True, exist_ok=True)
 
 
 def read_text(path: str) -> str:
     """The content of text file `path`."""
-    return epath.Path(path).read_text()
+    return object_path(path).read_text()
 
 
 def read_bytes(path: str) -> bytes:
     """The content of file `path`."""
-    return epath.Path(path).read_bytes()
+    return object_path(path).read_bytes()
 
 
 def remove(path: str) -> None:
@@ -94,7 +129,7 @@ def remove(path: str) -> None:
     if is_local(path):
         os.remove(path)
     else:
-        epath.Path(path).unlink()
+        object_path(path).unlink()
 
 
 def move(source: str, destination: str) -> None:
@@ -110,12 +145,12 @@ def move(source: str, destination: str) -> None:
     if is_local(source):
         shutil.move(source, destination)
         return
-    root = epath.Path(source)
+    root = object_path(source)
     if root.is_file():
         root.copy(destination)
         root.unlink()
         return
-    _copy_tree(root, epath.Path(destination))
+    _copy_tree(root, object_path(destination))
     root.rmtree()
 
 
@@ -149,7 +184,7 @@ def append_text(path: str, text: str) -> None:
         finally:
             os.close(descriptor)
         return
-    target = epath.Path(path)
+    target = object_path(path)
     target.write_text((target.read_text() if target.exists() else "") + text)
 
 
@@ -167,7 +202,7 @@ def write_streamed(path: str, chunks: Iterator[bytes]) -> None:
     """Write the `chunks` to `path` as `write_atomically` does (readers see the old file or the whole new one),
     without holding them in memory: a local temporary renamed over `path`, or one object upload."""
     if not is_local(path):
-        with epath.Path(path).open("wb") as f:
+        with object_path(path).open("wb") as f:
             for chunk in chunks:
                 f.write(chunk)
         return

@@ -14,6 +14,7 @@ from transformer_jax.cli.commands import (
     define_cluster_flags,
     initialize_distributed,
     parse_flags,
+    refuse_blank,
     training_kept,
     training_workdir,
     user_errors,
@@ -24,6 +25,6 @@ from transformer_jax.cli.stops import early_signals, interrupts_reported, run_co
 
 __all__ = [
     "ClusterFlags", "SearchFlags", "define_cluster_flags", "define_search_flags", "early_signals", "eval_command",
-    "initialize_distributed", "interrupts_reported", "parse_flags", "run_command", "signals_held", "storage_named",
+    "initialize_distributed", "interrupts_reported", "parse_flags", "refuse_blank", "run_command", "signals_held", "storage_named",
     "training_kept", "training_workdir", "user_errors",
 ]

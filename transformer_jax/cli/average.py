@@ -9,14 +9,14 @@ transformer_jax.checkpoints.read_params.
 from absl import flags
 
 from transformer_jax.base import storage_named
-from transformer_jax.cli.commands import user_errors
+from transformer_jax.cli.commands import refuse_blank, user_errors
 from transformer_jax.cli.run_flags import define_run_flags
 from transformer_jax.cli.stops import interrupts_reported
-from transformer_jax.errors import ConfigError
 
 _RUN = define_run_flags(checkpoint="average")
 _OUTPUT = flags.DEFINE_string("output", None, "Where to write the parameters (a new Orbax checkpoint directory).")
 flags.mark_flag_as_required("output")
+refuse_blank(_OUTPUT, "the path to write the parameters to")
 
 
 def main(argv: list[str]) -> None:
@@ -27,8 +27,6 @@ def main(argv: list[str]) -> None:
 
     quiet_console()
     with user_errors(), interrupts_reported(lambda: f"nothing was written at {_OUTPUT.value}"):
-        if not _OUTPUT.value.strip():
-            raise ConfigError("--output is empty; pass the path to write the parameters to")
         _RUN.start()
         check_new_output(_RUN.workdir.value, _OUTPUT.value, "--output path")  # before any work
         with _RUN.opened() as run:

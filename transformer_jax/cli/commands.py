@@ -187,6 +187,20 @@ def command_help(module: types.ModuleType) -> str:
     return "{}\n\nflags:\n{}\n".format((module.__doc__ or "").strip(), "\n".join(listed))
 
 
+def refuse_blank(holder: flags.FlagHolder, needed: str) -> None:
+    """Refuse a blank value of a name-giving flag (`--workdir=`, `--output=' '`) when the command line is parsed,
+    before any work: "--NAME is empty; pass NEEDED", where a message quoting it would show '' (or a path of
+    spaces would be made). A flag left out keeps its default or its required-flag line; a multi-string
+    flag is blank when every value is."""
+    def named(value: Any) -> bool:
+        values = value if isinstance(value, list) else [value]
+        if value is not None and not "".join(part for v in values for part in str(v).split(",")).strip():
+            raise ConfigError(f"--{holder.name} is empty; pass {needed}")
+        return True
+
+    flags.register_validator(holder.name, named)
+
+
 def register_key_flags(holders: list[flags.FlagHolder], depth: int = 2) -> None:
     """Make the flags key flags of the module `depth` frames up (the one that called the function defining them),
     so that the command's --help lists them."""

@@ -8,7 +8,7 @@ directory: the `hf` extra). OUT must be absent or empty.
 from absl import flags
 
 from transformer_jax.base import storage_named
-from transformer_jax.cli.commands import user_errors
+from transformer_jax.cli.commands import refuse_blank, user_errors
 from transformer_jax.cli.run_flags import define_run_flags
 from transformer_jax.cli.stops import interrupts_reported
 from transformer_jax.export import FORMATS
@@ -17,6 +17,7 @@ _RUN = define_run_flags()
 _FORMAT = flags.DEFINE_enum("format", None, list(FORMATS), "The runtime to write the model for.")
 _OUTPUT = flags.DEFINE_string("output", None, "The directory to write (absent or empty; local).")
 flags.mark_flags_as_required(["format", "output"])
+refuse_blank(_OUTPUT, "the directory to write the model to")
 
 
 def main(argv: list[str]) -> None:

@@ -26,7 +26,7 @@ from absl import flags
 from transformer_jax.base import directory_written_whole, quiet_console, write_atomically
 from transformer_jax.base import workdir as layout
 from transformer_jax.checkpoints import Checkpointer
-from transformer_jax.cli.commands import user_errors
+from transformer_jax.cli.commands import refuse_blank, user_errors
 from transformer_jax.cli.stops import run_command
 from transformer_jax.config import check_run_config, default_config, write_run_config
 from transformer_jax.data import MarianVocabulary
@@ -108,14 +108,14 @@ _SOURCE = flags.DEFINE_string("source_lang", "en", "Source language code (the te
 _TARGET = flags.DEFINE_string("target_lang", "de", "Target language code.")
 _TEXT = flags.DEFINE_string("text_data", "", "Directory of dev/test.<lang> files eval.py --split scores (optional).")
 flags.mark_flags_as_required(["hf_dir", "workdir"])
+refuse_blank(_HF_DIR, "a local Hugging Face Marian model directory, or a model id (Helsinki-NLP/opus-mt-en-de)")
+refuse_blank(_WORKDIR, "the run directory to create (absent or empty)")
 
 
 def main(argv: list[str]) -> None:
     del argv
     quiet_console()
     with user_errors():
-        if not _WORKDIR.value.strip():
-            raise ConfigError("--workdir is empty; name the run directory to create (absent or empty)")
         workdir = import_marian(_HF_DIR.value, _WORKDIR.value, _SOURCE.value, _TARGET.value, _TEXT.value)
         print(f"imported {_HF_DIR.value} into {workdir}: eval.py --workdir={workdir} --translate=FILE translates with it")
 

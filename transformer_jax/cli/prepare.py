@@ -18,7 +18,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # preparing is host work: no acce
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from transformer_jax.cli.commands import removed_on_failure, user_errors  # noqa: E402
+from transformer_jax.cli.commands import refuse_blank, removed_on_failure, user_errors  # noqa: E402
 from transformer_jax.cli.stops import interrupts_reported, run_command  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -26,6 +26,7 @@ _CONFIG = config_flags.DEFINE_config_file(
 _OUTPUT = flags.DEFINE_string("output", None, "Directory to write the prepared corpus to (local or gs://).")
 _WORKERS = flags.DEFINE_integer("workers", os.cpu_count() or 1, "Processes encoding the training shards.")
 flags.mark_flags_as_required(["config", "output"])
+refuse_blank(_OUTPUT, "the directory to prepare the corpus into (local or gs://)")
 
 
 def main(argv: list[str]) -> None:
@@ -42,13 +43,11 @@ def main(argv: list[str]) -> None:
 
         config = _CONFIG.value
         check_run_config(config)
-        if not _OUTPUT.value.strip():
-            raise ConfigError("--output is empty; pass the directory to prepare the corpus into (local or gs://)")
         if _WORKERS.value < 1:
             raise ConfigError(f"--workers={_WORKERS.value} must be at least 1")
         start = time.perf_counter()
         with removed_on_failure(_OUTPUT.value, MANIFEST):  # a failed first attempt (a full disk) leaves no directory
-            corpus = prepare_corpus(config, _OUTPUT.value, workers=_WORKERS.value)
+            corpus = prepare_corpus(config, _OUTPUT.value, workers=_WORKERS.value, workers_flag="--workers")
         seconds = time.perf_counter() - start
         print(f"prepared {len(corpus)} training pairs in {len(corpus.manifest['shards'])} shard(s) at "
               f"{_OUTPUT.value} ({seconds:.1f} s); train with --config.data.prepared={_OUTPUT.value}")

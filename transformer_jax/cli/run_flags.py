@@ -13,7 +13,7 @@ from typing import Any, Iterator
 
 from absl import flags
 
-from transformer_jax.cli.commands import ClusterFlags, define_cluster_flags, register_key_flags
+from transformer_jax.cli.commands import ClusterFlags, define_cluster_flags, refuse_blank, register_key_flags
 from transformer_jax.errors import ConfigError
 
 SEARCH_MODES = ["beam", "greedy", "sample"]
@@ -77,6 +77,7 @@ def define_run_flags(*, checkpoint: str = "latest", cluster: bool = True, device
     --cpu_devices (commands that decode batches)."""
     workdir = flags.DEFINE_string("workdir", None, "The --workdir of a training run (or an imported model).")
     flags.mark_flag_as_required("workdir")
+    refuse_blank(workdir, "the directory of a training run (the --workdir it was trained in)")
     spec = flags.DEFINE_string("checkpoint", checkpoint, "latest, best, a step, average:N (mean of the last N), or "
                                "average (the run's eval.average_last).")
     cpu_devices = flags.DEFINE_integer(

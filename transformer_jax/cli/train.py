@@ -16,6 +16,7 @@ from transformer_jax.base import workdir as layout
 from transformer_jax.checkpoints import adopt_initial_model
 from transformer_jax.cli.commands import (
     define_cluster_flags,
+    refuse_blank,
     set_gpu_flags,
     training_kept,
     training_workdir,
@@ -31,6 +32,7 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, tokenizer, logs and outputs.")
 _CLUSTER = define_cluster_flags()  # --multihost and its three, --compilation_cache
 flags.mark_flags_as_required(["config", "workdir"])
+refuse_blank(_WORKDIR, "the directory for the run's checkpoints and logs")
 
 
 def train(config, workdir: str, stage: list[str]) -> None:

@@ -9,13 +9,14 @@ import sys
 
 from absl import flags
 
-from transformer_jax.cli.commands import user_errors
+from transformer_jax.cli.commands import refuse_blank, user_errors
 from transformer_jax.cli.run_flags import define_run_flags, define_search_flags
 from transformer_jax.cli.stops import interrupts_reported, signals_held
 from transformer_jax.errors import ConfigError
 
 _RUN = define_run_flags(devices=True)
 _INPUT = flags.DEFINE_string("input", "-", "The text file to translate ('-': standard input).")
+refuse_blank(_INPUT, "the file to translate, or - for standard input")
 _SEARCH = define_search_flags()
 
 
@@ -38,8 +39,6 @@ def main(argv: list[str]) -> None:
     printed = [0]  # translations written to standard output so far
     with user_errors(), interrupts_reported(lambda: f"{printed[0]} translations printed above; nothing else was "
                                             "written"):
-        if not _INPUT.value.strip():
-            raise ConfigError("--input is empty; pass the file to translate, or - for standard input")
         check_output_encoding()
         _RUN.start()
         with _RUN.opened() as run:

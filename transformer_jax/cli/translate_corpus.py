@@ -17,7 +17,7 @@ import sys
 
 from absl import flags
 
-from transformer_jax.cli.commands import user_errors
+from transformer_jax.cli.commands import refuse_blank, user_errors
 from transformer_jax.cli.lock import Claim, holding
 from transformer_jax.cli.run_flags import define_run_flags, define_search_flags
 from transformer_jax.cli.stops import interrupts_reported
@@ -33,6 +33,8 @@ _SHARD_LINES = flags.DEFINE_integer("shard_lines", 10_000, "Lines a shard: the u
                                     "out among processes, and redone at most after a stop.")
 _SEARCH = define_search_flags()
 flags.mark_flag_as_required("input")
+refuse_blank(_INPUT, "the files (or globs) to translate")
+refuse_blank(_OUTPUT_DIR, "a directory, or leave it out to write beside each input")
 
 
 def main(argv: list[str]) -> None:
@@ -50,10 +52,8 @@ def main(argv: list[str]) -> None:
         if _SHARD_LINES.value < 1:
             raise ConfigError(f"--shard_lines={_SHARD_LINES.value} must be at least 1")
         patterns = [part.strip() for value in _INPUT.value for part in value.split(",") if part.strip()]
-        if not patterns:
+        if not patterns:  # a value such as ",": refuse_blank lets no blank one through
             raise ConfigError("--input is empty; pass the files (or globs) to translate")
-        if _OUTPUT_DIR.value is not None and not _OUTPUT_DIR.value.strip():
-            raise ConfigError("--output_dir is empty; pass a directory, or leave it out to write beside each input")
         _RUN.start()
         translator = Translator(_RUN.workdir.value, _RUN.checkpoint.value, dtype=_SEARCH.dtype.value)
         try:

@@ -15,10 +15,15 @@ import os
 import ml_collections
 
 from transformer_jax.config.schema import default_config
+from transformer_jax.data.tokenizer import supported_vocab_size
 from transformer_jax.errors import DataError
 
 BYTES_PER_TOKEN = 4.0  # a SentencePiece piece of European text is about 4 UTF-8 bytes (for the step count)
 SAMPLE_BYTES = 8 << 20  # the distinct words that bound a small corpus's vocabulary are counted in this much text
+# A training text of at most this many bytes (both sides) is small enough that its words may not support the tier's
+# vocabulary: a tokenizer is trained on it (seconds) to find the size SentencePiece reaches. Larger corpora (tens of
+# thousands of pairs) reach their tier's size.
+TRIAL_BYTES = 4 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,27 +60,34 @@ TIERS = (
 
 @dataclasses.dataclass(frozen=True)
 class Survey:
-    """What the config is sized from: the training pairs, their mean bytes per side, distinct words seen."""
+    """What the config is sized from: the training pairs, their mean bytes per side, distinct words seen, and the
+    whole training text as sentences when it is at most TRIAL_BYTES (else None)."""
 
     source: str  # "text" or "tsv"
     pairs: int
     bytes_per_pair: float
     distinct_words: int
+    sentences: list[str] | None = None
 
 
-def _lines_and_bytes(path: str) -> tuple[int, int, set[str]]:
+def _lines_and_bytes(path: str, keep: int = 0) -> tuple[int, int, set[str], list[str] | None]:
+    """(lines, bytes, the distinct words of the first SAMPLE_BYTES, the lines when the file is at most `keep` bytes)."""
     lines = size = 0
     words: set[str] = set()
+    kept: list[bytes] = []
     with open(path, "rb") as f:
         while block := f.read(1 << 20):
             if size < SAMPLE_BYTES:
                 words.update(block.decode("utf-8", "ignore").split())
+            if size + len(block) <= keep:
+                kept.append(block)
             lines += block.count(b"\n")
             size += len(block)
             last = block[-1:]
     if size and last != b"\n":
         lines += 1
-    return lines, size, words
+    text = b"".join(kept).decode("utf-8", "ignore").splitlines() if size <= keep else None
+    return lines, size, words, text
 
 
 def survey(path: str, source_lang: str, target_lang: str) -> Survey:
@@ -86,13 +98,19 @@ def survey(path: str, source_lang: str, target_lang: str) -> Survey:
                         f"{source_lang},{target_lang}")
     text = [os.path.join(path, f"train.{lang}") for lang in (source_lang, target_lang)]
     if all(os.path.isfile(name) for name in text):
-        (pairs, source_bytes, source_words), (_, target_bytes, target_words) = map(_lines_and_bytes, text)
+        (pairs, source_bytes, source_words, source), (_, target_bytes, target_words, target) = (
+            _lines_and_bytes(name, TRIAL_BYTES // 2) for name in text)
+        # Both sides of each pair in turn, as the tokenizer's sample gives them (data/tokenizer.sample_sentences).
+        sentences = None if source is None or target is None else [
+            side.strip() for pair in zip(source, target) for side in pair if side.strip()]
         return Survey("text", pairs, (source_bytes + target_bytes) / 2 / max(pairs, 1),
-                      len(source_words | target_words))
+                      len(source_words | target_words), sentences)
     tsv = os.path.join(path, "train.tsv")
     if os.path.isfile(tsv):
-        pairs, size, words = _lines_and_bytes(tsv)
-        return Survey("tsv", pairs, size / 2 / max(pairs, 1), len(words))
+        pairs, size, words, lines = _lines_and_bytes(tsv, TRIAL_BYTES)
+        sentences = None if lines is None else [field.strip() for line in lines for field in line.split("\t")
+                                                if field.strip()]
+        return Survey("tsv", pairs, size / 2 / max(pairs, 1), len(words), sentences)
     raise DataError(f"{path} has neither train.{source_lang} and train.{target_lang} nor train.tsv; name the "
                     f"training files so (dev.* or valid.*, and optionally test.*, beside them)")
 
@@ -110,9 +128,13 @@ def parallel_text_config(path: str, source_lang: str, target_lang: str) -> ml_co
     found = survey(path, source_lang, target_lang)
     tier = tier_for(found.pairs)
     config = default_config()
-    # A small corpus supports fewer SentencePiece pieces than the tier's: about half its distinct words,
-    # plus the 256 byte pieces (a size it cannot reach would stop the run before training).
+    # A small corpus supports fewer SentencePiece pieces than the tier's: about half its distinct words, plus the
+    # 256 byte pieces; a text small enough to train on here is asked (a size it cannot reach would stop the run's
+    # `prepare` before training: a text of rare words, each seen once, supports far fewer pieces than it has words).
     vocab_size = min(tier.vocab_size, 256 + max(found.distinct_words // 2, 64))
+    if found.sentences:
+        vocab_size = supported_vocab_size(found.sentences, vocab_size, config.data.tokenizer_type,
+                                          config.data.byte_fallback)
     config.data.update(source=found.source, path=os.path.abspath(path), source_lang=source_lang,
                        target_lang=target_lang, vocab_size=vocab_size, tokens_per_batch=tier.tokens_per_batch,
                        max_length=256 if tier.name in ("base", "big") else 128)

@@ -117,6 +117,12 @@ SEED = ("training", "seed")
 LOSS_KERNELS = ("auto", "pallas", "xla")  # training.loss_kernel
 
 
+# Run settings that name a file or directory, "" for none (or the default place): (section, key, what to pass).
+PATH_SETTINGS = (("data", "prepared", "a prepared corpus directory (transformer-jax prepare --output)"),
+                 ("data", "path", "the directory of the train/dev/test files"),
+                 ("data", "tfds_data_dir", "a TFDS data directory"),
+                 ("training", "init_from", "the run directory to start from"))
+
 # Run settings that must be positive (model sizes are checked by TransformerConfig itself).
 POSITIVE_SETTINGS = {
     "data": ("vocab_size", "tokenizer_sample_size", "prepare_workers", "tokens_per_batch", "max_length", "eval_batch_size",
@@ -148,6 +154,10 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
         if isinstance(value, int) and abs(value) > MAX_INT32 and (section, key) not in (*STEP_SETTINGS, SEED):
             raise ConfigError(f"{section}.{key}={value} is larger than a run can hold (2**31 - 1: sizes and counts are "
                               f"32-bit on the devices); set --config.{section}.{key} lower")
+    for section, key, meaning in PATH_SETTINGS:
+        value = config[section][key]
+        if isinstance(value, str) and value and not value.strip():  # "" is each one's default; spaces name nothing
+            raise ConfigError(f"{section}.{key} is blank (only spaces); pass {meaning}, or leave the setting out")
     if config.training.loss_chunk_tokens < -1:
         raise ConfigError(f"training.loss_chunk_tokens={config.training.loss_chunk_tokens} must be -1 (automatic), "
                           "0 (the whole batch's logits) or a positive number of tokens")

@@ -188,11 +188,13 @@ def check_corpus_key(corpus: PreparedCorpus, key: dict[str, Any], own: bool) -> 
 
 
 def prepare_corpus(config: ml_collections.ConfigDict, directory: str, workers: int = 1,
-                   tokenizer_model: str | None = None) -> PreparedCorpus:
+                   tokenizer_model: str | None = None,
+                   workers_flag: str = "--config.data.prepare_workers") -> PreparedCorpus:
     """Prepare the configured training corpus into `directory` (or open it, when prepared from these settings).
 
     Reads the splits, trains the tokenizer (or uses `tokenizer_model`), encodes the training pairs with
     `workers` processes and writes the shards, the length index and the dev/test text (prepared.py).
+    `workers_flag` is the calling command's flag that sets `workers`, for the advice when one is killed.
     """
     key = corpus_key(config.data, config.training.seed)
     if is_file(os.path.join(directory, MANIFEST)):
@@ -216,7 +218,7 @@ def prepare_corpus(config: ml_collections.ConfigDict, directory: str, workers: i
         raise DataError(f"data.vocab_size={data.vocab_size} differs from the {pieces} "
                         f"pieces of {tokenizer_model}; set --config.data.vocab_size={pieces}")
     return write_prepared(directory, key, tokenizer_model, train_pairs, splits, workers,
-                          test_is_dev=splits["test"] is splits["dev"])
+                          test_is_dev=splits["test"] is splits["dev"], workers_flag=workers_flag)
 
 
 def _initial_tokenizer(config: ml_collections.ConfigDict) -> str | None:

@@ -31,6 +31,7 @@ over the whole corpus by token budget and dealt out as row blocks (batching.py);
 from __future__ import annotations
 
 import concurrent.futures
+import concurrent.futures.process
 import dataclasses
 import hashlib
 import io
@@ -52,6 +53,7 @@ from transformer_jax.base.files import (
     is_local,
     list_names,
     make_dirs,
+    object_path,
     read_bytes,
     read_text,
     storage_named,
@@ -60,7 +62,7 @@ from transformer_jax.base.files import (
 from transformer_jax.data.encoded import EncodedPairs, Ragged, encode_pairs
 from transformer_jax.data.sources import Pair
 from transformer_jax.data.tokenizer import Tokenizer
-from transformer_jax.errors import DataError
+from transformer_jax.errors import DataError, WorkerError
 from transformer_jax.model.special_tokens import EOS_ID
 
 FORMAT = "transformer_jax prepared corpus 1"
@@ -291,9 +293,7 @@ def _shard_bounds(manifest: dict[str, Any]) -> list[tuple[int, int]]:
 def _size(path: str) -> int | None:
     if is_local(path):
         return os.path.getsize(path) if os.path.isfile(path) else None
-    from etils import epath
-
-    target = epath.Path(path)
+    target = object_path(path)
     return target.stat().length if target.exists() else None
 
 
@@ -351,16 +351,22 @@ def shard_dtype(vocab_size: int) -> str:
 
 def write_prepared(directory: str, key: dict[str, Any], tokenizer_path: str, train: list[Pair],
                    splits: dict[str, list[Pair]], workers: int = 1, shard_pairs: int = SHARD_PAIRS,
-                   test_is_dev: bool = False) -> PreparedCorpus:
+                   test_is_dev: bool = False, workers_flag: str = "--config.data.prepare_workers") -> PreparedCorpus:
     """Encode `train` into shards with `workers` processes, then write the index, the splits and the manifest.
 
     `tokenizer_path` is copied to the corpus unless it is already there. `train` is emptied shard by
     shard as it is handed out, so the text and the shards are never both whole in this process.
-    A write the storage refuses (a full disk) is a StorageError: what was written is no corpus until the
-    manifest is, and preparing again overwrites it.
+    A write the storage refuses (a full disk) is a StorageError, a worker killed (by hand, or for memory) a
+    WorkerError whose advice names `workers_flag`, the command's flag setting `workers`: what was written is no
+    corpus until the manifest is, and preparing again overwrites it.
     """
     with storage_named(f"preparing the corpus in {directory}", "run the same command again: it prepares the corpus anew"):
-        return _write_prepared(directory, key, tokenizer_path, train, splits, workers, shard_pairs, test_is_dev)
+        try:
+            return _write_prepared(directory, key, tokenizer_path, train, splits, workers, shard_pairs, test_is_dev)
+        except concurrent.futures.process.BrokenProcessPool:
+            fewer = f"with fewer workers ({workers_flag}={max(1, workers // 2)})"
+            raise WorkerError(f"a preparation worker stopped (killed, or out of memory?), so the corpus in {directory} "
+                              f"is not prepared (it has no {MANIFEST}); run the same command again, or {fewer}") from None
 
 
 def _write_prepared(directory: str, key: dict[str, Any], tokenizer_path: str, train: list[Pair],

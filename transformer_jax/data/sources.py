@@ -22,9 +22,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from absl import logging
-from etils import epath
 
-from transformer_jax.base.files import is_local
+from transformer_jax.base.files import is_local, object_path
 
 from transformer_jax.errors import DataError
 
@@ -77,9 +76,9 @@ def stream_lines(path: str, strip: bool = False) -> Iterator[tuple[int, str, int
     that is not UTF-8 is a DataError naming the file and the line; a leading byte-order mark is dropped."""
     if is_local(path):
         check_text_file(path, read_once=True)
-    elif not epath.Path(path).exists():
+    elif not object_path(path).exists():
         raise DataError(f"{path} does not exist; check the path")
-    with (open(path, "rb") if is_local(path) else epath.Path(path).open("rb")) as f:
+    with (open(path, "rb") if is_local(path) else object_path(path).open("rb")) as f:
         position = 0
         for number, raw in enumerate(f, start=1):
             position += len(raw)

@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import io
 import os
+import re
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -134,28 +135,32 @@ def sample_sentences(pairs: Sequence[tuple[str, str]], sample_size: int, seed: i
     return [text for i in order.tolist() for text in pairs[i] if text]
 
 
+# SentencePiece's refusal of a vocabulary smaller than the corpus's characters, with both counts ("300 vs 561": the
+# size asked, and the characters plus the special and byte pieces, the least size that holds them).
+_TOO_FEW_PIECES = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
+
+
 @contextlib.contextmanager
 def _sentencepiece_errors(vocab_size: int) -> Iterator[None]:
-    """SentencePiece reports a too-small vocabulary as a multi-line RuntimeError: make it a DataError."""
+    """SentencePiece reports a too-small vocabulary as a multi-line RuntimeError: make it a DataError naming the
+    least size that holds the corpus's characters."""
     try:
         yield
     except RuntimeError as error:
-        if "Vocabulary size is smaller than required_chars" in str(error):
+        found = _TOO_FEW_PIECES.search(str(error))
+        if found:
             raise DataError(
-                f"tokenizer vocab_size={vocab_size} cannot hold the corpus's characters (plus 256 byte "
-                "pieces with byte_fallback); raise data.vocab_size"
+                f"tokenizer vocab_size={vocab_size} cannot hold the corpus's characters (with the special pieces, "
+                f"and 256 byte pieces with byte_fallback, they need {found.group(2)}); set "
+                f"--config.data.vocab_size={found.group(2)} or more"
             ) from None
         raise
 
 
-def train_tokenizer(sentences: Sequence[str], model_path: str, vocab_size: int = 32_000,
-                    model_type: str = "unigram", byte_fallback: bool = True,
-                    character_coverage: float = 0.9995, exact_size: bool = False) -> Tokenizer:
-    """Train SentencePiece on in-memory sentences and write the model to `model_path` atomically.
-
-    A corpus too small for `vocab_size` pieces gives fewer; with `exact_size` (a run's tokenizer, whose
-    size its config states) that is a DataError instead, raised before anything is written.
-    """
+def _trained_model(sentences: Sequence[str], vocab_size: int, model_type: str, byte_fallback: bool,
+                   character_coverage: float, threads: int) -> bytes:
+    """The serialized SentencePiece model trained on `sentences` (fewer pieces than `vocab_size` when the text
+    supports fewer; see supported_vocab_size)."""
     if model_type not in ("unigram", "bpe"):
         raise DataError(f"tokenizer model_type={model_type!r} is not supported; use 'unigram' or 'bpe'")
     if not sentences:
@@ -167,16 +172,38 @@ def train_tokenizer(sentences: Sequence[str], model_path: str, vocab_size: int =
             model_type=model_type, byte_fallback=byte_fallback, character_coverage=character_coverage,
             pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
             pad_piece="<pad>", unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
-            # A size larger than the corpus supports shrinks instead of failing: reported below.
-            hard_vocab_limit=False, input_sentence_size=0, num_threads=os.cpu_count() or 1,
+            # A size larger than the corpus supports shrinks instead of failing: reported by the callers.
+            hard_vocab_limit=False, input_sentence_size=0, num_threads=threads,
             logstream=quiet,
         )
-    tokenizer = Tokenizer(model.getvalue())
+    return model.getvalue()
+
+
+def supported_vocab_size(sentences: Sequence[str], vocab_size: int, model_type: str = "unigram",
+                         byte_fallback: bool = True, character_coverage: float = 0.9995) -> int:
+    """The pieces SentencePiece builds from `sentences` when asked for `vocab_size`: `vocab_size`, or fewer when
+    the text supports no more (a size train_tokenizer(exact_size=True) accepts for it). Trained on one thread, so
+    every host that asks gets the same answer."""
+    model = _trained_model(sentences, vocab_size, model_type, byte_fallback, character_coverage, threads=1)
+    return Tokenizer(model).vocab_size
+
+
+def train_tokenizer(sentences: Sequence[str], model_path: str, vocab_size: int = 32_000,
+                    model_type: str = "unigram", byte_fallback: bool = True,
+                    character_coverage: float = 0.9995, exact_size: bool = False) -> Tokenizer:
+    """Train SentencePiece on in-memory sentences and write the model to `model_path` atomically.
+
+    A corpus too small for `vocab_size` pieces gives fewer; with `exact_size` (a run's tokenizer, whose
+    size its config states) that is a DataError instead, raised before anything is written.
+    """
+    model = _trained_model(sentences, vocab_size, model_type, byte_fallback, character_coverage,
+                           threads=os.cpu_count() or 1)
+    tokenizer = Tokenizer(model)
     if exact_size and tokenizer.vocab_size < vocab_size:  # before writing: a failed start leaves nothing
         raise DataError(
             f"data.vocab_size={vocab_size} is more than this corpus supports: SentencePiece built only "
             f"{tokenizer.vocab_size} pieces; set --config.data.vocab_size={tokenizer.vocab_size} (or less), "
             "or train on more data"
         )
-    write_atomically(model_path, model.getvalue())
+    write_atomically(model_path, model)
     return tokenizer

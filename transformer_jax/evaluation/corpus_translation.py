@@ -35,10 +35,9 @@ import time
 from typing import Any, Callable, Iterator
 
 import numpy as np
-from etils import epath
 
-from transformer_jax.base.files import (exists, is_dir, is_file, is_local, list_names, make_dirs, read_bytes,
-                                        read_text, remove, unique_name, write_atomically, write_streamed)
+from transformer_jax.base.files import (exists, is_dir, is_file, is_local, list_names, make_dirs, object_path,
+                                        read_bytes, read_text, remove, unique_name, write_atomically, write_streamed)
 from transformer_jax.data.sources import check_text_file, stream_lines
 from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.evaluation.translator import Translator
@@ -76,7 +75,7 @@ def expand_inputs(patterns: list[str]) -> list[str]:
             else:
                 root, _, rest = pattern.partition("://")
                 bucket, _, glob_part = rest.partition("/")
-                matched = sorted(str(path) for path in epath.Path(f"{root}://{bucket}").glob(glob_part))
+                matched = sorted(str(path) for path in object_path(f"{root}://{bucket}").glob(glob_part))
             if not matched:
                 raise DataError(f"--input {pattern} matches no file; check the pattern")
             files += matched
@@ -130,7 +129,7 @@ def _digest(data: bytes) -> str:
 def _file_digest(path: str) -> str:
     """sha256 of a file's bytes, read a block at a time."""
     digest = hashlib.sha256()
-    with (open(path, "rb") if is_local(path) else epath.Path(path).open("rb")) as f:
+    with (open(path, "rb") if is_local(path) else object_path(path).open("rb")) as f:
         while block := f.read(1 << 20):
             digest.update(block)
     return digest.hexdigest()
@@ -208,7 +207,7 @@ def _shard_path(item: CorpusFile, shard: int, suffix: str) -> str:
 
 def _shards(item: CorpusFile, shard_lines: int) -> Iterator[tuple[int, list[str], int, int]]:
     """(shard number, its lines, bytes read so far, the file's size) of `item`'s input, read a line at a time."""
-    size = os.path.getsize(item.input) if is_local(item.input) else epath.Path(item.input).stat().length
+    size = os.path.getsize(item.input) if is_local(item.input) else object_path(item.input).stat().length
     lines: list[str] = []
     shard, position = 0, 0
     for _, line, position in stream_lines(item.input):
