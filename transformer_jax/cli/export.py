@@ -17,6 +17,8 @@ _RUN = define_run_flags()
 _FORMAT = flags.DEFINE_enum("format", None, list(FORMATS), "The runtime to write the model for.")
 _OUTPUT = flags.DEFINE_string("output", None, "The directory to write (absent or empty; local).")
 flags.mark_flags_as_required(["format", "output"])
+# The flag a bare word on the command line was probably meant for (commands.unexpected_argument names it).
+BARE_WORD_FLAG = _OUTPUT
 
 
 def main(argv: list[str]) -> None:

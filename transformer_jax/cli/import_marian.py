@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 from typing import Any
 
 import flax.struct
@@ -108,6 +109,8 @@ _SOURCE = flags.DEFINE_string("source_lang", "en", "Source language code (the te
 _TARGET = flags.DEFINE_string("target_lang", "de", "Target language code.")
 _TEXT = flags.DEFINE_string("text_data", "", "Directory of dev/test.<lang> files eval.py --split scores (optional).")
 flags.mark_flags_as_required(["hf_dir", "workdir"])
+# The flag a bare word on the command line was probably meant for (commands.unexpected_argument names it).
+BARE_WORD_FLAG = _HF_DIR
 
 
 def main(argv: list[str]) -> None:
@@ -117,7 +120,8 @@ def main(argv: list[str]) -> None:
         if not _WORKDIR.value.strip():
             raise ConfigError("--workdir is empty; name the run directory to create (absent or empty)")
         workdir = import_marian(_HF_DIR.value, _WORKDIR.value, _SOURCE.value, _TARGET.value, _TEXT.value)
-        print(f"imported {_HF_DIR.value} into {workdir}: eval.py --workdir={workdir} --translate=FILE translates with it")
+        command = shlex.join(["transformer-jax", "translate", f"--workdir={workdir}"])
+        print(f"imported {_HF_DIR.value} into {workdir}: {command} --input=FILE translates with it")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,8 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, tokenizer, logs and outputs.")
 _CLUSTER = define_cluster_flags()  # --multihost and its three, --compilation_cache
 flags.mark_flags_as_required(["config", "workdir"])
+# The flag a bare word on the command line was probably meant for (commands.unexpected_argument names it).
+BARE_WORD_FLAG = _WORKDIR
 
 
 def train(config, workdir: str, stage: list[str]) -> None:

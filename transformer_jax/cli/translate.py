@@ -17,6 +17,8 @@ from transformer_jax.errors import ConfigError
 _RUN = define_run_flags(devices=True)
 _INPUT = flags.DEFINE_string("input", "-", "The text file to translate ('-': standard input).")
 _SEARCH = define_search_flags()
+# The flag a bare word on the command line was probably meant for (commands.unexpected_argument names it).
+BARE_WORD_FLAG = _INPUT
 
 
 def check_output_encoding() -> None:
@@ -32,7 +34,7 @@ def check_output_encoding() -> None:
 def main(argv: list[str]) -> None:
     del argv
     from transformer_jax.base import make_mesh, quiet_console
-    from transformer_jax.evaluation import translate_file
+    from transformer_jax.evaluation import check_input, translate_file
 
     quiet_console()
     printed = [0]  # translations written to standard output so far
@@ -40,6 +42,8 @@ def main(argv: list[str]) -> None:
                                             "written"):
         if not _INPUT.value.strip():
             raise ConfigError("--input is empty; pass the file to translate, or - for standard input")
+        multihost = _RUN.cluster is not None and _RUN.cluster.multihost.value
+        check_input(_INPUT.value, named="--input=", processes=2 if multihost else 1)  # before any work
         check_output_encoding()
         _RUN.start()
         with _RUN.opened() as run:

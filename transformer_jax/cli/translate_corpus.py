@@ -33,6 +33,8 @@ _SHARD_LINES = flags.DEFINE_integer("shard_lines", 10_000, "Lines a shard: the u
                                     "out among processes, and redone at most after a stop.")
 _SEARCH = define_search_flags()
 flags.mark_flag_as_required("input")
+# The flag a bare word on the command line was probably meant for (commands.unexpected_argument names it).
+BARE_WORD_FLAG = _INPUT
 
 
 def main(argv: list[str]) -> None:
