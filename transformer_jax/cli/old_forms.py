@@ -13,8 +13,6 @@ from __future__ import annotations
 import shlex
 import sys
 
-from transformer_jax.__main__ import PROGRAM
-
 # eval.py's flag -> (its command, the command's flag); a flag with a value, or a boolean (`BOOLEANS`).
 OLD_FLAGS = {
     "translate": ("translate", "input"),
@@ -31,6 +29,7 @@ _DECODING = ("mode", "beam_size", "alpha", "max_extra_length", "seed", "temperat
              "batch_size", "batch_tokens", "cpu_devices")
 IGNORED = {"average": _DECODING, "export": _DECODING, "plot": ("batch_size", "batch_tokens", "cpu_devices")}
 USER_ERROR_EXIT = 2
+PROGRAM = "transformer-jax"  # as transformer_jax.__main__.PROGRAM: cli sits below the entry point
 
 
 def _refuse(message: str) -> None:
