@@ -466,7 +466,18 @@ EVAL_ROWS = [
     ("top_p of 0", lambda s: ["--mode=sample", "--top_p=0"], ["top_p=0.0 must be in (0, 1]"]),
     ("zero batch", lambda s: ["--batch_size=0"], ["batch_size=0 must be a positive integer"]),
     ("missing --translate file", lambda s: [f"--translate={s['dir'] / 'none.txt'}"],
-     ["none.txt does not exist", "pass a text file or -"]),
+     ["--input=", "none.txt does not exist", "pass a text file or - (standard input)"]),
+    ("--translate file that is a directory", lambda s: [f"--translate={s['dir']}"],
+     ["--input=", "is a directory; pass a text file or -"]),
+    ("a stray word for the split", lambda s: ["dev"], ["unexpected argument 'dev'; pass it as --split=dev"]),
+    ("a stray word beside --translate", lambda s: ["--translate=-", "in.txt"],  # --input given: not its value
+     ["unexpected argument 'in.txt': this command takes flags only (see --help)"]),
+    ("length limit beyond int32", lambda s: ["--max_extra_length=2147483648"],
+     ["max_extra_length=2147483648 must be a positive integer, at most 2**30 = 1073741824"]),
+    ("beam beyond int32", lambda s: ["--beam_size=2147483648"], ["beam_size=2147483648 must be", "at most 2**30"]),
+    ("top_k beyond int32", lambda s: ["--mode=sample", "--top_k=2147483648"], ["top_k=2147483648 must be", "at most"]),
+    ("batch beyond int32", lambda s: ["--batch_size=2147483648"], ["batch_size=2147483648 must be", "at most 2**30"]),
+    ("token budget beyond int32", lambda s: ["--batch_tokens=2147483648"], ["batch_tokens=2147483648 must be"]),
     ("--translate file not UTF-8", lambda s: [f"--translate={s['dir'] / 'latin1.txt'}"],
      ["latin1.txt line 2 is not valid UTF-8 (byte 0xe4)", "re-encode the file as UTF-8"]),
     ("--write_averaged under a file", lambda s: [f"--write_averaged={s['dir'] / 'a_file' / 'avg'}"],
@@ -501,6 +512,39 @@ EVAL_ROWS = [
     ("config.json of something else", lambda s: [f"--workdir={s['foreign']}"],
      ["foreign_config/config.json is not a run config of this project (no 'data' section)", "restore it"]),
 ]
+
+
+# (row, `transformer-jax` command line given the setup, fragments of the error line): each command's messages
+# name its own flags (translate: --input, not eval.py's --translate).
+COMMAND_ROWS = [
+    ("translate: a stray word", lambda s: ["translate", f"--workdir={s['workdir']}", "in.txt"],
+     ["unexpected argument 'in.txt'; pass it as --input=in.txt"]),
+    ("translate: a missing input", lambda s: ["translate", f"--workdir={s['workdir']}", f"--input={s['dir'] / 'no'}"],
+     ["--input=", "/no does not exist; pass a text file or - (standard input)"]),
+    ("translate: a directory", lambda s: ["translate", f"--workdir={s['workdir']}", f"--input={s['dir']}"],
+     ["is a directory; pass a text file or - (standard input)"]),
+    ("translate: a length limit beyond int32",
+     lambda s: ["translate", f"--workdir={s['workdir']}", f"--input={s['dir'] / 'latin1.txt'}",
+                "--max_extra_length=2147483648"], ["max_extra_length=2147483648 must be a positive integer, at most"]),
+    ("translate: a flag of another mode", lambda s: ["translate", f"--workdir={s['workdir']}", "--top_k=3"],
+     ["--top_k applies to --mode=sample, not --mode=beam; drop it, or pass --mode=sample"]),
+    ("score: a stray word", lambda s: ["score", f"--workdir={s['workdir']}", "dev"],
+     ["unexpected argument 'dev'; pass it as --split=dev"]),
+    ("score: a length limit beyond int32", lambda s: ["score", f"--workdir={s['workdir']}",
+                                                      "--max_extra_length=2147483648"], ["at most 2**30 = 1073741824"]),
+    ("score: a batch beyond int32", lambda s: ["score", f"--workdir={s['workdir']}", "--batch_size=2147483648"],
+     ["batch_size=2147483648 must be a positive integer, at most 2**30"]),
+]
+
+
+def test_translate_and_score_refuse_with_their_own_flags_and_write_nothing(setup):
+    before = snapshot(setup["workdir"])
+    results = run_rows("transformer-jax", [flags(setup) for _, flags, _ in COMMAND_ROWS], setup["dir"])
+    for (name, _, fragments), result in zip(COMMAND_ROWS, results):
+        error = assert_one_line_error(result, *fragments)
+        assert "--translate" not in error, name
+        assert result.stdout == "", name  # nothing printed as if it were a translation or a score
+    assert snapshot(setup["workdir"]) == before
 
 
 @pytest.fixture(scope="module")

@@ -156,7 +156,7 @@ STDIN_ROWS = [
     ("Latin-1", b"The dog sleeps .\nDer Hund schl\xe4ft .\n",
      ["standard input line 2 is not valid UTF-8 (byte 0xe4)", "re-encode the text as UTF-8"]),
     ("binary", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\n", ["standard input line 1 is not valid UTF-8 (byte 0x89)"]),
-    ("closed", None, ["--translate=- reads standard input, but it is closed", "pipe the text in", "or pass a file"]),
+    ("closed", None, ["--input=- reads standard input, but it is closed", "pipe the text in", "or pass a file"]),
 ]
 
 

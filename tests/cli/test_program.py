@@ -4,6 +4,7 @@ commands (with a one-line note)."""
 
 import pathlib
 import re
+import shlex
 import subprocess
 import sys
 
@@ -65,13 +66,40 @@ ROWS = [
     (["plot", "--workdir=w"], ["name the figures to draw"]),
     (["plot", "--workdir=w", "--attention_target=Haus"], ["--attention_target needs --attention"]),
     (["plot", "--workdir=w", "--multihost"], ["Unknown command line flag multihost"]),
+    # A word that is no flag: refused, with the flag it was probably meant for (no command takes such words).
+    (["translate", "--workdir=w", "in.txt"], ["unexpected argument 'in.txt'; pass it as --input=in.txt"]),
+    (["translate", "--workdir=w", "-"], ["unexpected argument '-'; pass it as --input=-"]),
+    (["score", "--workdir=w", "dev"], ["unexpected argument 'dev'; pass it as --split=dev"]),
+    (["score", "--workdir=w", "greedy"], ["unexpected argument 'greedy'; pass it as --mode=greedy"]),
+    (["score", "--workdir=w", "split=dev"], ["unexpected argument 'split=dev'; pass it as --split=dev"]),
+    (["translate-corpus", "--workdir=w", "--input=a.txt", "b c.txt"],
+     ["unexpected argument 'b c.txt'; pass it as '--input=b c.txt'"]),
+    (["train", "--workdir=w", "--config=demo", "configs/smoke.py"],
+     ["unexpected argument 'configs/smoke.py'; pass it as --config=configs/smoke.py"]),
+    (["train", "--workdir=w", "--config=demo", "more"], ["unexpected argument 'more': this command takes flags only"]),
+    (["average", "--workdir=w", "--output=o", "--", "x"], ["unexpected argument 'x': this command takes flags only"]),
+    (["export", "--workdir=w", "--format=hf", "out"], ["--output is required"]),  # a missing flag is named first
+    (["plot", "--workdir=w", "the dog"], ["unexpected argument 'the dog'; pass it as '--attention=the dog'"]),
+    (["import", "--workdir=w", "--hf_dir=m", "extra"], ["unexpected argument 'extra': this command takes flags"]),
 ]
 
 
 def test_each_command_keeps_the_one_line_error_convention(tmp_path):
     for (args, fragments), result in zip(ROWS, run_rows("transformer-jax", [args for args, _ in ROWS], tmp_path)):
         assert_one_line_error(result, *fragments)
-        assert not (tmp_path / "w").exists()
+        assert not (tmp_path / "w").exists() and not (tmp_path / "o").exists()
+        assert result.stdout == ""
+
+
+def test_a_stray_word_is_refused_by_the_installed_command_before_reading_standard_input(tmp_path):
+    """`translate --workdir=RUN in.txt` read standard input and translated it, as if in.txt were not there."""
+    source = tmp_path / "in.txt"
+    source.write_text("the dog\n")
+    result = subprocess.run([sys.executable, "-m", "transformer_jax", "translate", f"--workdir={tmp_path / 'w'}",
+                             str(source)], cwd=ROOT, input="the house\n", capture_output=True, text=True,
+                            env=script_env(), timeout=300)
+    assert_one_line_error(result, f"unexpected argument '{source}'; pass it as --input={source}")
+    assert result.stdout == "" and sorted(path.name for path in tmp_path.iterdir()) == ["in.txt"]
 
 
 def test_the_program_lists_its_commands_and_refuses_an_unknown_one():
@@ -123,6 +151,23 @@ def test_eval_py_forms_of_old_reach_the_new_commands_with_a_note(capsys, old, co
         assert note.count("\n") == 1 and f"is `transformer-jax {command} " in note
 
 
+@pytest.mark.parametrize("old, flags", [
+    (["--workdir=w", "--plot_attention=the dog; echo pasted", "--plot_curves"],
+     ["--plot_attention=the dog; echo pasted", "--plot_curves"]),
+    (["--workdir=my runs/a", "--translate", "in file's.txt", "--mode=greedy"], ["--translate", "in file's.txt"]),
+    (["--workdir=w", "--export=hf:out dir", "--batch_size", "8"], ["--export=hf:out dir"]),
+    (["--workdir=w", "--write_averaged=$HOME/avg `date`"], ["--write_averaged=$HOME/avg `date`"]),
+])
+def test_eval_py_notes_the_new_form_quoted_as_one_command_to_paste(capsys, old, flags):
+    """The note's command, split as a POSIX shell splits it, is the argv eval.py runs: no word is split or lost
+    (unquoted, `--attention=the dog; echo pasted` ran `echo` and plotted "the")."""
+    name, argv = eval_command(["eval.py", *old])
+    note = capsys.readouterr().err
+    written, command = note.removeprefix("note: eval.py ").split(" is `", 1)
+    assert shlex.split(command.rsplit("` now", 1)[0]) == ["transformer-jax", name, *argv[1:]]
+    assert shlex.split(written) == flags  # the old flags, as given
+
+
 @pytest.mark.parametrize("old, fragment", [
     (["--translate=a", "--export=hf:o"], "--translate and --export are two commands"),
     (["--export=ctranslate2"], "--export=ctranslate2 is not FORMAT:DIR"),
@@ -148,4 +193,5 @@ def test_eval_py_and_the_command_translate_alike(trained_run, tmp_path):
                          cwd=tmp_path, input=source.read_text(), capture_output=True, text=True, env=env, timeout=300)
     assert old.returncode == new.returncode == 0, old.stderr[-2000:] + new.stderr[-2000:]
     assert old.stdout == new.stdout and len(new.stdout.splitlines()) == 2
-    assert f"eval.py --translate={source} is `transformer-jax translate --input={source}` now" in old.stderr
+    new_form = shlex.join(["transformer-jax", "translate", f"--input={source}", f"--workdir={trained_run['workdir']}"])
+    assert f"eval.py --translate={source} is `{new_form}` now" in old.stderr

@@ -20,6 +20,8 @@ def test_max_output_lengths_count_non_pad_source_tokens_and_cap_at_max_len():
     src = jnp.array([[5, 6, 7, 3], [5, 3, 0, 0], [0, 0, 0, 0]])
     assert max_output_lengths(src, 50, 512).tolist() == [54, 52, 50]
     assert max_output_lengths(src, 50, 53).tolist() == [53, 52, 50]
+    # A limit beyond int32 (a direct caller's; DecodeOptions refuses it) allows max_len, no overflow.
+    assert max_output_lengths(src, 2**31, 53).tolist() == [53, 53, 53]
 
 
 def test_outputs_end_at_eos_or_at_the_sentence_maximum(model, beam_output, greedy_output):

@@ -1,4 +1,5 @@
-"""The text API (`Translator`) and standard input read in blocks: batched, in the caller's order, as the file path."""
+"""The text API (`Translator`) and standard input read in blocks: batched, in the caller's order, as the file path;
+a str is one sentence, every setting is used or refused, a checkpoint is named as --checkpoint names it."""
 
 import io
 import select
@@ -12,6 +13,7 @@ from runs import ROOT, script_env
 from transformer_jax.checkpoints import checkpoint_params, open_run
 from transformer_jax.data.shapes import TranslationBatching
 from transformer_jax.decoding import DecodeOptions
+from transformer_jax.errors import CheckpointError, ConfigError
 from transformer_jax.evaluation import Translator, translate_file
 
 WORDS = "the a dog cat house tree sleeps runs sees big small red".split()
@@ -38,6 +40,41 @@ def test_translations_come_back_in_the_callers_order_however_they_are_batched(tr
     assert by_tokens == translator.translate(texts, mode="beam", batch_size=7)
     assert by_tokens[:5] == [translator.translate([text], mode="beam")[0] for text in texts[:5]]
     assert translator.translate([]) == []
+
+
+def test_a_string_is_one_sentence_and_gives_one_string(translator):
+    text = "the dog sleeps ."
+    (from_list,) = translator.translate([text], mode="greedy", max_extra_length=4)
+    one = translator.translate(text, mode="greedy", max_extra_length=4)
+    assert isinstance(one, str) and one == from_list  # not one translation per character
+    assert translator.translate((text, text), mode="greedy", max_extra_length=4) == [from_list] * 2
+    with pytest.raises(ConfigError, match="one item is of type int; pass text"):
+        translator.translate([text, 3])
+
+
+@pytest.mark.parametrize("settings, refused", [
+    ({"top_k": 5}, "top_k applies to mode='sample', not mode='beam'; drop it, or pass mode='sample'"),
+    ({"mode": "greedy", "beam_size": 8}, "beam_size applies to mode='beam', not mode='greedy'; drop it"),
+    ({"max_extra_length": 2147483648}, "max_extra_length=2147483648 must be a positive integer, at most 2**30"),
+    ({"mode": "sample", "top_k": 2**31}, "top_k=2147483648 must be 0 (keep every token) or a positive integer"),
+])
+def test_a_setting_that_would_be_ignored_or_overflow_is_one_line_before_any_work(translator, settings, refused):
+    """As the command line refuses --top_k without --mode=sample: a setting is used, or refused; never dropped."""
+    with pytest.raises(ConfigError) as error:
+        translator.translate(["the dog"], **settings)
+    assert str(error.value).startswith(refused) and "\n" not in str(error.value)
+
+
+def test_a_checkpoint_is_named_by_its_step_as_an_int_or_as_the_flag_writes_it(trained_run, translator):
+    latest = translator.steps[-1]
+    for spec in (latest, str(latest)):
+        with Translator(str(trained_run["workdir"]), checkpoint=spec) as chosen:
+            assert chosen.steps == [latest]
+    with pytest.raises(CheckpointError, match=r"--checkpoint=999 is not latest, best, average:N or a saved step; "
+                                              r"available steps: "):
+        Translator(str(trained_run["workdir"]), checkpoint=999)
+    with pytest.raises(CheckpointError, match=r"checkpoint=4\.5 is not latest, best, average:N, average or a step"):
+        Translator(str(trained_run["workdir"]), checkpoint=4.5)
 
 
 def test_a_sentence_longer_than_the_model_is_cut_and_counted(translator):

@@ -8,6 +8,7 @@ import glob
 import logging
 import os
 import re
+import numbers
 import shutil
 from typing import Any, Iterator
 
@@ -79,8 +80,14 @@ def check_tokenizer_of_corpus(tokenizer: Tokenizer, path: str, corpus: str) -> N
                               f"{os.path.join(corpus, layout.TOKENIZER)} to {path}")
 
 
-def select_steps(checkpointer: Checkpointer, spec: str, average_last: int = 5) -> list[int]:
-    """Steps named by `spec`: "latest", "best", a step, "average:N" (the last N) or "average" (the last `average_last`)."""
+def select_steps(checkpointer: Checkpointer, spec: str | int, average_last: int = 5) -> list[int]:
+    """Steps named by `spec`: "latest", "best", a step (an int, or its digits), "average:N" (the last N) or
+    "average" (the last `average_last`)."""
+    if isinstance(spec, numbers.Integral) and not isinstance(spec, bool):
+        spec = str(int(spec))  # Translator(run, checkpoint=300), as --checkpoint=300
+    if not isinstance(spec, str):
+        raise CheckpointError(f"checkpoint={spec!r} is not latest, best, average:N, average or a step (an int); "
+                              "pass one of them")
     steps = checkpointer.steps()
     if not steps:
         raise CheckpointError(

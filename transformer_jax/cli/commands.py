@@ -7,6 +7,7 @@ import dataclasses
 import errno
 import os
 import re
+import shlex
 import shutil
 import sys
 import time
@@ -209,6 +210,29 @@ def register_key_flags(holders: list[flags.FlagHolder], depth: int = 2) -> None:
         flags.FLAGS.register_key_flag_for_module(module, flags.FLAGS[holder.name])
 
 
+def unexpected_argument(word: str, module: types.ModuleType) -> str:
+    """The line refusing a word on the command line that is no flag (every command takes flags alone), naming the
+    flag of the command's `module` it was probably meant for: one it names (`split=dev`), one whose choices hold
+    it (`dev`: --split), --config for a .py file, else the module's `BARE_WORD_FLAG` (translate: --input)."""
+    own = {flag.name: flag for flag in flags.FLAGS.get_key_flags_for_module(module.__name__)}
+    name, equals, _ = word.lstrip("-").partition("=")
+    choices = [flag.name for flag in own.values() if word in (getattr(flag.parser, "enum_values", None) or ())]
+    bare = getattr(module, "BARE_WORD_FLAG", None)
+    if bare is not None and flags.FLAGS[bare.name].present and not isinstance(flags.FLAGS[bare.name], flags.MultiFlag):
+        bare = None  # given already: the word is not its value
+    if equals and name in own:
+        meant = f"--{word.lstrip('-')}"
+    elif choices:
+        meant = f"--{choices[0]}={word}"
+    elif word.endswith(".py") and "config" in own:
+        meant = f"--config={word}"
+    elif bare is not None:
+        meant = f"--{bare.name}={word}"
+    else:
+        return f"unexpected argument {word!r}: this command takes flags only (see --help)"
+    return f"unexpected argument {word!r}; pass it as {shlex.quote(meant)} (see --help)"
+
+
 def parse_flags(argv: list[str], module: types.ModuleType | None = None) -> list[str]:
     """absl flag parsing where a bad flag, config file or --config override is one line and exit status 2;
     `--config_help` prints every run config key with its default and meaning (docs/configuration.md's source);
@@ -244,6 +268,9 @@ def parse_flags(argv: list[str], module: types.ModuleType | None = None) -> list
     absl_logging.set_verbosity(absl_logging.ERROR)  # ml_collections' own warnings would precede our one line
     try:
         remaining = flags.FLAGS(argv)
+        if len(remaining) > 1:  # absl leaves the words that are no flag: no command takes any
+            print(f"error: {unexpected_argument(remaining[1], module or sys.modules['__main__'])}", file=sys.stderr)
+            sys.exit(USER_ERROR_EXIT)
         if "config" in flags.FLAGS:
             getattr(flags.FLAGS.config, "keys")  # a config file loads lazily: fail here, not mid-run
         return remaining

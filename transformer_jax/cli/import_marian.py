@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shlex
 from typing import Any
 
 import flax.struct
@@ -110,6 +111,8 @@ _TEXT = flags.DEFINE_string("text_data", "", "Directory of dev/test.<lang> files
 flags.mark_flags_as_required(["hf_dir", "workdir"])
 refuse_blank(_HF_DIR, "a local Hugging Face Marian model directory, or a model id (Helsinki-NLP/opus-mt-en-de)")
 refuse_blank(_WORKDIR, "the run directory to create (absent or empty)")
+# The flag a bare word on the command line was probably meant for (commands.unexpected_argument names it).
+BARE_WORD_FLAG = _HF_DIR
 
 
 def main(argv: list[str]) -> None:
@@ -117,7 +120,8 @@ def main(argv: list[str]) -> None:
     quiet_console()
     with user_errors():
         workdir = import_marian(_HF_DIR.value, _WORKDIR.value, _SOURCE.value, _TARGET.value, _TEXT.value)
-        print(f"imported {_HF_DIR.value} into {workdir}: eval.py --workdir={workdir} --translate=FILE translates with it")
+        command = shlex.join(["transformer-jax", "translate", f"--workdir={workdir}"])
+        print(f"imported {_HF_DIR.value} into {workdir}: {command} --input=FILE translates with it")
 
 
 if __name__ == "__main__":

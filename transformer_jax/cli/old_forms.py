@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 # eval.py's flag -> (its command, the command's flag); a flag with a value, or a boolean (`BOOLEANS`).
@@ -28,6 +29,7 @@ _DECODING = ("mode", "beam_size", "alpha", "max_extra_length", "seed", "temperat
              "batch_size", "batch_tokens", "cpu_devices")
 IGNORED = {"average": _DECODING, "export": _DECODING, "plot": ("batch_size", "batch_tokens", "cpu_devices")}
 USER_ERROR_EXIT = 2
+PROGRAM = "transformer-jax"  # as transformer_jax.__main__.PROGRAM: cli sits below the entry point
 
 
 def _refuse(message: str) -> None:
@@ -35,9 +37,9 @@ def _refuse(message: str) -> None:
     sys.exit(USER_ERROR_EXIT)
 
 
-def _old_flags(argv: list[str]) -> tuple[dict[str, tuple[str, str | None]], list[str]]:
-    """The old flags of argv[1:] ({name: (as written, value)}; a boolean's value None, a false one left out)
-    and the other arguments, in order."""
+def _old_flags(argv: list[str]) -> tuple[dict[str, tuple[list[str], str | None]], list[str]]:
+    """The old flags of argv[1:] ({name: (its arguments as written, value)}; a boolean's value None, a false one
+    left out) and the other arguments, in order."""
     found, rest, index = {}, [], 1
     while index < len(argv):
         arg = argv[index]
@@ -48,12 +50,12 @@ def _old_flags(argv: list[str]) -> tuple[dict[str, tuple[str, str | None]], list
         elif name in BOOLEANS or negated:
             found.pop(name.removeprefix("no") if negated else name, None)
             if not negated and value.lower() not in ("false", "0"):
-                found[name] = (arg, None)
+                found[name] = ([arg], None)
         elif equals:
-            found[name] = (arg, value)
+            found[name] = ([arg], value)
         elif index + 1 < len(argv):  # --translate FILE
             index += 1
-            found[name] = (f"{arg} {argv[index]}", argv[index])
+            found[name] = ([arg, argv[index]], argv[index])
         else:
             _refuse(f"{arg} needs a value; pass what it names (see --help)")
         index += 1
@@ -89,10 +91,11 @@ def eval_command(argv: list[str]) -> tuple[str, list[str]]:
     if commands[0] == "average" and not any(arg.split("=")[0] == "--checkpoint" for arg in rest):
         new.append("--checkpoint=latest")  # eval.py's default; `average` defaults to the run's eval.average_last
     rest, dropped = _without(rest, IGNORED.get(commands[0], ()))
-    old = " ".join(written for written, _ in found.values())
+    old = shlex.join(arg for written, _ in found.values() for arg in written)
     unused = f" ({', '.join(dropped)}: not used by {commands[0]}, dropped)" if dropped else ""
-    print(f"note: eval.py {old} is `transformer-jax {commands[0]} {' '.join(new)}` now{unused}; eval.py's form "
-          "keeps working", file=sys.stderr)
+    # The whole command, quoted for a POSIX shell: pasted as shown, it runs just this.
+    command = shlex.join([PROGRAM, commands[0], *new, *rest])
+    print(f"note: eval.py {old} is `{command}` now{unused}; eval.py's form keeps working", file=sys.stderr)
     return commands[0], [argv[0], *new, *rest]
 
 
@@ -103,7 +106,7 @@ def _without(args: list[str], names: tuple[str, ...]) -> tuple[list[str], list[s
         name, equals, _ = args[index].removeprefix("--").partition("=")
         if args[index].startswith("--") and name in names:
             take = 1 if equals or index + 1 == len(args) else 2
-            dropped.append(" ".join(args[index:index + take]))
+            dropped.append(shlex.join(args[index:index + take]))
             index += take
             continue
         kept.append(args[index])

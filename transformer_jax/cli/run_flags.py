@@ -14,7 +14,6 @@ from typing import Any, Iterator
 from absl import flags
 
 from transformer_jax.cli.commands import ClusterFlags, define_cluster_flags, refuse_blank, register_key_flags
-from transformer_jax.errors import ConfigError
 
 SEARCH_MODES = ["beam", "greedy", "sample"]
 
@@ -109,19 +108,13 @@ class SearchFlags:
     batch_tokens: flags.FlagHolder | None
 
     def options(self, run_config: Any) -> Any:
-        """The run's search settings (decoding.DecodeOptions), overridden by the flags given (each for its mode)."""
+        """The run's search settings (decoding.DecodeOptions), overridden by the flags given; a flag of another
+        --mode than the one that runs is refused (`DecodeOptions.override`)."""
         from transformer_jax.config import decode_options
 
-        mode = self.mode.value or "beam"
-        for flag, belongs in ((self.beam_size, "beam"), (self.alpha, "beam"), (self.seed, "sample"),
-                              (self.temperature, "sample"), (self.top_k, "sample"), (self.top_p, "sample")):
-            if flag.value is not None and mode != belongs:
-                raise ConfigError(f"--{flag.name} applies to --mode={belongs}, not --mode={mode}; drop it, or pass "
-                                  f"--mode={belongs}")
-        return decode_options(run_config).replace(
-            mode=self.mode.value, beam_size=self.beam_size.value, alpha=self.alpha.value,
-            max_extra_length=self.max_extra_length.value, seed=self.seed.value, temperature=self.temperature.value,
-            top_k=self.top_k.value, top_p=self.top_p.value)
+        given = {holder.name: holder.value for holder in (self.mode, self.beam_size, self.alpha, self.max_extra_length,
+                                                          self.seed, self.temperature, self.top_k, self.top_p)}
+        return decode_options(run_config).override(given, as_flags=True)
 
     def translation(self, run_config: Any) -> dict:
         """How sentences are batched and the dtype they are decoded in: the run's, overridden by the flags."""

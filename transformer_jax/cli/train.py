@@ -33,6 +33,8 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, toke
 _CLUSTER = define_cluster_flags()  # --multihost and its three, --compilation_cache
 flags.mark_flags_as_required(["config", "workdir"])
 refuse_blank(_WORKDIR, "the directory for the run's checkpoints and logs")
+# The flag a bare word on the command line was probably meant for (commands.unexpected_argument names it).
+BARE_WORD_FLAG = _WORKDIR
 
 
 def train(config, workdir: str, stage: list[str]) -> None:

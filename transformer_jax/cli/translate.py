@@ -18,6 +18,8 @@ _RUN = define_run_flags(devices=True)
 _INPUT = flags.DEFINE_string("input", "-", "The text file to translate ('-': standard input).")
 refuse_blank(_INPUT, "the file to translate, or - for standard input")
 _SEARCH = define_search_flags()
+# The flag a bare word on the command line was probably meant for (commands.unexpected_argument names it).
+BARE_WORD_FLAG = _INPUT
 
 
 def check_output_encoding() -> None:
@@ -33,12 +35,14 @@ def check_output_encoding() -> None:
 def main(argv: list[str]) -> None:
     del argv
     from transformer_jax.base import make_mesh, quiet_console
-    from transformer_jax.evaluation import translate_file
+    from transformer_jax.evaluation import check_input, translate_file
 
     quiet_console()
     printed = [0]  # translations written to standard output so far
     with user_errors(), interrupts_reported(lambda: f"{printed[0]} translations printed above; nothing else was "
                                             "written"):
+        multihost = _RUN.cluster is not None and _RUN.cluster.multihost.value
+        check_input(_INPUT.value, named="--input=", processes=2 if multihost else 1)  # before any work
         check_output_encoding()
         _RUN.start()
         with _RUN.opened() as run:

@@ -92,6 +92,10 @@ def loss_widths(longest: int, row_width: int | None = None) -> tuple[int, int | 
     return row_width, widest
 
 
+# The largest batch_size and batch_tokens: batches are planned in int32 (a larger one would overflow there).
+MAX_BATCHING = 2**30
+
+
 @dataclasses.dataclass(frozen=True)
 class TranslationBatching:
     """How a split's sentences are cut into translation batches (shapes only: not what the search does).
@@ -108,9 +112,9 @@ class TranslationBatching:
     def __post_init__(self) -> None:
         for name, smallest in (("batch_size", 1), ("batch_tokens", 0)):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < smallest:
+            if not isinstance(value, int) or isinstance(value, bool) or not smallest <= value <= MAX_BATCHING:
                 fix = "a positive integer" if smallest else "0 (batch_size sentences a batch) or a positive integer"
-                raise ConfigError(f"{name}={value!r} must be {fix}")
+                raise ConfigError(f"{name}={value!r} must be {fix}, at most 2**30 = {MAX_BATCHING}")
 
     def replace(self, **changes: int | None) -> TranslationBatching:
         """A copy with some fields changed (None values are ignored; validated again)."""

@@ -17,7 +17,8 @@ def length_penalty(length: jax.Array, alpha: float | jax.Array) -> jax.Array:
 def max_output_lengths(src_tokens: jax.Array, max_extra_length: int, max_len: int) -> jax.Array:
     """[B] longest output per sentence: its non-pad source tokens + max_extra_length, at most max_len."""
     source_lengths_B = jnp.sum(src_tokens != PAD_ID, axis=-1, dtype=jnp.int32)
-    return jnp.minimum(source_lengths_B + max_extra_length, max_len)
+    # Capped first: a larger limit allows no more tokens, and source + limit must fit in int32.
+    return jnp.minimum(source_lengths_B + min(max_extra_length, max_len), max_len)
 
 
 def output_width(source_width: int, max_extra_length: int, max_len: int) -> int:

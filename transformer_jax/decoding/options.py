@@ -8,7 +8,7 @@ builds one (`transformer_jax.config.schema.decode_options`); `eval.py`'s flags o
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 import numpy as np
 
@@ -18,6 +18,11 @@ DecodeMode = Literal["beam", "greedy", "sample"]
 MODES = ("beam", "greedy", "sample")
 # The largest seed (sampling; training.seed too): JAX's random keys and NumPy's generators take a 64-bit signed one.
 MAX_SEED = 2**63 - 1
+# The mode each search setting is for: given with another mode it would change nothing, so it is refused.
+SETTING_MODES = {"beam_size": "beam", "alpha": "beam", "seed": "sample", "temperature": "sample", "top_k": "sample",
+                 "top_p": "sample"}
+# The largest beam_size, top_k and max_extra_length: decoding adds them to int32 lengths and indices.
+MAX_SEARCH_INT = 2**30
 # The smallest normal float32: accelerators and XLA:CPU flush smaller (subnormal) numbers to zero.
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
@@ -34,6 +39,19 @@ def as_float32(value: Any) -> float:
         return float("nan")
     with np.errstate(over="ignore", under="ignore"):
         return float(np.float32(value))
+
+
+def is_integer(value: Any) -> bool:
+    """True for a Python int that is not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def spelled(name: str, value: Any = None, as_flag: bool = False) -> str:
+    """A setting as a Python caller writes it (`top_k`, `mode='sample'`) or, `as_flag`, the command line
+    (`--top_k`, `--mode=sample`)."""
+    if as_flag:
+        return f"--{name}" if value is None else f"--{name}={value}"
+    return name if value is None else f"{name}={value!r}"
 
 
 def is_python_number(value: Any) -> bool:
@@ -69,10 +87,11 @@ class DecodeOptions:
         require(self.mode in MODES, f"decoding mode={self.mode!r} is not one of {list(MODES)}")
         for name in ("beam_size", "max_extra_length"):
             value = getattr(self, name)
-            require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                    f"{name}={value!r} must be a positive integer")
-        require(isinstance(self.top_k, int) and self.top_k >= 0,
-                f"top_k={self.top_k!r} must be 0 (keep every token) or a positive integer")
+            require(is_integer(value) and 1 <= value <= MAX_SEARCH_INT,
+                    f"{name}={value!r} must be a positive integer, at most 2**30 = {MAX_SEARCH_INT}")
+        require(is_integer(self.top_k) and 0 <= self.top_k <= MAX_SEARCH_INT,
+                f"top_k={self.top_k!r} must be 0 (keep every token) or a positive integer, at most 2**30 = "
+                f"{MAX_SEARCH_INT}")
         # Decoding computes in float32: a value is checked as it will be there (1e-50 is 0, 1e39 is inf).
         alpha, temperature, top_p = (as_float32(value) for value in (self.alpha, self.temperature, self.top_p))
         require(is_python_number(self.alpha) and 0 <= alpha < float("inf"),
@@ -82,7 +101,7 @@ class DecodeOptions:
                 "mode=greedy takes the most likely token)")
         require(is_python_number(self.top_p) and 0 < top_p <= 1,
                 f"top_p={self.top_p!r} must be in (0, 1] and not 0 in float32 (1 keeps every token)")
-        require(isinstance(self.seed, int) and not isinstance(self.seed, bool) and 0 <= self.seed <= MAX_SEED,
+        require(is_integer(self.seed) and 0 <= self.seed <= MAX_SEED,
                 f"seed={self.seed!r} must be an integer in [0, 2**63 - 1]")
 
     def replace(self, **changes: Any) -> DecodeOptions:
@@ -90,6 +109,24 @@ class DecodeOptions:
         unknown = set(changes) - {field.name for field in dataclasses.fields(self)}
         require(not unknown, f"unknown decoding option(s) {sorted(unknown)}")
         return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def override(self, settings: Mapping[str, Any], as_flags: bool = False) -> DecodeOptions:
+        """A copy with the settings a user gave (None: not given) applied. A setting of another mode than the
+        one that runs would change nothing: it is refused, in one line naming it as a keyword argument or
+        (`as_flags`) as the command line's flag."""
+        given = {name: value for name, value in settings.items() if value is not None}
+        options = self.replace(**given)
+        for name in given:
+            belongs = SETTING_MODES.get(name, options.mode)
+            mode, other = (spelled("mode", value, as_flags) for value in (belongs, options.mode))
+            require(belongs == options.mode,
+                    f"{spelled(name, as_flag=as_flags)} applies to {mode}, not {other}; drop it, or pass {mode}")
+        return options
+
+    def settings(self) -> dict[str, Any]:
+        """The fields that mean something for this mode (`override` takes them back unchanged)."""
+        return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)
+                if SETTING_MODES.get(field.name, self.mode) == self.mode}
 
     def describe(self) -> str:
         """How a translation is produced, in words, e.g. 'beam search (beam 4, alpha 0.6)'."""

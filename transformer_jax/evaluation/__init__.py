@@ -12,6 +12,7 @@ from transformer_jax.evaluation.outputs import check_new_output, check_outside_c
 from transformer_jax.evaluation.plots import plot_learning_curves
 from transformer_jax.evaluation.scores import sacrebleu_scores, tokenized_compound_split_bleu, translation_scores
 from transformer_jax.evaluation.translate_split import (
+    check_input,
     evaluate_checkpoint,
     evaluate_split,
     format_results,
@@ -25,6 +26,7 @@ from transformer_jax.evaluation.translator import Translator
 
 __all__ = [
     "Translator",
+    "check_input",
     "check_new_output",
     "check_outside_checkpoints",
     "corpus_translation",

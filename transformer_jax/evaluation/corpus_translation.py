@@ -39,6 +39,7 @@ import numpy as np
 from transformer_jax.base.files import (exists, is_dir, is_file, is_local, list_names, make_dirs, object_path,
                                         read_bytes, read_text, remove, unique_name, write_atomically, write_streamed)
 from transformer_jax.data.sources import check_text_file, stream_lines
+from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.errors import ConfigError, DataError
 from transformer_jax.evaluation.translator import Translator
 
@@ -349,7 +350,7 @@ def translate_corpus(translator: Translator, files: list[CorpusFile], settings: 
             truncated_before = translator.truncated
             if search.get("mode") == "sample":  # the draws of a shard fixed by its place, whoever translates it
                 search = {**search, "seed": shard_seed(settings_seed, file_index, shard)}
-            outputs = translator.translate(lines, **search)
+            outputs = translator.translate(lines, **DecodeOptions(**search).settings())  # its mode's alone
             _begin_parts(item, settings)
             _write_shard(item, shard, lines, outputs, translator.truncated - truncated_before)
             progress.shard_done(item, shard, len(lines), time.perf_counter() - start, position, size)

@@ -190,7 +190,8 @@ def evaluate_split(
     results: dict[str, Any] = {"sentences": len(encoded),
                                **translation_scores(hypotheses, references, target_lang)}
     if loss_step is not None:
-        results.update(evaluate_loss(loss_step, params, encoded, batching.batch_size, mesh))
+        rows = min(batching.batch_size, len(encoded))  # more would be all padding (--batch_size=2**30: memory)
+        results.update(evaluate_loss(loss_step, params, encoded, rows, mesh))
     return results, hypotheses
 
 
@@ -272,22 +273,30 @@ def translate_blocks(run: Run, params: Any, blocks: Iterable[list[str]], options
         first_line += len(block)
 
 
+def check_input(path: str, named: str = "input ", processes: int = 1) -> None:
+    """Refuse a text input that cannot be read: a directory, a missing file, standard input ("-") that is closed
+    or read by `processes` > 1. `named` starts each message (the translate command: "--input=")."""
+    if path == "-" and processes > 1:
+        raise ConfigError(f"{named}- reads standard input, which one process alone has; pass a file that every "
+                          "process can read, or translate in one process (without --multihost)")
+    if path == "-" and sys.stdin is None:  # started with standard input closed (`<&-`)
+        raise DataError(f"{named}- reads standard input, but it is closed; pipe the text in or pass a file")
+    if path != "-" and os.path.isdir(path):
+        raise DataError(f"{named}{path} is a directory; pass a text file or - (standard input)")
+    if path != "-" and not os.path.exists(path):
+        raise DataError(f"{named}{path} does not exist; pass a text file or - (standard input)")
+
+
 def translate_file(run: Run, params: Any, path: str, options: DecodeOptions, *,
                    batching: TranslationBatching = TranslationBatching(), dtype: str = "",
                    mesh: Mesh | None = None) -> Iterator[str]:
     """Translations of each line of the UTF-8 text file `path` ("-": standard input, a line at a time,
     on one device, in a single-process run), batches split over `mesh` when given."""
-    if path == "-" and jax.process_count() > 1:
-        raise ConfigError("--translate=- reads standard input in one process; run it without --multihost, "
-                          "or pass a file that every process can read")
+    check_input(path, processes=jax.process_count())
     if path == "-":  # blocks of what has arrived: a pipe fills them, a line typed alone is answered alone
         yield from translate_blocks(run, params, standard_input_blocks(batching.batch_size), options,
                                     batching=batching, dtype=dtype, mesh=mesh)
         return
-    if os.path.isdir(path):
-        raise DataError(f"--translate file {path} is a directory; pass a text file or -")
-    if not os.path.exists(path):
-        raise DataError(f"--translate file {path} does not exist; pass a text file or -")
     # Read a line at a time (a pipe, `<(command)`, too): memory does not grow with the file.
     lines = (line for _, line, _ in stream_lines(path, strip=True))
     yield from translate_lines(run, params, lines, options, batching=batching, dtype=dtype, mesh=mesh)
@@ -335,16 +344,15 @@ def standard_input_lines() -> Iterator[str]:
     (a directory) are each a DataError naming it, as the same text in a file would be.
     """
     if sys.stdin is None:  # started with standard input closed (`<&-`)
-        raise DataError("--translate=- reads standard input, but it is closed; pipe the text in "
-                        "(... | python eval.py --translate=-) or pass a file")
+        raise DataError("standard input is closed; pipe the text in or pass a file")
     stream = getattr(sys.stdin, "buffer", sys.stdin)  # the bytes, to say which line is not UTF-8
     number = 0
     while True:
         try:
             line = stream.readline()  # one line at a time: an interactive user gets each translation at once
         except OSError as error:
-            raise DataError(f"standard input cannot be read ({error.strerror or error}); pipe the text into "
-                            "--translate=- or pass a file") from None
+            raise DataError(f"standard input cannot be read ({error.strerror or error}); pipe the text in "
+                            "or pass a file") from None
         if not line:
             return
         number += 1

@@ -1,9 +1,10 @@
-"""Translating text with a trained run, from Python: load the run once, then translate lists of strings.
+"""Translating text with a trained run, from Python: load the run once, then translate sentences (a str or a list).
 
     from transformer_jax.evaluation import Translator
 
     with Translator("runs/demo") as translator:          # ours, or an imported OPUS-MT run
         translator.translate(["the dog sleeps .", "the house"])                  # beam search, the run's settings
+        translator.translate("the dog sleeps .")                                 # one sentence: one string back
         translator.translate(lines, mode="sample", top_k=10, seed=1)             # back-translation's sampling
 
 Sentences are sorted by length internally and cut into token-budget batches (the run's eval.batch_tokens,
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Sequence
+from typing import Any, Sequence, overload
 
 import jax
 
@@ -27,42 +28,65 @@ from transformer_jax.checkpoints.selection import Run, checkpoint_params, open_r
 from transformer_jax.config.schema import decode_options, decoding_dtype, translation_batching
 from transformer_jax.data.encoded import encode_pairs
 from transformer_jax.decoding.options import DecodeOptions
+from transformer_jax.errors import ConfigError
 from transformer_jax.evaluation.translate_split import replicate, translate_encoded
 
 
 class Translator:
-    """A run's model, loaded once, translating lists of strings (`translate`).
+    """A run's model, loaded once, translating a sentence or a list of them (`translate`).
 
     Args:
       workdir: a training run's directory, or one `transformer-jax import` wrote.
-      checkpoint: latest, best, a step, average:N or average (see `checkpoints.select_steps`).
+      checkpoint: latest, best, a step (300 or "300"), average:N or average, as --checkpoint takes them (see
+        `checkpoints.select_steps`).
       dtype: "float32" or "bfloat16" (default: the run's eval.dtype, else the model's).
       devices: the devices that split each batch's rows (default: this process's).
     """
 
-    def __init__(self, workdir: str, checkpoint: str = "latest", *, dtype: str | None = None,
+    def __init__(self, workdir: str, checkpoint: str | int = "latest", *, dtype: str | None = None,
                  devices: Sequence[jax.Device] | None = None) -> None:
         self.run: Run = open_run(workdir)
-        self.steps = select_steps(self.run.checkpointer, checkpoint, self.run.config.eval.average_last)
-        self.mesh = make_mesh(devices=list(devices or jax.local_devices()))
-        self.params = replicate(checkpoint_params(self.run, self.steps), self.mesh)
+        try:
+            self.steps = select_steps(self.run.checkpointer, checkpoint, self.run.config.eval.average_last)
+            self.mesh = make_mesh(devices=list(devices or jax.local_devices()))
+            self.params = replicate(checkpoint_params(self.run, self.steps), self.mesh)
+        except BaseException:
+            self.close()  # a refused checkpoint leaves no manager open
+            raise
         self.dtype = decoding_dtype(self.run.config) if dtype is None else dtype
         self.batching = translation_batching(self.run.config)
         self.options = decode_options(self.run.config)
         self.truncated = 0  # sentences cut to the model's max_len, over every call
 
     def search(self, **settings: Any) -> DecodeOptions:
-        """The run's search settings with `settings` (DecodeOptions' fields; None keeps the run's) applied."""
-        return self.options.replace(**settings)
+        """The run's search settings with `settings` (DecodeOptions' fields; None keeps the run's) applied; a setting
+        of another mode than the one that runs (top_k without mode="sample") is refused, as the command line does."""
+        return self.options.override(settings)
 
+    @overload
+    def translate(self, texts: str, *, batch_size: int | None = None, batch_tokens: int | None = None,
+                  **settings: Any) -> str: ...
+
+    @overload
     def translate(self, texts: Sequence[str], *, batch_size: int | None = None, batch_tokens: int | None = None,
-                  **settings: Any) -> list[str]:
-        """Translations of `texts`, in their order. `settings`: mode, beam_size, alpha, max_extra_length, seed,
-        temperature, top_k, top_p (DecodeOptions); `batch_size` and `batch_tokens` override the run's batching."""
+                  **settings: Any) -> list[str]: ...
+
+    def translate(self, texts: str | Sequence[str], *, batch_size: int | None = None,
+                  batch_tokens: int | None = None, **settings: Any) -> str | list[str]:
+        """The translation of one sentence (a str gives a str), or of a sequence of sentences (a list, in their
+        order). `settings`: mode, beam_size, alpha, max_extra_length, seed, temperature, top_k, top_p
+        (DecodeOptions; each for its mode, see `search`); `batch_size` and `batch_tokens` override the run's
+        batching. A setting is checked before any sentence is: a refused one is a ConfigError."""
+        if isinstance(texts, str):
+            return self.translate([texts], batch_size=batch_size, batch_tokens=batch_tokens, **settings)[0]
         texts = list(texts)
+        options = self.search(**settings)
+        if not all(isinstance(text, str) for text in texts):
+            kind = next(type(text).__name__ for text in texts if not isinstance(text, str))
+            raise ConfigError(f"translate() takes a str or a sequence of str, and one item is of type {kind}; "
+                              "pass text")
         if not texts:
             return []
-        options = self.search(**settings)
         encoded = encode_pairs([(text, "") for text in texts], self.run.tokenizer)
         self.truncated += int((encoded.source.lengths > self.run.model_config.max_len).sum())
         rows = max(1, min(len(texts), self.batching.batch_size))  # a few sentences: a batch of their size
@@ -78,6 +102,7 @@ class Translator:
         return hashlib.sha256(named.encode()).hexdigest()[:16]
 
     def close(self) -> None:
+        """Close the run's checkpoint manager."""
         self.run.checkpointer.close()
 
     def __enter__(self) -> Translator:
