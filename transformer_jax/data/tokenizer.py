@@ -18,7 +18,7 @@ import sentencepiece as spm
 
 from transformer_jax.errors import DataError
 from transformer_jax.model.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from transformer_jax.base.files import exists, is_dir, is_file, read_bytes, write_atomically
+from transformer_jax.base.files import is_dir, is_file, read_bytes, write_atomically
 from transformer_jax.base import workdir as layout
 
 
