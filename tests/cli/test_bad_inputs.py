@@ -486,7 +486,7 @@ EVAL_ROWS = [
      ["a_file already exists", "choose another path"]),
     ("workdir missing", lambda s: [f"--workdir={s['dir'] / 'none'}"], ["none does not exist", "pass the --workdir"]),
     ("workdir that is a file", lambda s: [f"--workdir={s['dir'] / 'a_file'}"], ["a_file is a file, not a directory"]),
-    ("empty workdir flag", lambda s: ["--workdir="], ["workdir  does not exist"]),
+    ("empty workdir flag", lambda s: ["--workdir="], ["--workdir is empty", "the directory of a training run"]),
     ("workdir without a run", lambda s: [f"--workdir={s['dir']}"], ["holds no training run (no config.json"]),
     ("damaged config.json", lambda s: [f"--workdir={s['damaged']}"],
      ["damaged_config/config.json is damaged (Unterminated string starting at: line",
@@ -682,7 +682,7 @@ def test_preflight_given_a_workdir_that_is_not_there_creates_nothing(setup, tmp_
 
 
 @pytest.mark.parametrize("flags, fragments", [
-    (["--hf_dir=nowhere", "--workdir="], ["--workdir is empty", "pass the run directory to create"]),
+    (["--hf_dir=nowhere", "--workdir="], ["--workdir is empty", "the run directory to create"]),
     (["--hf_dir=nowhere", "--workdir= "], ["--workdir is empty"]),
     (["--hf_dir=nowhere", "--workdir=x", "--no_such_flag=1"], ["Unknown command line flag no_such_flag", "see --help"]),
 ])
