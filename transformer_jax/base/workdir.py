@@ -61,7 +61,8 @@ def run_path(workdir: str, *names: str) -> str:
 # What each name above holds, and whether as a file or a directory: what `check_layout` holds the workdir to.
 FILE, DIRECTORY = "file", "directory"
 ENTRIES = {
-    CONFIG: (FILE, "settings"), CONFIG_CHANGES: (FILE, "changed settings"), TOKENIZER: (FILE, "tokenizer"), CORPUS: (DIRECTORY, "prepared corpus"),
+    CONFIG: (FILE, "settings"), CONFIG_CHANGES: (FILE, "changed settings"), TOKENIZER: (FILE, "tokenizer"),
+    CORPUS: (DIRECTORY, "prepared corpus"),
     LOCK: (FILE, "lock"), CHECKPOINTS: (DIRECTORY, "checkpoints"),
     CHECKPOINTS + CORRUPT_SUFFIX: (DIRECTORY, "damaged checkpoints set aside"), METRICS: (FILE, "metrics"),
     TIMING: (FILE, "timing log"), TENSORBOARD: (DIRECTORY, "TensorBoard events"),

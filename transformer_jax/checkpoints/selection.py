@@ -6,9 +6,9 @@ import contextlib
 import dataclasses
 import glob
 import logging
+import numbers
 import os
 import re
-import numbers
 import shutil
 from typing import Any, Iterator
 

@@ -275,12 +275,13 @@ def read_run_config(path: str, complete: bool = False) -> ml_collections.ConfigD
     except (KeyError, TypeError, ValueError, AttributeError) as error:
         detail = error.args[0] if isinstance(error, KeyError) else error
         raise CheckpointError(f"{path} is not a run config of this project ({detail}); {repair}") from None
-    missing = [key for key in _keys(config) if key not in _keys(saved)] if complete else []
+    defaults = flat_settings(config)
+    missing = [key for key in defaults if key not in flat_settings(saved)] if complete else []
     if missing:
-        defaults = ", ".join(f"{key}={_value(config, key)!r}" for key in missing[:4])
+        named = ", ".join(f"{key}={defaults[key]!r}" for key in missing[:4])
         more = f" and {len(missing) - 4} more" if len(missing) > 4 else ""
         raise CheckpointError(
-            f"{path} lacks {len(missing)} setting(s) a rerun needs ({defaults}{more}: the defaults, which the run "
+            f"{path} lacks {len(missing)} setting(s) a rerun needs ({named}{more}: the defaults, which the run "
             f"it records may not have used); add each with the value that run used to {path}, or start from a "
             "packaged config (--config=demo, ...) with --config.KEY=VALUE") from None
     try:
@@ -291,19 +292,16 @@ def read_run_config(path: str, complete: bool = False) -> ml_collections.ConfigD
     return config
 
 
-def _keys(values: Any, prefix: str = "") -> list[str]:
-    """"section.key" of every setting in a nested dict or ConfigDict (in order)."""
-    keys: list[str] = []
+def flat_settings(values: Any, prefix: str = "") -> dict[str, Any]:
+    """{"section.key": value} of every setting in a nested dict or ConfigDict (a saved config.json, a run config),
+    in order."""
+    flat: dict[str, Any] = {}
     for key, value in values.items():
-        nested = isinstance(value, (dict, ml_collections.ConfigDict))
-        keys.extend(_keys(value, f"{prefix}{key}.") if nested else [f"{prefix}{key}"])
-    return keys
-
-
-def _value(config: ml_collections.ConfigDict, key: str) -> Any:
-    """The value of "section.key" in `config`."""
-    section, _, name = key.rpartition(".")
-    return (config[section] if section else config)[name]
+        if isinstance(value, (dict, ml_collections.ConfigDict)):
+            flat.update(flat_settings(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
 
 
 def _merge(config: ml_collections.ConfigDict, saved: Any, prefix: str) -> None:

@@ -19,6 +19,7 @@ import ml_collections
 
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.files import append_text, exists, read_text
+from transformer_jax.config.schema import flat_settings
 
 CHANGES = layout.CONFIG_CHANGES
 
@@ -34,20 +35,10 @@ UNRECORDED = frozenset({
 UNRECORDED_SECTIONS = ("eval.", "mesh.")
 
 
-def _flat(values: Any, prefix: str = "") -> dict[str, Any]:
-    """{"section.key": value} of a nested dict."""
-    if not isinstance(values, dict):
-        return {prefix[:-1]: values}
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        flat.update(_flat(value, f"{prefix}{key}."))
-    return flat
-
-
 def changed_settings(saved: dict[str, Any], config: ml_collections.ConfigDict) -> dict[str, list[Any]]:
     """{"section.key": [old, new]} of the settings in `config` that differ from the `saved` config.json's and
     change what a step means (not in UNRECORDED); a key the saved file lacks counts as changed from None."""
-    before, after = _flat(saved), _flat(json.loads(config.to_json_best_effort()))
+    before, after = flat_settings(saved), flat_settings(json.loads(config.to_json_best_effort()))
     return {key: [before.get(key), value] for key, value in sorted(after.items())
             if before.get(key) != value and key not in UNRECORDED and not key.startswith(UNRECORDED_SECTIONS)}
 
