@@ -21,7 +21,9 @@ with jax.profiler (training.profile_steps) after --profile_skip of them; stops i
 the main run did not use (model.attention_backend: auto, fused, cudnn, einsum), each in its own run directory
 and profiled too; a backend that fails does not stop the others. Then eval.py scores the test split (beam 4,
 bfloat16) and translates a file of test sources. Phases that would not end within --budget seconds of the
-call's start are left out and named. Extra `--config.KEY=VALUE` flags go to every train.py of the call.
+call's start are left out and named. Extra `--config.KEY=VALUE` flags go to every train.py of the call. Last,
+benchmarks/lease_decode.py times the trained run's beam and greedy searches on the test sources repeated to
+--decode_sentences (sentences/s after compiling, compile seconds) and profiles one search batch.
 
 It prints, from what the runs recorded: the main table (timing.jsonl: tokens/s, the host's share, checkpoint
 stalls, start-up and resume; JAX's compile log: each program's compile time; eval.py's wall time) beside the
@@ -43,7 +45,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.lease_records import (PREDICTION, backend_table, bleu_of, compile_seconds, error_line,
+from benchmarks.lease_records import (PREDICTION, backend_table, bleu_of, compile_seconds, decode_table, error_line,
                                       finite_training, predicted, profile_of, table, timing_records, window_figures)
 from benchmarks.workers import REPO
 from transformer_jax.base import workdir as layout
@@ -150,6 +152,26 @@ def eval_phase(args: argparse.Namespace, workdir: str, log: str, extra: list[str
     return {"wall_s": time.time() - started, "exit": code}
 
 
+def decode_phase(args: argparse.Namespace, workdir: str, sources: str, log: str, out: str) -> dict[str, Any]:
+    """benchmarks/lease_decode.py on the trained run: sentences/s per mode at each count, compile s, a profiled
+    search batch; its figures (decode.json) with the wall time and exit."""
+    started = time.time()
+    counts = args.decode_sentences if not args.rehearse else "40,200"
+    with open(log, "w") as stream:
+        try:
+            code = subprocess.run([sys.executable, "-m", "benchmarks.lease_decode", f"--workdir={workdir}",
+                                   f"--sources={sources}", f"--out={out}", f"--sentences={counts}"], cwd=REPO,
+                                  stdout=stream, stderr=subprocess.STDOUT,
+                                  timeout=max(min(args.decode_limit, args.deadline - started), 1)).returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+    figures = {}
+    if os.path.exists(os.path.join(out, "decode.json")):
+        with open(os.path.join(out, "decode.json")) as f:
+            figures = json.load(f)
+    return {"wall_s": time.time() - started, "exit": code, **figures}
+
+
 def write_test_sources(lease: str, path: str, lines: int) -> int:
     """Write the first `lines` test sources of the prepared corpus to `path`; returns how many."""
     with open(os.path.join(lease, layout.CORPUS, "test.json")) as f:
@@ -254,6 +276,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
             summary["eval"]["sentences"] = len(json.load(f))
     if "translate" in summary:
         summary["translate"]["lines"] = lines
+    if left(args) >= 60:
+        summary["decode"] = decode_phase(args, workdir, out("translate.src"), out("decode.log"), out("decode"))
+        save()
+    else:
+        summary["skipped"].append("decode")
     summary["compile_seconds"] = {phase: compile_seconds(out(f"{phase}.log"))
                                   for phase in ("train", "resume", "eval", "translate")}
     from transformer_jax.aot import CHIPS
@@ -267,6 +294,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     print("\n".join(["", *(summary["trace"].get("lines") or ["profile: none written (see train.log)"]), ""]))
     print(f"main run's attention backend: {main_backend(extra)}")
     print(backend_table(summary["backends"]))
+    print(decode_table(summary.get("decode", {})))
     report_failures(args, summary)
     return summary
 
@@ -289,7 +317,7 @@ def report_failures(args: argparse.Namespace, summary: dict[str, Any]) -> None:
     """Exit 1 naming the main run's phases that failed (a backend's failure is a finding, in its table)."""
     # A stop by SIGTERM exits 0 (or 143, the signal's own status); eval.py's jobs exit 0.
     failed = [phase for phase in ("train", "resume") if phase in summary and summary[phase]["exit"] not in (0, 143)]
-    failed += [phase for phase in ("eval", "translate") if phase in summary and summary[phase]["exit"] != 0]
+    failed += [phase for phase in ("eval", "translate", "decode") if phase in summary and summary[phase]["exit"] != 0]
     if failed:
         print(f"failed: {', '.join(failed)} (see {args.out}/<phase>.log)", file=sys.stderr)
         sys.exit(1)
@@ -323,6 +351,9 @@ def main(argv: list[str] | None = None) -> None:
     go.add_argument("--start_limit", type=float, default=150, help="longest wait for a first update")
     go.add_argument("--stop_limit", type=float, default=60, help="longest wait from SIGTERM to exit")
     go.add_argument("--eval_limit", type=float, default=150)
+    go.add_argument("--decode_sentences", default="1000,100000",
+                    help="decode: sentences timed per search mode (the test sources repeated), comma-separated")
+    go.add_argument("--decode_limit", type=float, default=240, help="longest the decode phase may take")
     go.add_argument("--rehearse", action="store_true", help="a tiny model, for a CPU")
     args, extra = parser.parse_known_args(argv)
     unknown = [flag for flag in extra if not flag.startswith("--config.") or "=" not in flag]

@@ -191,3 +191,15 @@ def backend_table(backends: dict[str, dict[str, Any]]) -> str:
                     f"{_ms(prof.get('busy')) if device else '-'} | {_f(prof.get('kernels'), 0) if device else '-'} | "
                     f"{_ms(prof.get('launch')) if device else '-'} | {note.replace('|', '/')} |")
     return "\n".join(rows)
+
+
+def decode_table(decode: dict[str, Any]) -> str:
+    """The decode phase's figures: sentences/s per mode and count, compile seconds, the search batch's profile."""
+    if not decode:
+        return "decode: not run"
+    rows = ["| decode (batching: " + ", ".join(f"{k} {v}" for k, v in decode.get("batching", {}).items())
+            + f"; exit {decode.get('exit', '-')}) | sentences | sentences/s after compiling | compile s |",
+            "|---|---|---|---|"]
+    rows += [f"| {row['mode']} | {row['sentences']} | {_f(row['sentences_per_second'], 0)} | {_f(row['compile_s'], 1)} |"
+             for row in decode.get("modes", [])]
+    return "\n".join(rows + ["", *(decode.get("profile", {}).get("lines") or ["search profile: none"])])

@@ -50,6 +50,8 @@ SECTIONS = {
             "dtype, peak memory at N and 8N input lines",
     "checkpoint_stall": "how long a checkpoint save holds the training thread against the state's size (10-800 MB), "
                         "ours and a revision before (--stall_baseline)",
+    "search_kernels": "the beam and greedy searches compiled for H100/H200 without a GPU: kernels and conditionals "
+                      "per decoding step, compile seconds, ours and a revision before (--search_baseline)",
     "accelerators": "our train step against the Flax WMT example's compiled for TPU v5e-8 / v5p-8 and H100 (HBM bytes, "
                     "peak memory, largest batch), timed where this host has the chip (--flax_checkout)",
 }
@@ -118,6 +120,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bulk_lines", type=int, default=20_000, help="bulk: input lines a job translates")
     parser.add_argument("--stall_baseline", default="c7045af",
                         help="checkpoint_stall: the git revision compared against ('' for none)")
+    parser.add_argument("--search_baseline", default="79f3ef3",
+                        help="search_kernels: the git revision compared against ('' for none)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker_spec", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

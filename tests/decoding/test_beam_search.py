@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from transformer_jax.model.special_tokens import BOS_ID, EOS_ID
-from transformer_jax.decoding.beam_search import beam_search, beam_search_loop, best_extensions
+from transformer_jax.decoding.beam_search import (
+    beam_search,
+    beam_search_loop,
+    best_extensions,
+    extensions_at_once,
+    extensions_in_blocks,
+)
 from transformer_jax.decoding.step import StepState
 from transformer_jax.decoding.sampling import greedy_choice, token_loop
 from transformer_jax.model.masks import PAD_ID
@@ -214,13 +220,14 @@ def test_a_batch_decodes_as_each_sentence_alone(model, beam_output, beam_setting
         np.testing.assert_allclose(beam_output[1][i], scores[0], atol=1e-5, rtol=1e-5)
 
 
-def test_best_extensions_equal_one_top_k_over_every_extension():
+@pytest.mark.parametrize("extensions", [best_extensions, extensions_in_blocks, extensions_at_once])
+def test_best_extensions_equal_one_top_k_over_every_extension(extensions):
     rng = np.random.default_rng(1)
     batch, beams, vocab = 6, 4, 500
     live_BxN = jnp.asarray(np.round(rng.normal(size=(batch, beams)) * 4) / 4 - 3, jnp.float32)
     log_probs_BNxV = jnp.asarray(np.round(rng.normal(size=(batch * beams, vocab)) * 4) / 4, jnp.float32)
     log_probs_BNxV = log_probs_BNxV.at[:, :3].set(-jnp.inf)
-    best, parent, token = best_extensions(live_BxN, log_probs_BNxV, 2 * beams)
+    best, parent, token = jax.jit(extensions, static_argnums=2)(live_BxN, log_probs_BNxV, 2 * beams)
     total_BxNV = (live_BxN[:, :, None] + log_probs_BNxV.reshape(batch, beams, vocab)).reshape(batch, -1)
     expected_best, expected_index = jax.lax.top_k(total_BxNV, 2 * beams)
     np.testing.assert_array_equal(best, expected_best)

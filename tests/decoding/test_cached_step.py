@@ -167,9 +167,11 @@ def long_model() -> tuple[dict, TransformerConfig, jax.Array]:
     return params, config, src
 
 
-def test_steps_across_the_cache_chunks_equal_the_full_forward_pass(long_model, full_forward_log_probs):
-    """Steps 0..99 write and read chunks of 32, 32 and 36 positions."""
+@pytest.mark.parametrize("chunked", [True, False])
+def test_steps_across_the_cache_chunks_equal_the_full_forward_pass(long_model, full_forward_log_probs, chunked):
+    """Steps 0..99 write and read chunks of 32, 32 and 36 positions, or one of 100 (GPUs: no conditional)."""
     params, config, src = long_model
+    config = config.replace(chunked_decoding_cache=chunked)
     beams, length = 2, 100
     tokens_TxBN = np.random.default_rng(4).integers(4, 50, (length, src.shape[0] * beams))
     tokens_TxBN[0] = BOS_ID
@@ -180,6 +182,12 @@ def test_steps_across_the_cache_chunks_equal_the_full_forward_pass(long_model, f
         return jax.lax.scan(lambda s, t: step(t[:, None], s)[::-1], state, tokens_TxBN)[1]
 
     cached = np.asarray(stepwise(params, src, jnp.asarray(tokens_TxBN))).transpose(1, 0, 2)
+    chunks = {x.shape[-1] for path, x in traverse_util.flatten_dict(
+        jax.eval_shape(lambda p: cached_step(p, config, src, beams, length)[1], params).shared["slot_cache"]).items()
+        if "key" in path[-1]}
+    assert chunks == ({32 * beams, 36 * beams} if chunked else {100 * beams})
+    hlo = jax.jit(lambda p, s, t: stepwise(p, s, t)).lower(params, src, jnp.asarray(tokens_TxBN)).as_text()
+    assert ("stablehlo.case" in hlo or "stablehlo.if" in hlo) == chunked  # one chunk: no conditional at all
     full = np.asarray(full_forward_log_probs(params, config, jnp.repeat(src, beams, axis=0), jnp.asarray(tokens_TxBN.T)))
     real = np.isfinite(full)
     np.testing.assert_array_equal(np.isfinite(cached), real)

@@ -38,7 +38,8 @@ def test_bfloat16_decoding_casts_the_weights_and_keeps_the_translations(model, g
     params, config, src = model
     # A float32 model on an accelerator is decoded as it is; on a CPU its matmuls return float32 (the same values).
     assert decoding_precision(params, config, "", "tpu")[1] is config
-    assert decoding_precision(params, config, "float32", "gpu")[1] is config
+    # On GPUs the self-attention cache is one chunk: no conditional in the search loop.
+    assert decoding_precision(params, config, "float32", "gpu")[1] == config.replace(chunked_decoding_cache=False)
     assert decoding_precision(params, config, "", "cpu")[1] == config.replace(float32_dot_outputs=True)
     cast, cast_config = decoding_precision(params, config, "bfloat16", "cpu")
     assert (cast_config.dtype, cast_config.param_dtype) == ("bfloat16", "bfloat16")
@@ -59,3 +60,21 @@ def test_bfloat16_decoding_casts_the_weights_and_keeps_the_translations(model, g
     np.testing.assert_allclose(np.asarray(scores)[same], beam_output[1][same], atol=0.05)
     with pytest.raises(ConfigError, match="dtype='float16' is not one of"):
         decoding_precision(params, config, "float16", "cpu")
+
+
+def test_weights_read_in_the_compute_dtype_are_cast_once_with_the_same_translations(model, beam_settings):
+    params, config, src = model
+    config = config.replace(dtype="bfloat16")  # float32 parameters, bfloat16 matmuls
+    cast, cast_config = decoding_precision(params, config, "", "tpu")
+    dtypes = {"/".join(str(getattr(k, "key", k)) for k in path): leaf.dtype
+              for path, leaf in jax.tree_util.tree_leaves_with_path(cast)}
+    assert dtypes["decoder/layer_0/feed_forward/inner/kernel"] == jnp.bfloat16
+    assert dtypes["shared_embedding/embedding"] == jnp.bfloat16
+    assert dtypes["decoder/positional_encoding/position_embedding"] == jnp.bfloat16
+    # Biases and LayerNorm's parameters stay as stored: the output projection's bias is added in float32.
+    assert dtypes["decoder/output_projection/bias"] == jnp.float32
+    assert dtypes["decoder/layer_0/feed_forward_norm/scale"] == jnp.float32
+    for search in (lambda p: beam_search(p, cast_config, src, **beam_settings),
+                   lambda p: translate_batch(p, cast_config, src, DecodeOptions(mode="greedy", max_extra_length=6))):
+        for got, expected in zip(jax.tree.leaves(search(cast)), jax.tree.leaves(search(params)), strict=True):
+            np.testing.assert_array_equal(got, expected)

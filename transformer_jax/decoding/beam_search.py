@@ -56,10 +56,35 @@ def best_extensions(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The k best one-token extensions of a sentence's N live hypotheses: log P, parent beam, token.
 
-    The same k as one top-k over the [N*V] extensions (ties to the lower n*V + token), in two
-    passes: a hypothesis' own k best tokens first (adding its log P to all of them keeps their
-    order), then the k best of those N*k. Only a tie that the addition itself creates by rounding
-    could be broken differently, between two extensions of equal score.
+    One top-k over the [N*V] extensions (ties to the lower n*V + token), in the form each platform
+    runs fastest, chosen when the search is compiled (`lax.platform_dependent`): on CPUs by
+    blocks (`extensions_in_blocks`), elsewhere at once (`extensions_at_once`: on GPUs XLA's own
+    top-k kernel, and none of the blocks' sorts).
+    """
+    return jax.lax.platform_dependent(
+        live_log_probs_BxN, log_probs_BNxV, cpu=functools.partial(extensions_in_blocks, k=k),
+        default=functools.partial(extensions_at_once, k=k))
+
+
+def extensions_at_once(
+    live_log_probs_BxN: jax.Array, log_probs_BNxV: jax.Array, k: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`best_extensions` as one top-k over each sentence's [N*V] extension scores."""
+    batch, beams = live_log_probs_BxN.shape
+    vocab = log_probs_BNxV.shape[-1]
+    total_BxNV = (live_log_probs_BxN[:, :, None] + log_probs_BNxV.reshape(batch, beams, vocab)).reshape(batch, -1)
+    best_Bxk, index_Bxk = jax.lax.top_k(total_BxNV, k)
+    return best_Bxk, index_Bxk // vocab, index_Bxk % vocab
+
+
+def extensions_in_blocks(
+    live_log_probs_BxN: jax.Array, log_probs_BNxV: jax.Array, k: int
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """`best_extensions` in two passes: a hypothesis' own k best tokens first (adding its log P to
+    all of them keeps their order; `top_k_in_blocks`), then the k best of those N*k.
+
+    Only a tie that the addition itself creates by rounding could be broken differently from one
+    top-k, between two extensions of equal score.
     """
     batch, beams = live_log_probs_BxN.shape
     row_best_BNxk, row_token_BNxk = top_k_in_blocks(log_probs_BNxV, k)

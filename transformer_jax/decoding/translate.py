@@ -23,6 +23,23 @@ from transformer_jax.model.config import TransformerConfig
 DTYPES = ("", "float32", "bfloat16")
 
 
+# The parameters the model only ever reads in its compute dtype: every matmul's kernel (Flax's dense layers
+# promote it, so do ours) and the embedding tables (token and learned positions: cast after the lookup, or before
+# `attend`). Biases and LayerNorm's scales are not among them: some are added in float32.
+COMPUTE_DTYPE_WEIGHTS = ("kernel", "embedding", "position_embedding")
+
+
+def compute_dtype_weights(params: Any, dtype: Any) -> Any:
+    """`params` with the weights the model reads only in `dtype` (`COMPUTE_DTYPE_WEIGHTS`) cast to it: the same
+    values every matmul computes with, and no cast of every weight at each step of a search loop."""
+    def cast(path: tuple, x: Any) -> Any:
+        # The leaf's own name: the last dict key (a boxed parameter's path ends in its box's attribute).
+        name = next((key.key for key in reversed(path) if isinstance(key, jax.tree_util.DictKey)), None)
+        return x.astype(dtype) if name in COMPUTE_DTYPE_WEIGHTS and jnp.issubdtype(x.dtype, jnp.floating) else x
+
+    return jax.tree_util.tree_map_with_path(cast, params)
+
+
 def decoding_precision(params: Any, config: TransformerConfig, dtype: str,
                        platform: str) -> tuple[Any, TransformerConfig]:
     """The weights and model config a search runs on `platform` ("cpu", "gpu", "tpu"), in `dtype`.
@@ -32,15 +49,25 @@ def decoding_precision(params: Any, config: TransformerConfig, dtype: str,
     also return float32 before rounding and the caches are float32 (`TransformerConfig.float32_dot_outputs`,
     model/precision.py): XLA:CPU runs bfloat16 matmuls natively only that way. Accelerators keep the
     model's dtypes (bfloat16 caches take half the memory). A float32 model is the same either way.
+    On GPUs the self-attention cache is one chunk (`TransformerConfig.chunked_decoding_cache` off): no
+    conditional in the search loop.
     A model trained with cuDNN's attention (attention_backend="cudnn") decodes with "fused" off GPUs.
+    The matmul weights of a model computing in a narrower dtype than it stores are cast once here
+    (`compute_dtype_weights`), not at every step of the search.
     """
     require(dtype in DTYPES, f"decoding dtype={dtype!r} is not one of {list(DTYPES)} ('' = the model's own dtype)")
     if dtype and (config.dtype, config.param_dtype) != (dtype, dtype):
         target = jnp.dtype(dtype)
         params = jax.tree.map(lambda x: x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
         config = config.replace(dtype=dtype, param_dtype=dtype)
+    if config.dtype != config.param_dtype:
+        params = compute_dtype_weights(params, config.compute_dtype)
     if platform == "cpu" and not config.float32_dot_outputs:
         config = config.replace(float32_dot_outputs=True)
+    if platform == "gpu" and config.chunked_decoding_cache:
+        # A conditional on a GPU copies its predicate to the host and waits for it: the chunked cache's
+        # 8 per layer would stall every step of the loop. One chunk read whole has none.
+        config = config.replace(chunked_decoding_cache=False)
     return params, config.runnable_on(platform)
 
 

@@ -126,6 +126,7 @@ class MultiHeadAttention(nn.Module):
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
     float32_dot_outputs: bool = False  # see model/precision.py
+    chunked_cache: bool = True  # the decoding self-attention cache in chunks read as reached (history_chunks)
 
     def _projection(self, name: str, use_bias: bool = True) -> nn.DenseGeneral:
         head_dim = self.d_model // self.num_heads
@@ -263,12 +264,12 @@ class MultiHeadAttention(nn.Module):
     def _create_slot_cache(self, k_BNxLxHxK: jax.Array, beam_slots: jax.Array | None) -> None:
         """Zero keys [B, H, K, C*N] and values [B, H, C*N, K] per chunk of C positions of L.
 
-        L is the creating call's query length, split by `history_chunks`.
+        L is the creating call's query length, split by `history_chunks` (one chunk without `chunked_cache`).
         """
         batch_beams, length, heads, head_dim = k_BNxLxHxK.shape
         batch, beams = (batch_beams, 1) if beam_slots is None else beam_slots.shape[:2]
         dtype = self._cache_dtype()
-        for chunk, size in enumerate(history_chunks(length)):
+        for chunk, size in enumerate(history_chunks(length) if self.chunked_cache else (length,)):
             self.variable(SLOT_CACHE, cache_name("key", chunk), jnp.zeros, (batch, heads, head_dim, size * beams), dtype)
             self.variable(SLOT_CACHE, cache_name("value", chunk), jnp.zeros, (batch, heads, size * beams, head_dim), dtype)
         self.variable(DECODE_STEP, "cache_index", lambda: jnp.array(0, jnp.int32))

@@ -60,6 +60,10 @@ class TransformerConfig:
       float32_dot_outputs: matmuls return float32, rounded to the compute dtype after (the same values;
         XLA:CPU runs bfloat16 matmuls natively only this way; decoding caches are then float32).
         Decoding on CPUs sets it; see model/precision.py.
+      chunked_decoding_cache: the decoding self-attention cache is kept in chunks of positions, each read
+        under `lax.cond` only once a step reaches it (model/attention_cache.py): early steps read less. Off, one
+        chunk read whole at every step, with no conditional in the search loop. Decoding turns it off on GPUs,
+        where each conditional waits for the host to read its predicate.
       layer_norm_epsilon: epsilon of every LayerNorm.
       scan_layers: run each stack as one `nn.scan` over its N layers: compile time no longer grows
         with N; parameters are stacked with a leading layer axis (checkpoints of scanned and
@@ -87,6 +91,7 @@ class TransformerConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     float32_dot_outputs: bool = False
+    chunked_decoding_cache: bool = True
     layer_norm_epsilon: float = 1e-6
     scan_layers: bool = False
     remat: RematPolicy = "none"

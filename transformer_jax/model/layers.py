@@ -50,6 +50,7 @@ def multi_head_attention(config: TransformerConfig, name: str, decode: bool = Fa
         dtype=config.compute_dtype,
         param_dtype=config.params_dtype,
         float32_dot_outputs=config.float32_dot_outputs,
+        chunked_cache=config.chunked_decoding_cache,
         name=name,
     )
 

@@ -114,14 +114,15 @@ def read_trace(path: str) -> list[dict[str, Any]]:
     return trace["traceEvents"] if isinstance(trace, dict) else trace
 
 
-def summarize_trace(events: Iterable[dict[str, Any]]) -> TraceSummary:
-    """The per-update summary of a trace's events (see the module docstring)."""
+def summarize_trace(events: Iterable[dict[str, Any]], step_name: str = STEP_NAME) -> TraceSummary:
+    """The per-update summary of a trace's events (see the module docstring); the updates are the spans named
+    `step_name` (a `StepTraceAnnotation`; another name for other work marked alike, e.g. a search batch)."""
     events = list(events)
     processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
     threads = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events
                if e.get("ph") == "M" and e.get("name") == "thread_name"}
     spans = [e for e in events if e.get("ph") == "X" and "dur" in e]
-    steps = sorted((e for e in spans if e.get("name") == STEP_NAME and "step_num" in (e.get("args") or {})),
+    steps = sorted((e for e in spans if e.get("name") == step_name and "step_num" in (e.get("args") or {})),
                    key=lambda e: e["ts"])
     if not steps:
         return TraceSummary(0, "", 0.0, 0.0, 0.0, [], None, 0.0, {})
