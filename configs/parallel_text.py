@@ -8,7 +8,11 @@ Layouts:  DIR/train.SRC + DIR/train.TGT (line-aligned), dev.* (or fairseq's vali
           --config.data.tsv_columns=SOURCE,TARGET. Without a test split the final scores are dev's (labelled so).
 Hardware: chosen by corpus size (transformer_jax/config/parallel_text.py): under 20k pairs a model that trains
           in minutes on a CPU; up to 500k an IWSLT-sized model; up to 10M the paper's base; above, big (GPUs/TPUs).
-Expected: a test (or dev) SacreBLEU printed at the end; the chosen sizes are in <workdir>/config.json.
+Expected: one line at start naming the tier, model, vocabulary, batch and steps chosen (after your overrides);
+          a test (or dev) SacreBLEU printed at the end; the chosen sizes are in <workdir>/config.json.
+Overrides: the steps follow data.tokens_per_batch, and the warm-up, logs and checkpoints follow the steps, so
+          --config.training.num_train_steps=600 shortens the warm-up with it; a warm-up you set longer than the
+          run is refused.
 """
 
 from transformer_jax.config import parallel_text_config

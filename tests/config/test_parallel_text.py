@@ -1,5 +1,6 @@
 """configs/parallel_text.py's sizing (transformer_jax/config/parallel_text.py): tiers by corpus size, a vocabulary a
-small corpus supports, the layout read, and one-line errors for a wrong directory or language codes."""
+small corpus supports, the layout read, one-line errors for a wrong directory or language codes, the derived settings
+recomputed after overrides (a contradicting one refused) and the sizes a run prints."""
 
 import json
 import random
@@ -9,10 +10,10 @@ import sys
 import pytest
 
 from runs import ROOT, assert_one_line_error, run_script, script_env
-from transformer_jax.config import check_run_config, parallel_text_config
+from transformer_jax.config import check_run_config, default_config, parallel_text_config, sizing_line
 from transformer_jax.config.parallel_text import TIERS, survey, tier_for
 from transformer_jax.data.tokenizer import train_tokenizer
-from transformer_jax.errors import DataError
+from transformer_jax.errors import ConfigError, DataError
 
 
 def write_text(directory, pairs: int, words_per_line: int = 8, layout: str = "text"):
@@ -96,3 +97,85 @@ def test_prepare_with_the_automatic_sizes_alone_succeeds_on_a_400_pair_corpus(tm
     assert result.returncode == 0, result.stderr[-3000:]
     manifest = json.loads((output / "manifest.json").read_text())
     assert (manifest["pairs"], manifest["vocab_size"]) == (400, config.data.vocab_size)
+
+
+def write_splits(corpus):
+    """dev.* and test.* beside the training text: a corpus a run can train and score on."""
+    for split in ("dev", "test"):
+        for lang in ("en", "de"):
+            (corpus / f"{split}.{lang}").write_text("".join(f"w{i} w{i + 1} .\n" for i in range(8)))
+    return corpus
+
+
+def load_config(corpus, *overrides: str):
+    """The config `--config=configs/parallel_text.py:CORPUS,en,de OVERRIDES` gives, loaded by ml_collections'
+    config_flags as the commands load it."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    argv = ["train", f"--config={ROOT / 'configs' / 'parallel_text.py'}:{corpus},en,de", *overrides]
+    flag_values = flags.FlagValues()
+    # sys_argv: the command line whose --config.KEY overrides become flags (else the process's own).
+    config_flags.DEFINE_config_file("config", flag_values=flag_values, lock_config=True, sys_argv=argv)
+    flag_values(argv)
+    return flag_values.config
+
+
+def test_settings_derived_from_an_overridden_one_are_recomputed_after_the_override(tmp_path):
+    corpus = write_text(tmp_path / "c", 400)
+    sized = load_config(corpus)
+    assert sized.training.num_train_steps > 20 and sized.training.warmup_steps > 1
+    config = load_config(corpus, "--config.training.num_train_steps=6", "--config.data.max_length=600",
+                         "--config.eval.average_last=8")
+    check_run_config(config)
+    training = config.training
+    assert (training.num_train_steps, training.warmup_steps, training.log_every, training.eval_every,
+            training.checkpoint_every) == (6, 1, 1, 1, 1)
+    assert (config.model.max_len, training.keep_checkpoints) == (601, 8)
+    # The run length itself follows the batch: half the tokens per batch, about twice the steps.
+    halved = load_config(corpus, f"--config.data.tokens_per_batch={sized.data.tokens_per_batch // 2}")
+    assert abs(halved.training.num_train_steps - 2 * sized.training.num_train_steps) <= 1
+    assert halved.training.warmup_steps == halved.training.num_train_steps // 5
+
+
+def test_a_derived_setting_set_explicitly_is_kept_and_one_that_contradicts_the_run_is_refused(tmp_path):
+    corpus = write_text(tmp_path / "c", 400)
+    config = load_config(corpus, "--config.training.warmup_steps=5", "--config.training.num_train_steps=6")
+    check_run_config(config)
+    assert (config.training.warmup_steps, config.training.log_every) == (5, 1)
+    config = load_config(corpus, "--config.training.warmup_steps=9", "--config.training.num_train_steps=6")
+    with pytest.raises(ConfigError, match=r"^training.warmup_steps=9 is more than training.num_train_steps=6 "
+                                          r"\(the warm-up would never end\); set --config.training.warmup_steps to 6 "
+                                          "or less, or leave it out"):
+        check_run_config(config)
+    # The same contradiction in a config not sized from a corpus is the user's own schedule: not refused.
+    plain = default_config()
+    plain.training.update(num_train_steps=2, warmup_steps=3)
+    check_run_config(plain)
+    assert sizing_line(plain) is None
+
+
+def test_the_train_command_refuses_a_warm_up_longer_than_the_run_before_any_work(tmp_path):
+    corpus = write_splits(write_text(tmp_path / "c", 400))
+    result = run_script("train.py", f"--config=parallel_text:{corpus},en,de", f"--workdir={tmp_path / 'r'}",
+                        "--config.training.num_train_steps=6", "--config.training.warmup_steps=9")
+    assert_one_line_error(result, "training.warmup_steps=9 is more than training.num_train_steps=6",
+                          "--config.training.warmup_steps to 6 or less")
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_run_sized_from_its_corpus_prints_its_sizes_once_and_trains_with_the_recomputed_schedule(tmp_path):
+    corpus, workdir = write_splits(write_text(tmp_path / "c", 400)), tmp_path / "r"
+    tiny = ("--config.model.num_layers=1", "--config.model.d_model=32", "--config.model.d_ff=64",
+            "--config.model.num_heads=2", "--config.eval.beam_size=2", "--config.eval.max_extra_length=4")
+    result = run_script("train.py", f"--config=parallel_text:{corpus},en,de", f"--workdir={workdir}",
+                        "--config.training.num_train_steps=3", *tiny)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("sized from the corpus")]
+    saved = json.loads((workdir / "config.json").read_text())
+    vocab = saved["data"]["vocab_size"]
+    assert lines == [f"sized from the corpus (400 training pairs in {corpus}: tier tiny): model.num_layers=1, "
+                     f"model.d_model=32, data.vocab_size={vocab}, data.tokens_per_batch=4096, "
+                     "training.num_train_steps=3, training.warmup_steps=1; set by the config or command line, not "
+                     "derived: training.num_train_steps"]
+    assert (saved["training"]["num_train_steps"], saved["training"]["warmup_steps"]) == (3, 1)

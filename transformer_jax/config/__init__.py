@@ -1,24 +1,26 @@
-"""The run config: every setting of a run with its default and checks, and the reference generated from it.
+"""The run config: every setting of a run declared once, the checks and the reference generated from it.
 
-`schema` (default_config, check_run_config, the model config and decoding options of a run, a run's
-saved config.json) -> `reference` (docs/configuration.md's table, generated from the schema), `parallel_text`
-(a run for your own text files, sized from the corpus).
+`settings` (each setting's key, default, type, bounds and meaning; default_config) -> `derived` (settings
+computed from others, recomputed after overrides) -> `schema` (check_run_config, the model config and decoding
+options of a run, a run's saved config.json) -> `reference` (docs/configuration.md's table and --config_help),
+`parallel_text` (a run for your own text files, sized from the corpus).
 """
 
-from transformer_jax.config.parallel_text import parallel_text_config
+from transformer_jax.config.parallel_text import parallel_text_config, sizing_line
 from transformer_jax.config.reference import plain_text
 from transformer_jax.config.schema import (
     check_run_config,
     decode_options,
     decoding_dtype,
-    default_config,
     model_config,
     read_run_config,
     translation_batching,
     write_run_config,
 )
+from transformer_jax.config.settings import SETTINGS, Setting, default_config
 
 __all__ = [
-    "check_run_config", "decode_options", "decoding_dtype", "default_config", "model_config", "parallel_text_config",
-    "plain_text", "read_run_config", "translation_batching", "write_run_config",
+    "SETTINGS", "Setting", "check_run_config", "decode_options", "decoding_dtype", "default_config", "model_config",
+    "parallel_text_config", "plain_text", "read_run_config", "sizing_line", "translation_batching",
+    "write_run_config",
 ]

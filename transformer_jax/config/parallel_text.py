@@ -2,19 +2,22 @@
 
 Given the directory and the two languages, `parallel_text_config` reads the layout (`train.SRC`/`train.TGT`
 or `train.tsv`), counts the training pairs and their length, and chooses the model, the vocabulary, the
-batch and the schedule by corpus size (`TIERS`). Each choice is an ordinary config value: any of them can
-be overridden on the command line (`--config.model.num_layers=4`).
+batch and the schedule by corpus size (`TIERS`). Any choice can be overridden on the command line
+(`--config.model.num_layers=4`); the settings that follow from others (the steps from the batch, the warm-up, logs
+and checkpoints from the steps) are recomputed from the final values, unless set themselves.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 
 import ml_collections
 
-from transformer_jax.config.schema import default_config
+from transformer_jax.config.derived import derive, derived_settings
+from transformer_jax.config.settings import default_config
 from transformer_jax.data.tokenizer import supported_vocab_size
 from transformer_jax.errors import DataError
 
@@ -138,13 +141,54 @@ def parallel_text_config(path: str, source_lang: str, target_lang: str) -> ml_co
     config.data.update(source=found.source, path=os.path.abspath(path), source_lang=source_lang,
                        target_lang=target_lang, vocab_size=vocab_size, tokens_per_batch=tier.tokens_per_batch,
                        max_length=256 if tier.name in ("base", "big") else 128)
-    config.model.update(**tier.model, max_len=max(config.model.max_len, config.data.max_length + 1))
-    tokens_per_epoch = found.pairs * found.bytes_per_pair / BYTES_PER_TOKEN
-    steps = int(min(tier.max_steps, max(20, math.ceil(tier.epochs * tokens_per_epoch / tier.tokens_per_batch))))
-    config.training.update(
-        num_train_steps=steps, warmup_steps=max(1, min(4_000, steps // 5)), peak_learning_rate=tier.peak_learning_rate,
-        log_every=max(1, min(100, steps // 20)), eval_every=max(1, min(1_000, steps // 10)),
-        checkpoint_every=max(1, min(1_000, steps // 10)), bleu_every=0 if tier.name == "tiny" else 5_000,
-        keep_checkpoints=max(5, tier.average_last))
+    config.model.update(**tier.model)
+    config.training.update(peak_learning_rate=tier.peak_learning_rate,
+                           bleu_every=0 if tier.name == "tiny" else 5_000)
     config.eval.average_last = tier.average_last
+    _derive_from_the_corpus(config, found, tier, f"{found.pairs} training pairs in {path}: tier {tier.name}")
     return config
+
+
+def _derive_from_the_corpus(config: ml_collections.ConfigDict, found: Survey, tier: Tier, basis: str) -> None:
+    """The settings that follow from others: the steps from the batch, the schedule and logs from the steps, the
+    model's length from the pairs'; each recomputed from the final values of those it follows (config/derived.py)."""
+    tokens_per_epoch = found.pairs * found.bytes_per_pair / BYTES_PER_TOKEN
+    derive(config, "training.num_train_steps", functools.partial(_steps, tier, tokens_per_epoch),
+           "data.tokens_per_batch", basis=basis)
+    steps = "training.num_train_steps"
+    derive(config, "training.warmup_steps", functools.partial(_share, 5, 4_000), steps, at_most=steps,
+           reason="the warm-up would never end", basis=basis)
+    derive(config, "training.log_every", functools.partial(_share, 20, 100), steps, basis=basis)
+    for key in ("training.eval_every", "training.checkpoint_every"):
+        derive(config, key, functools.partial(_share, 10, 1_000), steps, basis=basis)
+    derive(config, "training.keep_checkpoints", functools.partial(max, 5), "eval.average_last", basis=basis)
+    derive(config, "model.max_len", functools.partial(_longest, config.model.max_len), "data.max_length", basis=basis)
+
+
+def _steps(tier: Tier, tokens_per_epoch: float, tokens_per_batch: int) -> int:
+    """The tier's epochs over the corpus in batches of `tokens_per_batch`, within 20 and the tier's most steps."""
+    return int(min(tier.max_steps, max(20, math.ceil(tier.epochs * tokens_per_epoch / tokens_per_batch))))
+
+
+def _share(parts: int, most: int, steps: int) -> int:
+    """One `parts`-th of the run's steps, at least 1 and at most `most`."""
+    return max(1, min(most, steps // parts))
+
+
+def _longest(least: int, max_length: int) -> int:
+    """The model's length: room for the longest training pair and its BOS, at least `least`."""
+    return max(least, max_length + 1)
+
+
+def sizing_line(config: ml_collections.ConfigDict) -> str | None:
+    """The line a run sized from its corpus prints at start: the tier, the model, vocabulary, batch and steps it
+    runs with (after overrides), and which derived settings were set by hand; None for a config not so sized."""
+    derived = derived_settings(config)
+    if not derived:
+        return None
+    shown = ("model.num_layers", "model.d_model", "data.vocab_size", "data.tokens_per_batch",
+             "training.num_train_steps", "training.warmup_steps")
+    values = ", ".join(f"{key}={config[key.partition('.')[0]][key.partition('.')[2]]}" for key in shown)
+    explicit = [key for key, setting in derived.items() if setting.explicit]
+    given = f"; set by the config or command line, not derived: {', '.join(explicit)}" if explicit else ""
+    return f"sized from the corpus ({next(iter(derived.values())).basis}): {values}{given}"

@@ -1,143 +1,27 @@
-"""The full set of run settings with their defaults; the files in configs/ override them.
+"""A run config checked against the declaration of every setting (config/settings.py), and a run's saved config.
 
-Every key is documented here: by the comment beside its assignment (or the lines just above it),
-and model keys by TransformerConfig's docstring. docs/configuration.md's reference table is generated
-from these (`python -m transformer_jax.config.reference`) and a test fails when the two differ.
-Overriding a key that does not exist fails at start-up.
+`check_run_config` checks each setting's type and bounds as declared, then the settings that constrain each other;
+a key the declaration lacks (a typo in a config file) fails at start-up.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import importlib.util
+import json
 import math
 from typing import Any
 
 import ml_collections
 
+from transformer_jax.base import workdir as layout
+from transformer_jax.base.files import read_text, write_atomically
+from transformer_jax.config.derived import check_derived
+from transformer_jax.config.settings import MAX_INT32, MAX_STEP, SETTINGS, Setting, default_config
 from transformer_jax.data.shapes import TranslationBatching
-from transformer_jax.decoding.options import MAX_SEED, DecodeOptions
+from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.translate import DTYPES
 from transformer_jax.errors import CheckpointError, ConfigError
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.base.files import read_text, write_atomically
-from transformer_jax.base import workdir as layout
-
-_DECODING = DecodeOptions()
-_BATCHING = TranslationBatching()
-
-
-def default_config() -> ml_collections.ConfigDict:
-    """The paper's base model and schedule on TFDS WMT14 EN->DE."""
-    config = ml_collections.ConfigDict()
-
-    # model: every field of TransformerConfig (see model/config.py for their meaning).
-    config.model = ml_collections.ConfigDict(dataclasses.asdict(TransformerConfig.preset("base")))
-    # 0 takes the tokenizer's size; any other value must equal it.
-    config.model.vocab_size = 0
-
-    config.data = data = ml_collections.ConfigDict()
-    data.source = "tfds"  # "builtin" | "tfds" | "text" | "tsv"
-    data.path = ""  # directory with train/dev/test files for "text" and "tsv" (test optional: then scored on dev)
-    data.tsv_columns = ""  # "tsv": SOURCE,TARGET column indices from 0 ("" = a header line naming the languages, else 0,1)
-    data.source_lang = "en"  # translation direction: source language
-    data.target_lang = "de"  # translation direction: target language
-    data.tfds_train_name = "wmt14_translate/de-en"  # TFDS builder of the training split
-    data.tfds_eval_name = "wmt14_translate/de-en"  # TFDS builder of dev (newstest2013) and test (newstest2014)
-    data.tfds_data_dir = ""  # TFDS data_dir ("" = TFDS default)
-    data.builtin_train_size = 50_000  # built-in corpus: training pairs
-    data.builtin_dev_size = 1_000  # built-in corpus: dev pairs
-    data.builtin_test_size = 2_000  # built-in corpus: test pairs
-    data.vocab_size = 32_000  # SentencePiece vocabulary size (joint source/target)
-    data.tokenizer_type = "unigram"  # SentencePiece model: "unigram" | "bpe"
-    data.byte_fallback = True  # unknown characters become byte pieces instead of <unk>
-    data.tokenizer_sample_size = 1_000_000  # sentences sampled across the corpus to train SentencePiece
-    data.prepared = ""  # a prepared corpus (transformer-jax prepare; local or gs://); "" = <workdir>/corpus
-    data.prepare_workers = 1  # processes encoding the training shards when a run prepares its own corpus
-
-    # token slots (rows x width, padding included) per batch and side, in rows of data.max_length (of
-    # data.row_width when set; of each bucket without packing). With the automatic row width, batches of
-    # narrower rows have more rows, sized to hold as many real tokens as rows of max_length (data/row_width.py).
-    data.tokens_per_batch = 25_000
-    data.max_length = 256  # longest training pair in tokens (dev/test are never filtered)
-    data.pack = True  # pack several pairs per row (segment ids); False: length buckets (more shapes, more padding)
-    data.row_width = 0  # packed rows' width in tokens (0 = chosen from the corpus; longer pairs get rows of their own)
-    data.eval_batch_size = _BATCHING.batch_size  # sentences per dev/test batch (rows, padded)
-    data.prefetch_batches = 2  # training batches built and placed on the devices in the background, ahead of the step (0: between steps)
-
-    config.training = training = ml_collections.ConfigDict()
-    training.num_train_steps = 100_000  # optimizer updates
-    training.warmup_steps = 4_000  # linear warm-up of the paper's schedule
-    training.learning_rate_scale = 1.0  # multiplies d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
-    training.peak_learning_rate = 0.0  # > 0: the same warm-up and inverse-square-root decay, peaking at this rate after warmup_steps (fairseq's inverse_sqrt; fine-tuning); 0: the paper's formula
-    training.init_from = ""  # a run directory (e.g. one made by transformer-jax import) whose newest parameters, model and tokenizer a new run starts from (fine-tuning)
-    training.adam_b1 = 0.9  # Adam beta1 (paper section 5.3)
-    training.adam_b2 = 0.98  # Adam beta2
-    training.adam_eps = 1e-9  # Adam epsilon
-    training.label_smoothing = 0.1  # epsilon_ls of the label-smoothed cross-entropy (paper section 5.4)
-    training.grad_clip_norm = 0.0  # global-norm clipping; 0 disables it
-    training.accumulation_steps = 1  # micro-batches per update (to reach the paper's batch on fewer devices)
-    training.loss_chunk_tokens = -1  # tokens per device projected to the vocabulary at once by the loss (0: the whole batch's logits; -1: 0 on CPUs, 1024 on TPUs, on GPUs as many as 1 GiB of float32 logits holds)
-    training.loss_kernel = "auto"  # the projected loss's logits: "pallas" (fused kernels, none in HBM; an interpreter off TPUs), "xla" (chunks of loss_chunk_tokens), "auto" (pallas on TPUs for a model without an output bias, else xla); unused with loss_chunk_tokens 0
-    training.seed = 0  # parameters, dropout and data order
-    training.log_every = 100  # steps between training-metric logs
-    training.eval_every = 1_000  # steps between dev-loss evaluations
-    training.bleu_every = 5_000  # steps between dev-BLEU evaluations (0 = never during training)
-    training.dev_bleu_sentences = 0  # dev sentences translated for dev BLEU (0 = all)
-    training.checkpoint_every = 1_000  # steps between checkpoints (and one at the end)
-    training.keep_checkpoints = 5  # newest checkpoints kept on disk (the best one is kept as well)
-    training.max_skipped_updates = 20  # stop after this many consecutive non-finite updates
-    training.wandb_project = ""  # also log the metrics to this Weights & Biases project (the wandb extra; WANDB_MODE=offline keeps them on disk); "" = off
-    training.profile_steps = 0  # updates traced by jax.profiler into <workdir>/profile/ (0 = off): an XSpace for TensorBoard's profile plugin or XProf and a Perfetto trace JSON, each update marked as a step
-    training.profile_skip_steps = 5  # updates of each start (or resume) before the profile begins (compiling and the first updates' warm-up left out)
-
-    config.mesh = mesh = ml_collections.ConfigDict()
-    mesh.data = -1  # data-parallel axis size (-1 = all devices not used by fsdp)
-    mesh.fsdp = 1  # fully sharded data-parallel axis size (parameters sharded over it)
-
-    config.eval = evaluation = ml_collections.ConfigDict()
-    # Search defaults are DecodeOptions' (decoding/options.py), batching TranslationBatching's (data/shapes.py).
-    evaluation.beam_size = _DECODING.beam_size  # beam search width for test translation and transformer-jax score (paper section 6.1)
-    evaluation.alpha = _DECODING.alpha  # length penalty ((5 + len) / 6)^alpha
-    evaluation.max_extra_length = _DECODING.max_extra_length  # output length limit: input length + this
-    evaluation.batch_tokens = _BATCHING.batch_tokens  # source tokens per decoding batch (0: eval_batch_size rows)
-    evaluation.dtype = ""  # decode in "float32"/"bfloat16" weights and matmuls ("": the model's dtype)
-    evaluation.average_last = 5  # checkpoints averaged by --checkpoint=average of score, average and export (paper: 5 base, 20 big)
-    return config
-
-
-# The most steps a run counts: its step counter is an int32 on the devices.
-MAX_INT32 = 2**31 - 1
-MAX_STEP = MAX_INT32
-# Settings counted in steps (the state's int32 step counter: checked with their own message) and the seed's own range.
-STEP_SETTINGS = (("training", "num_train_steps"), ("training", "warmup_steps"), ("training", "checkpoint_every"),
-                 ("training", "eval_every"), ("training", "bleu_every"), ("training", "log_every"))
-SEED = ("training", "seed")
-LOSS_KERNELS = ("auto", "pallas", "xla")  # training.loss_kernel
-
-
-# Run settings that name a file or directory, "" for none (or the default place): (section, key, what to pass).
-PATH_SETTINGS = (("data", "prepared", "a prepared corpus directory (transformer-jax prepare --output)"),
-                 ("data", "path", "the directory of the train/dev/test files"),
-                 ("data", "tfds_data_dir", "a TFDS data directory"),
-                 ("training", "init_from", "the run directory to start from"))
-
-# Run settings that must be positive (model sizes are checked by TransformerConfig itself).
-POSITIVE_SETTINGS = {
-    "data": ("vocab_size", "tokenizer_sample_size", "prepare_workers", "tokens_per_batch", "max_length", "eval_batch_size",
-             "builtin_train_size", "builtin_dev_size", "builtin_test_size"),
-    "training": ("num_train_steps", "warmup_steps", "learning_rate_scale", "accumulation_steps", "log_every",
-                 "checkpoint_every", "keep_checkpoints", "max_skipped_updates", "adam_eps"),
-    "eval": ("beam_size", "average_last"),
-    "mesh": ("fsdp",),
-}
-NON_NEGATIVE_SETTINGS = {
-    "data": ("row_width", "prefetch_batches"),
-    "training": ("eval_every", "bleu_every", "dev_bleu_sentences", "grad_clip_norm", "label_smoothing",
-                 "peak_learning_rate", "profile_steps", "profile_skip_steps"),
-    "eval": ("max_extra_length", "batch_tokens"),
-}
 
 
 def check_run_config(config: ml_collections.ConfigDict) -> None:
@@ -146,52 +30,15 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"get_config() returned a {type(config).__name__}, not an ml_collections.ConfigDict; "
                           "start from transformer_jax.config.default_config() and change its values (see configs/)")
     _check_known_keys(config)
-    for section, key, value in _numbers(config):
-        if isinstance(value, float) and not math.isfinite(value):  # inf passes every "> 0" check below
-            raise ConfigError(f"{section}.{key}={value!r} must be a finite number; set --config.{section}.{key}")
-        # Sizes and counts become int32 on the devices (shapes, the step counter, token ids); the seed has its own
-        # range.
-        if isinstance(value, int) and abs(value) > MAX_INT32 and (section, key) not in (*STEP_SETTINGS, SEED):
-            raise ConfigError(f"{section}.{key}={value} is larger than a run can hold (2**31 - 1: sizes and counts are "
-                              f"32-bit on the devices); set --config.{section}.{key} lower")
-    for section, key, meaning in PATH_SETTINGS:
-        value = config[section][key]
-        if isinstance(value, str) and value and not value.strip():  # "" is each one's default; spaces name nothing
-            raise ConfigError(f"{section}.{key} is blank (only spaces); pass {meaning}, or leave the setting out")
-    if config.training.loss_chunk_tokens < -1:
-        raise ConfigError(f"training.loss_chunk_tokens={config.training.loss_chunk_tokens} must be -1 (automatic), "
-                          "0 (the whole batch's logits) or a positive number of tokens")
+    for setting in SETTINGS:
+        check_setting(setting, config[setting.section][setting.name])
     if config.training.wandb_project and importlib.util.find_spec("wandb") is None:
         raise ConfigError(f"training.wandb_project={config.training.wandb_project!r} needs Weights & Biases, which "
                           "is not installed; pip install 'transformer_jax[wandb]', or leave wandb_project empty")
-    if config.training.loss_kernel not in LOSS_KERNELS:
-        raise ConfigError(f"training.loss_kernel={config.training.loss_kernel!r} must be one of "
-                          f"{', '.join(LOSS_KERNELS)}; set --config.training.loss_kernel")
-    for limits, allowed, wording in ((POSITIVE_SETTINGS, lambda v: v > 0, "positive"),
-                                     (NON_NEGATIVE_SETTINGS, lambda v: v >= 0, "zero or positive")):
-        for section, keys in limits.items():
-            for key in keys:
-                value = config[section][key]
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not allowed(value):
-                    raise ConfigError(f"{section}.{key}={value!r} must be {wording}; "
-                                      f"set --config.{section}.{key} to a {wording} number")
     if config.data.row_width > config.data.max_length:
         raise ConfigError(f"data.row_width={config.data.row_width} is wider than data.max_length="
                           f"{config.data.max_length}; lower it, or set 0 to choose it from the corpus")
-    for key in ("label_smoothing", "adam_b1", "adam_b2"):
-        if not 0.0 <= config.training[key] < 1.0:
-            raise ConfigError(f"training.{key}={config.training[key]!r} must be in [0, 1); "
-                              f"set --config.training.{key} inside that range")
-    if config.mesh.data != -1 and not (isinstance(config.mesh.data, int) and config.mesh.data > 0):
-        raise ConfigError(f"mesh.data={config.mesh.data!r} must be positive, or -1 (all devices not used by "
-                          "fsdp); set --config.mesh.data")
-    for section, key in STEP_SETTINGS:
-        if config[section][key] > MAX_STEP:  # the state's step counter is int32
-            raise ConfigError(f"{section}.{key}={config[section][key]} is more steps than a run counts (2**31 - 1); "
-                              f"set --config.{section}.{key} lower")
-    seed = config.training.seed
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise ConfigError(f"training.seed={seed!r} must be an integer in [0, 2**63 - 1]; set --config.training.seed")
+    check_derived(config)
     for check in (decode_options, translation_batching):  # the settings of the final test translation
         try:
             check(config)
@@ -211,8 +58,40 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
                           f"{2 * config.eval.beam_size} pieces (it has {vocab_size}); set --config.eval.beam_size lower")
 
 
+def check_setting(setting: Setting, value: Any) -> None:
+    """Fail with one ConfigError line naming the setting when `value` is not of its type, or not inside its bounds
+    or choices as declared."""
+    key = setting.key
+    if setting.type in (int, float):
+        # A float setting takes an int too (ml_collections casts it); an int setting no float, and neither a bool.
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        number = number and not (setting.type is int and isinstance(value, float))
+        if number and isinstance(value, float) and not math.isfinite(value):  # inf passes every "> 0" bound
+            raise ConfigError(f"{key}={value!r} must be a finite number; set --config.{key}")
+        if setting.bound is not None and not (number and setting.bound.admits(value)):
+            raise ConfigError(f"{key}={value!r} must be {setting.bound.wording}; set --config.{key} to a value in "
+                              "that range")
+        if not number:
+            kind = "an integer" if setting.type is int else "a number"
+            raise ConfigError(f"{key}={value!r} must be {kind}; set --config.{key}")
+        if setting.steps and value > MAX_STEP:  # the state's step counter is int32
+            raise ConfigError(f"{key}={value} is more steps than a run counts (2**31 - 1); set --config.{key} lower")
+        # Sizes and counts become int32 on the devices (shapes, token ids); a bound of its own (the seed's) rules.
+        if isinstance(value, int) and abs(value) > MAX_INT32 and (setting.bound is None or setting.bound.high is None):
+            raise ConfigError(f"{key}={value} is larger than a run can hold (2**31 - 1: sizes and counts are 32-bit "
+                              f"on the devices); set --config.{key} lower")
+    elif not isinstance(value, setting.type):
+        raise ConfigError(f"{key}={value!r} must be a {setting.type.__name__}, like its default {setting.default!r}; "
+                          f"set --config.{key}")
+    if setting.choices and setting.section != "model" and value not in setting.choices:  # the model checks its own
+        raise ConfigError(f"{key}={value!r} must be one of {', '.join(map(str, setting.choices))}; "
+                          f"set --config.{key}")
+    if setting.names and value and not value.strip():  # "" is each one's default; spaces name nothing
+        raise ConfigError(f"{key} is blank (only spaces); pass {setting.names}, or leave the setting out")
+
+
 def _check_known_keys(config: ml_collections.ConfigDict) -> None:
-    """A section missing, or a key the schema lacks (a typo in a config file: `num_train_step`), is an error, not
+    """A section missing, or a key the declaration lacks (a typo in a config file: `num_train_step`), is an error, not
     a setting ignored."""
     import difflib
 
@@ -236,12 +115,6 @@ def _check_known_keys(config: ml_collections.ConfigDict) -> None:
                 hint = f' (did you mean "{section}.{close[0]}"?)' if close else ""
                 raise ConfigError(f"config key {section}.{key} is not a setting{hint}; correct it in the config file "
                                   "(every key: docs/configuration.md)")
-
-
-def _numbers(config: ml_collections.ConfigDict) -> list[tuple[str, str, Any]]:
-    """(section, key, value) of every number of the run config's sections."""
-    return [(section, key, value) for section, values in config.items() if isinstance(values, ml_collections.ConfigDict)
-            for key, value in values.items() if isinstance(value, (int, float)) and not isinstance(value, bool)]
 
 
 def model_config(config: ml_collections.ConfigDict, vocab_size: int) -> TransformerConfig:

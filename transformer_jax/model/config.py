@@ -29,72 +29,61 @@ Activation = Literal["relu", "swish", "gelu"]
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
+def _field(default: Any, help: str) -> Any:  # noqa: A002 - fairseq's and argparse's name for a setting's meaning
+    """A dataclass field with its meaning stated beside it (`help` metadata)."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
 
 @dataclasses.dataclass(frozen=True)
 class TransformerConfig:
     """Hyperparameters of the encoder-decoder Transformer (defaults: the paper's base model).
 
-    Attributes:
-      vocab_size: size of the joint source/target vocabulary (token id 0 is padding).
-      num_layers: N, the number of layers in each of the encoder and decoder stacks.
-      d_model: width of every sublayer output and of the embeddings.
-      d_ff: inner width of the position-wise feed-forward networks.
-      num_heads: h; each head has d_k = d_v = d_model / h.
-      dropout_rate: P_drop, applied to each sublayer output and to embeddings + positions.
-      attention_dropout_rate: dropout on attention weights (not in the paper; 0 by default).
-      max_len: longest sequence the model accepts (learned positions and the decoding cache).
-      norm_position: "post" = LayerNorm(x + Dropout(Sublayer(x))) as in the paper; "pre" =
-        x + Dropout(Sublayer(LayerNorm(x))) with a final LayerNorm after each stack.
-      positional_encoding: "sinusoidal" (the paper) or "learned".
-      share_embeddings: one embedding table for source and target tokens (paper section 3.4).
-      tie_output_embedding: the pre-softmax projection is the target embedding table, transposed.
-      output_bias: a bias over the vocabulary added to the tied pre-softmax projection (not in the paper;
-        Marian's `final_logits_bias`); an untied projection always has one.
-      activation: the feed-forward non-linearity: "relu" (the paper), "swish" (OPUS-MT) or "gelu".
-      attention_backend: "auto" (the platform's kernel: splash attention on TPUs, XLA's fused attention on
-        GPUs, einsum on CPUs and with attention dropout), "einsum" (softmax(QK^T/sqrt(d_k))V written out;
-        runs everywhere, allows attention dropout, exposes the weights), "fused"
-        (jax.nn.dot_product_attention, XLA), "cudnn" (cuDNN; GPU only) or "splash" (TPU Pallas kernel).
-      dtype: compute dtype ("float32" or "bfloat16"); softmax and logits stay float32.
-      param_dtype: dtype parameters are stored in.
-      float32_dot_outputs: matmuls return float32, rounded to the compute dtype after (the same values;
-        XLA:CPU runs bfloat16 matmuls natively only this way; decoding caches are then float32).
-        Decoding on CPUs sets it; see model/precision.py.
-      chunked_decoding_cache: the decoding self-attention cache is kept in chunks of positions, each read
-        under `lax.cond` only once a step reaches it (model/attention_cache.py): early steps read less. Off, one
-        chunk read whole at every step, with no conditional in the search loop. Decoding turns it off on GPUs,
-        where each conditional waits for the host to read its predicate.
-      layer_norm_epsilon: epsilon of every LayerNorm.
-      scan_layers: run each stack as one `nn.scan` over its N layers: compile time no longer grows
-        with N; parameters are stacked with a leading layer axis (checkpoints of scanned and
-        unscanned models are not interchangeable).
-      remat: what each layer keeps for the backward pass, trading compute for activation memory:
-        "none" (everything), "full" (only its input; the layer is recomputed), "dots" (projection
-        outputs; attention weights, activations and norms are recomputed).
+    Each field's meaning is stated beside it, as its `help` metadata: the run config's reference shows it.
     """
 
-    vocab_size: int = 37000
-    num_layers: int = 6
-    d_model: int = 512
-    d_ff: int = 2048
-    num_heads: int = 8
-    dropout_rate: float = 0.1
-    attention_dropout_rate: float = 0.0
-    max_len: int = 512
-    norm_position: NormPosition = "post"
-    positional_encoding: PositionalEncodingKind = "sinusoidal"
-    share_embeddings: bool = True
-    tie_output_embedding: bool = True
-    output_bias: bool = False
-    activation: Activation = "relu"
-    attention_backend: AttentionBackend = "auto"
-    dtype: str = "float32"
-    param_dtype: str = "float32"
-    float32_dot_outputs: bool = False
-    chunked_decoding_cache: bool = True
-    layer_norm_epsilon: float = 1e-6
-    scan_layers: bool = False
-    remat: RematPolicy = "none"
+    vocab_size: int = _field(37000, "size of the joint source/target vocabulary (token id 0 is padding).")
+    num_layers: int = _field(6, "N, the number of layers in each of the encoder and decoder stacks.")
+    d_model: int = _field(512, "width of every sublayer output and of the embeddings.")
+    d_ff: int = _field(2048, "inner width of the position-wise feed-forward networks.")
+    num_heads: int = _field(8, "h; each head has d_k = d_v = d_model / h.")
+    dropout_rate: float = _field(0.1, "P_drop, applied to each sublayer output and to embeddings + positions.")
+    attention_dropout_rate: float = _field(0.0, "dropout on attention weights (not in the paper; 0 by default).")
+    max_len: int = _field(512, "longest sequence the model accepts (learned positions and the decoding cache).")
+    norm_position: NormPosition = _field("post",
+        '"post" = LayerNorm(x + Dropout(Sublayer(x))) as in the paper; "pre" = x + Dropout(Sublayer(LayerNorm(x))) '
+        "with a final LayerNorm after each stack.")
+    positional_encoding: PositionalEncodingKind = _field("sinusoidal", '"sinusoidal" (the paper) or "learned".')
+    share_embeddings: bool = _field(True, "one embedding table for source and target tokens (paper section 3.4).")
+    tie_output_embedding: bool = _field(True, "the pre-softmax projection is the target embedding table, transposed.")
+    output_bias: bool = _field(False,
+        "a bias over the vocabulary added to the tied pre-softmax projection (not in the paper; Marian's "
+        "`final_logits_bias`); an untied projection always has one.")
+    activation: Activation = _field("relu",
+        'the feed-forward non-linearity: "relu" (the paper), "swish" (OPUS-MT) or "gelu".')
+    attention_backend: AttentionBackend = _field("auto",
+        "\"auto\" (the platform's kernel: splash attention on TPUs, XLA's fused attention on GPUs, einsum on CPUs and "
+        'with attention dropout), "einsum" (softmax(QK^T/sqrt(d_k))V written out; runs everywhere, allows attention '
+        'dropout, exposes the weights), "fused" (jax.nn.dot_product_attention, XLA), "cudnn" (cuDNN; GPU only) or '
+        '"splash" (TPU Pallas kernel).')
+    dtype: str = _field("float32", 'compute dtype ("float32" or "bfloat16"); softmax and logits stay float32.')
+    param_dtype: str = _field("float32", "dtype parameters are stored in.")
+    float32_dot_outputs: bool = _field(False,
+        "matmuls return float32, rounded to the compute dtype after (the same values; XLA:CPU runs bfloat16 matmuls "
+        "natively only this way; decoding caches are then float32). Decoding on CPUs sets it; see "
+        "model/precision.py.")
+    chunked_decoding_cache: bool = _field(True,
+        "the decoding self-attention cache is kept in chunks of positions, each read under `lax.cond` only once a "
+        "step reaches it (model/attention_cache.py): early steps read less. Off, one chunk read whole at every step, "
+        "with no conditional in the search loop. Decoding turns it off on GPUs, where each conditional waits for "
+        "the host to read its predicate.")
+    layer_norm_epsilon: float = _field(1e-6, "epsilon of every LayerNorm.")
+    scan_layers: bool = _field(False,
+        "run each stack as one `nn.scan` over its N layers: compile time no longer grows with N; parameters are "
+        "stacked with a leading layer axis (checkpoints of scanned and unscanned models are not interchangeable).")
+    remat: RematPolicy = _field("none",
+        'what each layer keeps for the backward pass, trading compute for activation memory: "none" (everything), '
+        '"full" (only its input; the layer is recomputed), "dots" (projection outputs; attention weights, '
+        "activations and norms are recomputed).")
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads", "max_len"):

@@ -14,9 +14,11 @@ import jax
 import ml_collections
 from jax.sharding import Mesh
 
+from transformer_jax.base import say
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.sharding import make_mesh, mesh_platform
 from transformer_jax.checkpoints.manager import Checkpointer, best_metric_for
+from transformer_jax.config.parallel_text import sizing_line
 from transformer_jax.config.schema import check_run_config
 from transformer_jax.data.pipeline import RunData, prepare_data
 from transformer_jax.run.metrics_log import check_logs
@@ -51,6 +53,8 @@ def assemble_run(config: ml_collections.ConfigDict, workdir: str, data: RunData 
     """
     started = time.perf_counter()
     check_run_config(config)
+    if (sizing := sizing_line(config)) is not None:  # the sizes chosen for the user, after their overrides
+        say(sizing)
     layout.check_layout(workdir)
     mesh = make_mesh(config.mesh.data, config.mesh.fsdp)
     check_logs(workdir)
