@@ -23,7 +23,8 @@ and profiled too; a backend that fails does not stop the others. Then eval.py sc
 bfloat16) and translates a file of test sources. Phases that would not end within --budget seconds of the
 call's start are left out and named. Extra `--config.KEY=VALUE` flags go to every train.py of the call. Last,
 benchmarks/lease_decode.py times the trained run's beam and greedy searches on the test sources repeated to
---decode_sentences (sentences/s after compiling, compile seconds) and profiles one search batch.
+--decode_sentences (sentences/s after compiling, compile seconds) and profiles one search batch; then again at the
+first count with the decoding loop in XLA's command buffers (WHILE_COMMANDS).
 
 It prints, from what the runs recorded: the main table (timing.jsonl: tokens/s, the host's share, checkpoint
 stalls, start-up and resume; JAX's compile log: each program's compile time; eval.py's wall time) beside the
@@ -67,6 +68,9 @@ BACKEND_FLAG = "--config.model.attention_backend="
 # A backend's short run: no checkpoint or dev loss inside it (SIGTERM still saves one).
 BACKEND_RUN_FLAGS = ("--config.training.checkpoint_every=1000000", "--config.training.eval_every=0")
 TRANSLATE_LINES = 500
+# The decoding loop itself in XLA's command buffers (CUDA graphs' conditional nodes): no host read of the loop's
+# predicate at each step. Not in XLA's default command-buffer types; the decode_while phase measures it.
+WHILE_COMMANDS = "--xla_gpu_enable_command_buffer=+WHILE"
 
 
 class OutNotEmpty(Exception):
@@ -152,16 +156,17 @@ def eval_phase(args: argparse.Namespace, workdir: str, log: str, extra: list[str
     return {"wall_s": time.time() - started, "exit": code}
 
 
-def decode_phase(args: argparse.Namespace, workdir: str, sources: str, log: str, out: str) -> dict[str, Any]:
+def decode_phase(args: argparse.Namespace, workdir: str, sources: str, log: str, out: str, counts: str,
+                 xla_flags: str = "") -> dict[str, Any]:
     """benchmarks/lease_decode.py on the trained run: sentences/s per mode at each count, compile s, a profiled
-    search batch; its figures (decode.json) with the wall time and exit."""
+    search batch; its figures (decode.json) with the wall time and exit. `xla_flags` go to XLA_FLAGS."""
     started = time.time()
-    counts = args.decode_sentences if not args.rehearse else "40,200"
+    env = {**os.environ, "XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), xla_flags]))}
     with open(log, "w") as stream:
         try:
             code = subprocess.run([sys.executable, "-m", "benchmarks.lease_decode", f"--workdir={workdir}",
                                    f"--sources={sources}", f"--out={out}", f"--sentences={counts}"], cwd=REPO,
-                                  stdout=stream, stderr=subprocess.STDOUT,
+                                  stdout=stream, stderr=subprocess.STDOUT, env=env,
                                   timeout=max(min(args.decode_limit, args.deadline - started), 1)).returncode
         except subprocess.TimeoutExpired:
             code = "timeout"
@@ -276,11 +281,15 @@ def run(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
             summary["eval"]["sentences"] = len(json.load(f))
     if "translate" in summary:
         summary["translate"]["lines"] = lines
-    if left(args) >= 60:
-        summary["decode"] = decode_phase(args, workdir, out("translate.src"), out("decode.log"), out("decode"))
+    counts = args.decode_sentences if not args.rehearse else "40,200"
+    variants = (("decode", counts, ""), ("decode_while", counts.split(",")[0], WHILE_COMMANDS))
+    for phase, phase_counts, xla_flags in variants:
+        if left(args) < 60:
+            summary["skipped"].append(phase)
+            continue
+        summary[phase] = decode_phase(args, workdir, out("translate.src"), out(f"{phase}.log"), out(phase),
+                                      phase_counts, xla_flags)
         save()
-    else:
-        summary["skipped"].append("decode")
     summary["compile_seconds"] = {phase: compile_seconds(out(f"{phase}.log"))
                                   for phase in ("train", "resume", "eval", "translate")}
     from transformer_jax.aot import CHIPS
@@ -295,6 +304,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     print(f"main run's attention backend: {main_backend(extra)}")
     print(backend_table(summary["backends"]))
     print(decode_table(summary.get("decode", {})))
+    print(f"with XLA_FLAGS={WHILE_COMMANDS} (the loop in a command buffer):")
+    print(decode_table(summary.get("decode_while", {})))
     report_failures(args, summary)
     return summary
 

@@ -9,6 +9,7 @@ none). Per program, read from the compiled HLO (each `while` body's instructions
   kernels/step   the instructions of the loop body that run as kernels (fusions, custom calls, sorts, copies;
                  a conditional counted as its larger branch)
   conds/step     conditionals in the loop body: on a GPU each one copies its predicate to the host and waits
+  host/step      transfers between device and host in the loop body (sends, receives, feeds, host callbacks)
   outside        kernels before and after the loop (the encoder, the cache's creation)
   compile s      lowering + XLA's compile on this host (a GPU host's own compile also autotunes)
 Run with `JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1` and the CUDA plugin importable.
@@ -32,6 +33,8 @@ TARGETS = ("h100", "h200")
 MODES = ("beam", "greedy")
 VOCAB = 8000
 # Instructions that launch nothing: they name, pick or alias buffers (as sections/accelerators.py counts).
+# Instructions that move data between the device and the host (a host callback's custom call included).
+HOST_TRANSFERS = ("send", "recv", "send-done", "recv-done", "infeed", "outfeed")
 BOOKKEEPING = ("parameter", "get-tuple-element", "tuple", "bitcast", "constant", "copy-start", "copy-done",
                "after-all", "opt-barrier")
 
@@ -60,7 +63,7 @@ def _opcode(line: str) -> str | None:
 
 def kernels(bodies: dict[str, list[str]], name: str) -> dict[str, int]:
     """Kernels, conditionals and sorts that one run of computation `name` launches; loops inside it apart."""
-    counts = {"kernels": 0, "conditionals": 0, "sorts": 0, "loops": 0}
+    counts = {"kernels": 0, "conditionals": 0, "sorts": 0, "loops": 0, "host_transfers": 0}
     for line in bodies[name]:
         opcode = _opcode(line)
         if opcode is None or opcode in BOOKKEEPING:
@@ -76,6 +79,7 @@ def kernels(bodies: dict[str, list[str]], name: str) -> dict[str, int]:
         else:
             counts["kernels"] += 1
             counts["sorts"] += opcode == "sort" or " sort(" in "".join(bodies.get(_called(line), []))
+            counts["host_transfers"] += opcode in HOST_TRANSFERS or "callback" in line
     return counts
 
 
@@ -93,7 +97,7 @@ def loop_figures(hlo: str) -> dict[str, Any]:
     body = re.search(r"body=%([\w.\-]+)", loops[0]).group(1)
     step = kernels(bodies, body)
     return {"kernels_per_step": step["kernels"], "conditionals_per_step": step["conditionals"],
-            "sorts_per_step": step["sorts"], "loops_in_step": step["loops"],
+            "sorts_per_step": step["sorts"], "loops_in_step": step["loops"], "host_transfers_per_step": step["host_transfers"],
             "outside": kernels(bodies, entry)["kernels"], "hlo_chars": len(hlo)}
 
 
@@ -152,5 +156,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         f"error: {result['error']}" if "error" in result else
                         f"{result['program']}: {result['kernels_per_step']} kernels/step, "
                         f"{result['conditionals_per_step']} conds/step, {result['sorts_per_step']} sorts/step, "
+                        f"{result.get('host_transfers_per_step', '-')} host transfers/step, "
                         f"{result['outside']} outside, compile {result['compile_s']} s"), flush=True)
     return results

@@ -59,6 +59,10 @@ def test_a_steps_kernels_count_a_conditional_as_its_larger_branch_and_name_sorts
     assert figures["conditionals_per_step"] == 1
     assert figures["sorts_per_step"] == 1
     assert figures["outside"] == 1  # fusion.5 (the while itself is not a kernel)
+    assert figures["host_transfers_per_step"] == 0
+    with_callback = HLO.replace("%copy.1 = f32[4]{0} copy(%conditional.1)",
+                                '%copy.1 = f32[4]{0} custom-call(%conditional.1), custom_call_target="xla_ffi_python_cpu_callback"')
+    assert loop_figures(with_callback)["host_transfers_per_step"] == 1
 
 
 @pytest.mark.parametrize("chunked", [True, False])
@@ -68,7 +72,7 @@ def test_the_compiled_searchs_conditionals_are_the_chunked_caches(chunked):
     params = jax.eval_shape(lambda: Transformer(config).init(jax.random.key(0), src[:, :8], src[:, :8])["params"])
     hlo = jax.jit(lambda p, s: beam_search(p, config, s, beam_size=2)).lower(params, src).compile().as_text()
     figures = loop_figures(hlo)
-    assert figures["kernels_per_step"] > 0
+    assert figures["kernels_per_step"] > 0 and figures["host_transfers_per_step"] == 0
     # 64 + 50 positions: chunks of 32, 32 and 50, each after the first read under a conditional (its logits and
     # its values) in each of the 2 layers; one chunk has none.
     assert (figures["conditionals_per_step"] > 0) == chunked
