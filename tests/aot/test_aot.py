@@ -8,6 +8,8 @@ import dataclasses
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import pytest
 
 from runs import ROOT, tiny_run_config
@@ -276,3 +278,31 @@ def test_splash_flops_count_a_second_forward_under_remat():
     assert splash_flops(dataclasses.replace(program, splash_calls=(2, 2)), 600.0) == pytest.approx(600.0)
     assert splash_flops(dataclasses.replace(program, splash_calls=(0, 0)), 600.0) == 0.0  # XLA's attention, GPUs
     assert splash_calls_in(hlo.replace("tpu_custom_call", "__cudnn$fmhaSoftmax")) == (0, 0)
+
+
+class _TilesFailAtFirst:
+    """A lowered program whose first compile fails as XLA:GPU's compile-only Triton GEMM does for some shapes."""
+
+    def __init__(self, lowered, message: str) -> None:
+        self.lowered, self.message, self.options = lowered, message, []
+
+    def compile(self, compiler_options=None):
+        self.options.append(compiler_options)
+        if compiler_options is None:
+            raise jax.errors.JaxRuntimeError(self.message)
+        return self.lowered.compile(compiler_options=compiler_options)
+
+
+def test_a_program_whose_triton_gemm_finds_no_tiles_compiles_with_cublas_and_says_so(capsys):
+    from transformer_jax.aot.compile import WITHOUT_TRITON_GEMM, compile_lowered
+
+    lowered = jax.jit(lambda a, b: a @ b).lower(jnp.ones((8, 8)), jnp.ones((8, 8)))
+    failing = _TilesFailAtFirst(lowered, "INTERNAL: Couldn't find output tile sizes that satisfy hlo: %dot.230 = ...")
+    compiled = compile_lowered("dev loss 56x64", failing)
+    assert failing.options == [None, WITHOUT_TRITON_GEMM]
+    assert float(compiled(jnp.ones((8, 8)), jnp.ones((8, 8)))[0, 0]) == 8.0
+    assert "dev loss 56x64: XLA's Triton GEMM found no tiles" in capsys.readouterr().out
+    other = _TilesFailAtFirst(lowered, "RESOURCE_EXHAUSTED: out of memory")
+    with pytest.raises(jax.errors.JaxRuntimeError, match="out of memory"):
+        compile_lowered("train step", other)
+    assert other.options == [None]

@@ -19,6 +19,7 @@ import ml_collections
 from jax.sharding import Mesh
 
 from transformer_jax.aot.cycles import Estimate, estimate_of
+from transformer_jax.base.console import say
 from transformer_jax.base.sharding import mesh_platform
 from transformer_jax.cli.commands import training_workdir
 from transformer_jax.config.schema import decode_options, decoding_dtype
@@ -81,6 +82,28 @@ def _product(dims: str) -> int:
     for dim in filter(None, dims.split(",")):
         result *= int(dim)
     return result
+
+
+# XLA:GPU picks its Triton GEMMs' tiles by autotuning on the GPU; a compile-only one has none to autotune on and,
+# for some shapes, finds no tiles at all ("Couldn't find output tile sizes", seen for the base model's dev-loss
+# step on an H100 and an H200). Such a program is compiled again with the GEMMs by cuBLAS, which a GPU's own
+# compile may pick as well: its memory is the program's, but XLA's cost model gives cuBLAS calls no FLOPs.
+TRITON_TILES_FAILURE = "Couldn't find output tile sizes"
+WITHOUT_TRITON_GEMM = {"xla_gpu_enable_triton_gemm": False}
+
+
+def compile_lowered(name: str, lowered: Any) -> Any:
+    """`lowered.compile()`, or, where XLA's Triton GEMM finds no tiles compile-only, the same program with cuBLAS's
+    GEMMs (said in one line)."""
+    try:
+        return lowered.compile()
+    except jax.errors.JaxRuntimeError as error:
+        if TRITON_TILES_FAILURE not in str(error):
+            raise
+    say(f"{name}: XLA's Triton GEMM found no tiles for a matmul compile-only; compiled with cuBLAS's GEMMs instead "
+        "(a GPU's own compile autotunes between the two; its FLOPs then leave out the GEMMs, which XLA's cost model "
+        "does not count)")
+    return lowered.compile(compiler_options=WITHOUT_TRITON_GEMM)
 
 
 def program_of(name: str, compiled: Any) -> Program:
@@ -190,4 +213,4 @@ def compile_run(config: ml_collections.ConfigDict, mesh: Mesh, which: tuple[str,
         lowered += programs.lower_dev_loss()
     if "decode" in which:
         lowered.append(programs.lower_search(decode_options(config), decoding_dtype(config)))
-    return run_shapes(programs), [program_of(name, program.compile()) for name, program in lowered]
+    return run_shapes(programs), [program_of(name, compile_lowered(name, program)) for name, program in lowered]

@@ -6,7 +6,7 @@ import dataclasses
 
 import ml_collections
 
-from transformer_jax.aot.compile import Program, compile_run, program_of, run_data, run_shapes
+from transformer_jax.aot.compile import Program, compile_lowered, compile_run, program_of, run_data, run_shapes
 from transformer_jax.aot.host_input import host_input
 from transformer_jax.aot.report import advice, search_line, table, verdict
 from transformer_jax.aot.topology import Topology, describe, host_devices, mesh_for
@@ -95,6 +95,7 @@ def search_report(config: ml_collections.ConfigDict, built: RunPrograms, program
         name += f", {bulk.dtype or built.model_config.dtype}"
         rows, width = built.search_shape(search_width, bulk.batching, host)
         longest = output_width(width, bulk.options.max_extra_length, max_len)
-        lines.append("\n" + search_line(program_of(name, lowered.compile()), topology, rows, width, longest,
+        compiled = compile_lowered(name, lowered)
+        lines.append("\n" + search_line(program_of(name, compiled), topology, rows, width, longest,
                                         processes=topology.hosts))
     return "".join(lines)
