@@ -142,6 +142,8 @@ def test_every_command_flag_in_the_docs_exists():
               "xla_force_host_platform_device_count", "xla_gpu_deterministic_ops",
               "xla_gpu_enable_command_buffer"}  # XLA_FLAGS
     others |= {"local", "max"}  # hf download --local-dir; fairseq-train --max-tokens
+    others |= {"build", "cluster", "project", "workload", "tpu", "device", "num", "docker", "termination"}  # docker
+    # build --build-arg; xpk workload create --tpu-type, --device-type, --num-slices, --docker-image, --max-restarts, ...
     # python -m benchmarks.run: its argparse options.
     bench = set(re.findall(r"add_argument\(\s*\"--(\w+)\"", (ROOT / "benchmarks" / "run.py").read_text()))
     assert "sections" in bench
@@ -245,8 +247,9 @@ def test_make_targets_in_the_docs_exist():
 
 
 def test_the_own_text_lines_train_and_evaluate_on_files_as_written(tmp_path):
-    """The README's "Train on your own text" lines, run as written, on a small corpus in fairseq's layout
-    (train.*, valid.*, no test split): the run trains, its final scores are named dev, and eval.py scores dev."""
+    """The README's "Train on your own text" lines, run as written (`transformer-jax` as this checkout's
+    `python -m transformer_jax`), on a small corpus in fairseq's layout (train.*, valid.*, no test split): the run
+    trains, its final scores are named dev, and `score` scores dev."""
     import subprocess
     import sys
 
@@ -254,19 +257,19 @@ def test_the_own_text_lines_train_and_evaluate_on_files_as_written(tmp_path):
     from transformer_jax.data.builtin.corpus import generate_pairs
 
     lines = [line for line in marked_block("own-text", "bash")[1].splitlines() if line.strip()]
-    assert len(lines) == 2 and lines[0].startswith("python train.py") and lines[1].startswith("python eval.py")
+    assert len(lines) == 2 and lines[0].startswith("transformer-jax train ") and \
+        lines[1].startswith("transformer-jax score ")
     corpus = tmp_path / "my_corpus"
     corpus.mkdir()
     pairs = generate_pairs(92, seed=5)  # the smallest tier's fewest updates (20; this corpus gets 21)
     for split, part in (("train", pairs[:80]), ("valid", pairs[80:])):
         for side, lang in enumerate(("en", "de")):
             (corpus / f"{split}.{lang}").write_text("".join(pair[side] + "\n" for pair in part), encoding="utf-8")
-    for name in ("train.py", "eval.py", "configs"):  # the commands run from a checkout: these beside my_corpus
-        (tmp_path / name).symlink_to(ROOT / name)
     # 21 updates of 4,096-token batches and a beam search: XLA:CPU's optimised code pays for its longer compile here
     # (the training alone: 80 s with XLA's default, 97 s with the suite's unoptimised compiles; 2 cores, 2026-12-01).
-    env = script_env(XLA_FLAGS="--xla_force_host_platform_device_count=1")
-    results = [subprocess.run([sys.executable, *line.split()[1:]], cwd=tmp_path, env=env,
+    # PYTHONPATH: this checkout's package, whatever the virtualenv's editable install points at.
+    env = script_env(XLA_FLAGS="--xla_force_host_platform_device_count=1", PYTHONPATH=str(ROOT))
+    results = [subprocess.run([sys.executable, "-m", "transformer_jax", *line.split()[1:]], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=600) for line in lines]
     for result in results:
         assert result.returncode == 0, result.stderr[-3000:]
@@ -275,7 +278,6 @@ def test_the_own_text_lines_train_and_evaluate_on_files_as_written(tmp_path):
     assert "SacreBLEU" in results[1].stdout and "dev" in results[1].stdout
     saved = json.loads((tmp_path / "runs" / "my_corpus" / "config.json").read_text())
     assert saved["data"]["source"] == "text" and saved["model"]["d_model"] == 128  # the smallest tier
-
 
 
 def test_the_translator_example_translates_a_run_in_the_callers_order(trained_run, tmp_path, monkeypatch, capsys):
