@@ -15,7 +15,7 @@ from transformer_jax.cli import lock as run_lock
 from transformer_jax.base import workdir as layout
 from transformer_jax.cli.lock import Owner, RunLock, WorkdirLockedError, read_owner
 from transformer_jax.checkpoints.manager import Checkpointer
-from transformer_jax.run.metrics_log import read_metrics
+from transformer_jax.base.log_records import read_metrics
 
 
 def write_lock(workdir, owner: Owner) -> None:

@@ -157,7 +157,7 @@ def test_learning_curves_from_metrics_jsonl(tmp_path):
     assert path == tmp_path / "plots" / "learning_curves.png"
     assert matplotlib.image.imread(path).ndim == 3
 
-    from transformer_jax.run.metrics_log import read_records
+    from transformer_jax.base.log_records import read_records
 
     figure = learning_curves_figure(read_records(str(tmp_path / "metrics.jsonl")), (4, 11.5))
     loss, learning_rate, bleu = figure.axes

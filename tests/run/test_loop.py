@@ -13,7 +13,7 @@ from transformer_jax.errors import ConfigError, TrainingError
 from transformer_jax.config.schema import model_config
 from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.run import Trainer, assemble_run, loop
-from transformer_jax.run.metrics_log import read_metrics
+from transformer_jax.base.log_records import read_metrics
 
 
 def train_losses(workdir):

@@ -2,8 +2,8 @@
 
 `files` (atomic writes, listing, moving, on local disks and Cloud Storage) -> `console` (quiet logs,
 progress bars) -> `sharding` (the (data, fsdp) mesh, logical-axis rules, shardings, CPU device counts) ->
-`workdir` (every file and folder name of a run directory) -> `compile_cache` (JAX's persistent
-compilation cache). Nothing here imports another folder of the package but `errors`.
+`workdir` (every file and folder name of a run directory) -> `log_records` (a run's JSON-lines logs read
+back) -> `tensorboard` (its TensorBoard event files) -> `compile_cache` (JAX's persistent compilation cache). Nothing here imports another folder of the package but `errors`.
 """
 
 from transformer_jax.base import workdir
@@ -27,6 +27,7 @@ from transformer_jax.base.files import (
     unique_name,
     write_atomically,
 )
+from transformer_jax.base.log_records import check_logs, read_metrics, read_records
 from transformer_jax.base.sharding import (
     BATCH_AXES,
     DATA_AXIS,
@@ -49,6 +50,7 @@ __all__ = [
     "abstract_with_shardings",
     "automatic_cpu_devices",
     "batch_sharding",
+    "check_logs",
     "default_cache_dir",
     "directory_written_whole",
     "exists",
@@ -63,6 +65,8 @@ __all__ = [
     "make_mesh",
     "mesh_platform",
     "quiet_console",
+    "read_metrics",
+    "read_records",
     "read_text",
     "remove",
     "say",

@@ -585,7 +585,7 @@ def saved_steps(workdir: str, names: list[str] | None = None) -> list[int]:
 def training_kept(workdir: str) -> str:
     """What a stop before the end of training leaves, read from the workdir: the newest checkpoint, a checkpoint cut
     short, or the logged steps that no checkpoint keeps."""
-    from transformer_jax.run import read_records
+    from transformer_jax.base import read_records
 
     directory = layout.run_path(workdir, layout.CHECKPOINTS)
     names = list_names(directory) if is_dir(directory) else []

@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from transformer_jax.base.console import plain_lines
 from transformer_jax.base import workdir as layout
-from transformer_jax.base.sharding import mesh_platform
+from transformer_jax.base.sharding import mesh_platform, place_rows
 from transformer_jax.checkpoints.selection import Run, checkpoint_params, select_steps
 from transformer_jax.data.batching import restore_order
 from transformer_jax.data.encoded import EncodedPairs, encode_pairs
@@ -52,8 +52,7 @@ from transformer_jax.evaluation.outputs import write_together
 from transformer_jax.evaluation.scores import translation_scores
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.special_tokens import EOS_ID, PAD_ID
-from transformer_jax.run.dev_loss import evaluate_loss, place_rows
-from transformer_jax.run.programs import dev_loss_step
+from transformer_jax.training.dev_loss import dev_loss_step, evaluate_loss
 
 
 # How long a block of standard input waits for more lines after its first (`standard_input_blocks`).
