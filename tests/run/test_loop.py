@@ -246,7 +246,7 @@ def test_a_step_that_fails_on_the_device_is_one_line_naming_it_exit_3_and_the_ch
         trained_run, tmp_path, capsys):
     """A real runtime error inside the compiled train step (a host callback that raises, at update 8)."""
     from runs import copy_run, snapshot, tiny_run_config
-    from transformer_jax.cli.commands import DEVICE_ERROR_EXIT, user_errors
+    from transformer_jax.cli.user_errors import DEVICE_ERROR_EXIT, user_errors
     from transformer_jax.errors import DeviceError
 
     workdir = copy_run(trained_run, tmp_path / "run")  # checkpoints of steps 4 and 6

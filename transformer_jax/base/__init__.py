@@ -2,7 +2,8 @@
 
 `files` (atomic writes, listing, moving, on local disks and Cloud Storage) -> `console` (quiet logs,
 progress bars) -> `sharding` (the (data, fsdp) mesh, logical-axis rules, shardings, CPU device counts) ->
-`workdir` (every file and folder name of a run directory) -> `log_records` (a run's JSON-lines logs read
+`workdir` (every file and folder name of a run directory) -> `lock` (one job owns a run directory or a bulk
+output: claims, their heartbeat, stale ones taken over) -> `log_records` (a run's JSON-lines logs read
 back) -> `tensorboard` (its TensorBoard event files) -> `compile_cache` (JAX's persistent compilation cache). Nothing here imports another folder of the package but `errors`.
 """
 
@@ -27,6 +28,7 @@ from transformer_jax.base.files import (
     unique_name,
     write_atomically,
 )
+from transformer_jax.base.lock import Claim, RunLock, WorkdirLockedError, holding, owning
 from transformer_jax.base.log_records import check_logs, read_metrics, read_records
 from transformer_jax.base.sharding import (
     BATCH_AXES,
@@ -44,9 +46,12 @@ from transformer_jax.base.sharding import (
 )
 
 __all__ = [
+    "Claim",
     "BATCH_AXES",
     "DATA_AXIS",
     "FSDP_AXIS",
+    "RunLock",
+    "WorkdirLockedError",
     "abstract_with_shardings",
     "automatic_cpu_devices",
     "batch_sharding",
@@ -55,6 +60,7 @@ __all__ = [
     "directory_written_whole",
     "exists",
     "global_batch",
+    "holding",
     "init_sharded",
     "is_dir",
     "is_file",
@@ -62,6 +68,7 @@ __all__ = [
     "list_names",
     "make_dirs",
     "object_path",
+    "owning",
     "make_mesh",
     "mesh_platform",
     "quiet_console",
