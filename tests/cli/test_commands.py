@@ -107,7 +107,8 @@ def test_eval_exports_a_ctranslate2_model_that_scores_as_ours(trained, tmp_path)
     import sentencepiece as spm
 
     from transformer_jax import Transformer
-    from transformer_jax.checkpoints.selection import checkpoint_params, open_run, select_steps
+    from transformer_jax.checkpoints.saved_run import open_run
+    from transformer_jax.checkpoints.selection import checkpoint_params, select_steps
 
     _, workdir, _ = trained
     out = tmp_path / "ct2"

@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent(
     from transformer_jax.decoding.translate import translate_batch, translate_rows
     from transformer_jax.base.sharding import place_rows
     from transformer_jax.training.dev_loss import evaluate_loss
-    from transformer_jax.evaluation.translate_split import replicate, translate_encoded
+    from transformer_jax.evaluation.text_translation import replicate, translate_encoded
     from transformer_jax.base.sharding import batch_sharding, init_sharded, make_mesh
     from transformer_jax.training.state import create_train_state
     from transformer_jax.training.dev_loss import dev_loss_step
