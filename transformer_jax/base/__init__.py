@@ -1,10 +1,12 @@
-"""The lowest floor: files (local or gs://), the console, the device mesh and shardings, a run directory's layout.
+"""The lowest floor: files (local or gs://), the console, the device mesh and shardings, a run directory's layout,
+its lock and its logs.
 
 `files` (atomic writes, listing, moving, on local disks and Cloud Storage) -> `console` (quiet logs,
 progress bars) -> `sharding` (the (data, fsdp) mesh, logical-axis rules, shardings, CPU device counts) ->
 `workdir` (every file and folder name of a run directory) -> `lock` (one job owns a run directory or a bulk
 output: claims, their heartbeat, stale ones taken over) -> `log_records` (a run's JSON-lines logs read
-back) -> `tensorboard` (its TensorBoard event files) -> `compile_cache` (JAX's persistent compilation cache). Nothing here imports another folder of the package but `errors`.
+back) -> `tensorboard` (its TensorBoard event files) -> `compile_cache` (JAX's persistent compilation cache).
+Nothing here imports another folder of the package but `errors`.
 """
 
 from transformer_jax.base import workdir

@@ -2,8 +2,8 @@
 
 Shared: `user_errors` (one-line errors and the exit statuses) -> `flag_parsing` (config files found, flags parsed,
 --help) -> `cluster` (joining a multi-process run, JAX's backends started) -> `run_directory` (workdir checks,
-a training run's workdir owned through base/lock.py, what a stop kept) -> `stops` (Ctrl-C and SIGTERM as one line, the process's exit) ->
-`run_flags` (the flags of the commands that use a trained run); `old_forms` (eval.py's flags of old).
+a training run's workdir owned through base/lock.py, what a stop kept) -> `stops` (Ctrl-C and SIGTERM as one
+line, the process's exit) -> `run_flags` (the flags of the commands that use a trained run); `old_forms` (eval.py's flags of old).
 One module a command, each defining only its own flags: `train`, `prepare`, `import_marian`, `score`,
 `translate`, `translate_corpus`, `average`, `export`, `plot` (the preflight is aot/preflight.py; it takes
 `translate_corpus`'s search flags to price a bulk job).
