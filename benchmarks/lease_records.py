@@ -10,7 +10,8 @@ import re
 from typing import Any
 
 from transformer_jax.base import workdir as layout
-from transformer_jax.run import newest_trace, read_metrics, read_trace, summarize_trace
+from transformer_jax.base import read_metrics
+from transformer_jax.run import newest_trace, read_trace, summarize_trace
 
 PREDICTION = "prediction-{kind}.txt"
 # JAX's compile log (jax_log_compiles): "Finished XLA compilation of jit(NAME) in SECONDS sec".

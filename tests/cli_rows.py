@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))  # the checkout's package, not an installed copy
 from absl import flags  # noqa: E402
 
 from transformer_jax.__main__ import COMMANDS, PROGRAM  # noqa: E402
-from transformer_jax.cli.commands import parse_flags  # noqa: E402
+from transformer_jax.cli.flag_parsing import parse_flags  # noqa: E402
 from transformer_jax.cli.old_forms import eval_command  # noqa: E402
 
 BASELINE = set(flags.FLAGS)  # absl's own flags (and the libraries'), kept from command to command

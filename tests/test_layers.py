@@ -2,12 +2,16 @@
 
 import ast
 import pathlib
+import subprocess
+import sys
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "transformer_jax"
 # Lowest first. `errors.py` is the root of user errors; the top-level __init__ re-exports the modules.
-# `cli` (flags, one-line errors, the run lock) serves the entry points: train.py, eval.py and `aot`'s __main__.
-FLOORS = ("errors", "base", "model", "decoding", "data", "config", "checkpoints", "training", "run", "evaluation",
-          "export", "cli", "aot")
+# `run` (the training loop and its parts) stands above what translates (decoding, evaluation, export): inference
+# does not carry the trainer. `cli` (flags, one-line errors) serves the entry points: train.py, eval.py and `aot`'s
+# __main__.
+FLOORS = ("errors", "base", "model", "decoding", "data", "config", "checkpoints", "training", "evaluation", "export",
+          "run", "cli", "aot")
 
 
 def imported_floors(path: pathlib.Path) -> set[str]:
@@ -45,3 +49,30 @@ def test_only_the_checkpoints_folder_imports_orbax():
                  if any(isinstance(node, (ast.Import, ast.ImportFrom)) and "orbax" in ast.unparse(node)
                         for node in ast.walk(ast.parse(path.read_text())))}
     assert importers == {"checkpoints"}
+
+
+def test_what_translates_stands_below_the_training_run():
+    """decoding/, evaluation/ and export/ importing run/ climbs a floor (the test above then fails)."""
+    assert all(FLOORS.index(floor) < FLOORS.index("run") for floor in ("decoding", "evaluation", "export"))
+
+
+def loaded_modules(code: str) -> list[str]:
+    """The modules a fresh interpreter holds after running `code` (from the checkout: it imports this package)."""
+    done = subprocess.run([sys.executable, "-c", f"import sys\n{code}\nprint('\\n'.join(sorted(sys.modules)))"],
+                          capture_output=True, text=True, timeout=300, cwd=PACKAGE.parent)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout.split()
+
+
+def test_importing_the_translation_api_loads_no_training_loop_nor_log_writer():
+    loaded = loaded_modules("from transformer_jax.evaluation import Translator")
+    assert "transformer_jax.evaluation.translator" in loaded
+    trainer = [name for name in loaded if name == "transformer_jax.run" or name.startswith("transformer_jax.run.")]
+    assert not trainer, f"importing Translator loads the training run: {trainer}"
+    writers = [name for name in loaded if name.split(".")[0] in ("tensorboardX", "wandb")]
+    assert not writers, f"importing Translator loads the training logs' writers: {writers}"
+    # Orbax's package __init__ imports all of it, its CheckpointManager and async checkpointer included, so a
+    # restore cannot load less than `import orbax.checkpoint`; nothing beyond that is loaded.
+    orbax = {name for name in loaded if name.split(".")[0] == "orbax"}
+    beyond = orbax - {name for name in loaded_modules("import orbax.checkpoint") if name.split(".")[0] == "orbax"}
+    assert orbax and not beyond, f"Orbax modules beyond its package import: {sorted(beyond)}"

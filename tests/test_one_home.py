@@ -18,7 +18,7 @@ LAYOUT_NAMES = set(layout.ENTRIES) | {
 # The same word as a layout name, meaning something else: (file, string) -> why.
 SAME_WORD = {
     ("transformer_jax/export/hf_directory.py", "config.json"): "a Hugging Face model directory's file, not a run's",
-    ("transformer_jax/cli/commands.py", "compilation_cache"): "the --compilation_cache flag's name",
+    ("transformer_jax/cli/cluster.py", "compilation_cache"): "the --compilation_cache flag's name",
     ("transformer_jax/config/schema.py", "wandb"): "the wandb package's name (is it installed?)",
     ("transformer_jax/config/schema.py", "eval"): "the config's `eval` section",
     ("benchmarks/gpu_run.py", "eval"): "the benchmark's eval.py phase",

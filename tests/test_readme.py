@@ -93,13 +93,13 @@ def bash_blocks(text: str) -> list[str]:
 
 def module_flags(module: str) -> set[str]:
     """The absl flags a command's module defines (DEFINE_*("name", ...), DEFINE_config_file("name", ...)), with
-    the shared ones it defines by calling cli/run_flags.py's or cli/commands.py's functions."""
+    the shared ones it defines by calling cli/run_flags.py's or cli/cluster.py's functions."""
     source = (ROOT / (module.replace(".", "/") + ".py")).read_text()
     cli = ROOT / "transformer_jax" / "cli"
     if "define_run_flags(" in source or "define_search_flags(" in source:
         source += (cli / "run_flags.py").read_text()
     if "define_cluster_flags()" in source or "define_run_flags()" in source:
-        source += (cli / "commands.py").read_text()
+        source += (cli / "cluster.py").read_text()
     names = set(re.findall(r"DEFINE_\w+\(\s*\"(\w+)\"", source))
     assert names, f"{module} defines no flags?"
     return names | {"help", "helpfull", "verbosity"}  # absl's own flags

@@ -2,17 +2,17 @@
 
 The package, by what a reader comes for (floors, lowest first: a folder imports only folders below it):
   errors.py    UserError, the root of every error a user can cause
-  base/        files, console, device mesh and shardings, a run directory's layout, compilation cache
+  base/        files, console, device mesh and shardings, a run directory's layout, lock and logs, compilation cache
   model/       the paper's modules (attention, masks, embeddings, positions, layers, stacks, Transformer)
   decoding/    search settings, the key/value cache, greedy, sampling and beam search, decoding precision
   data/        corpora, SentencePiece, batch shapes and batches; the built-in synthetic corpus in data/builtin/
   config/      every run setting with its default and checks, and the reference generated from it
   checkpoints/ Orbax save/restore, integrity checks, choosing and averaging checkpoints
-  training/    the paper's loss, schedule and Adam, train state and step (the base install)
-  run/         a training run: the run builder, assemble_run (mesh, data, programs, checkpointer), the Trainer
-  evaluation/  SacreBLEU/chrF, translating splits, plots
+  training/    the paper's loss, schedule and Adam, train state and step (the base install); a split's dev loss
+  evaluation/  SacreBLEU/chrF, translating text and splits, plots
   export/      a trained model for other runtimes (CTranslate2)
-  cli/         the transformer-jax commands (train, score, translate, ...): flags, one-line errors, the run lock
+  run/         a training run: the run builder, assemble_run (mesh, data, programs, checkpointer), the Trainer
+  cli/         the transformer-jax commands (train, score, translate, ...): flags, one-line errors, the run directory
   aot/         compiling a run for TPU topologies and GPUs on a host without them
 
 Importing this package loads only JAX and Flax: the training and evaluation stacks load when used.

@@ -36,7 +36,7 @@ COMMANDS = {
     "plot": Command("transformer_jax.cli.plot", "draw learning curves, positional encodings, attention maps"),
 }
 PROGRAM = "transformer-jax"
-USER_ERROR_EXIT = 2  # as transformer_jax.cli.commands.USER_ERROR_EXIT, which this module does not import early
+USER_ERROR_EXIT = 2  # as transformer_jax.cli.user_errors.USER_ERROR_EXIT, which this module does not import early
 
 
 def usage() -> str:

@@ -5,8 +5,9 @@ import os
 import pytest
 
 from transformer_jax.base import files
-from transformer_jax.cli.commands import ensure_writable_workdir
-from transformer_jax.run.metrics_log import MetricsLog, read_metrics
+from transformer_jax.cli.run_directory import ensure_writable_workdir
+from transformer_jax.base.log_records import read_metrics
+from transformer_jax.run.metrics_log import MetricsLog
 
 
 @pytest.fixture(params=["local", "gcs"])

@@ -13,7 +13,7 @@ from transformer_jax.errors import CheckpointError
 from transformer_jax.checkpoints.initial import initial_params
 from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.run import Trainer, assemble_run
-from transformer_jax.run.metrics_log import read_metrics
+from transformer_jax.base.log_records import read_metrics
 
 # When Orbax fails to read a damaged file it abandons the other reads of that restore; their
 # coroutines complain when collected ("Exception ignored in ... _read_array_index_and_device_put").

@@ -33,7 +33,7 @@ from runs import (
     write_config,
 )
 from transformer_jax.base import workdir as layout
-from transformer_jax.cli.lock import Owner, read_owner
+from transformer_jax.base.lock import Owner, read_owner
 from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.data.tokenizer import train_tokenizer
 
@@ -362,7 +362,7 @@ def test_a_coordinator_name_that_does_not_resolve_is_named(monkeypatch):
     """A stubbed resolver (tests reach no other host): the name is refused before any connection."""
     import socket
 
-    from transformer_jax.cli.commands import wait_for_coordinator
+    from transformer_jax.cli.cluster import wait_for_coordinator
     from transformer_jax.errors import ConfigError
 
     def unresolved(host, *args, **kwargs):

@@ -107,7 +107,8 @@ def test_eval_exports_a_ctranslate2_model_that_scores_as_ours(trained, tmp_path)
     import sentencepiece as spm
 
     from transformer_jax import Transformer
-    from transformer_jax.checkpoints.selection import checkpoint_params, open_run, select_steps
+    from transformer_jax.checkpoints.saved_run import open_run
+    from transformer_jax.checkpoints.selection import checkpoint_params, select_steps
 
     _, workdir, _ = trained
     out = tmp_path / "ct2"
@@ -222,7 +223,7 @@ def test_hosts_with_equal_pids_write_under_distinct_temporary_names(tmp_path, mo
     import socket
 
     from transformer_jax.base import files
-    from transformer_jax.cli import commands as cli
+    from transformer_jax.cli import run_directory
 
     monkeypatch.setattr(os, "getpid", lambda: 1)
     removed, replaced, real_remove, real_replace = [], [], os.remove, os.replace
@@ -232,7 +233,7 @@ def test_hosts_with_equal_pids_write_under_distinct_temporary_names(tmp_path, mo
     target.write_text("old")
     for host in ("host-a", "host-b"):
         monkeypatch.setattr(socket, "gethostname", lambda host=host: host)
-        cli.ensure_writable_workdir(str(tmp_path))
+        run_directory.ensure_writable_workdir(str(tmp_path))
         files.write_atomically(str(target), f"written by {host}")
     assert len(set(removed)) == len(set(replaced)) == 2
     assert all(".host-a.1." in a and ".host-b.1." in b for a, b in (removed, replaced))
@@ -313,7 +314,7 @@ def test_train_takes_cudnn_out_of_xlas_command_buffers_before_the_backends_start
     """What train.py does before JAX starts: XLA_FLAGS gains -CUDNN for cuDNN attention; left alone otherwise."""
     from ml_collections import ConfigDict
 
-    from transformer_jax.cli.commands import set_gpu_flags
+    from transformer_jax.cli.cluster import set_gpu_flags
 
     model = ConfigDict(dict(attention_backend="cudnn", attention_dropout_rate=0.0, dtype="bfloat16"))
     monkeypatch.delenv("XLA_FLAGS", raising=False)

@@ -12,7 +12,7 @@ import pytest
 
 from runs import ROOT, assert_one_line_error, run_rows, script_env
 from transformer_jax.__main__ import COMMANDS
-from transformer_jax.cli.commands import packaged_config, packaged_config_names
+from transformer_jax.cli.flag_parsing import packaged_config, packaged_config_names
 from transformer_jax.cli.old_forms import eval_command
 
 CLUSTER = {"multihost", "coordinator_address", "num_processes", "process_id", "compilation_cache", "cluster_timeout"}

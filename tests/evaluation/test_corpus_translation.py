@@ -327,7 +327,7 @@ def test_the_model_is_named_by_its_parameters_and_tokenizer(trained_run):
 def test_what_is_not_the_jobs_is_refused_in_one_line_and_left_as_it_is(trained_run, tmp_path):
     """A folder or file where the parts go, an --output_dir that is a file, a suffix with a /, an output another job
     claims: one line each, and nothing there is read, changed or removed."""
-    from transformer_jax.cli.lock import Claim
+    from transformer_jax.base.lock import Claim
 
     workdir = trained_run["workdir"]
     mono = write_corpus(tmp_path / "mono.en", 5)

@@ -20,7 +20,8 @@ from transformer_jax.model.special_tokens import BOS_ID
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.errors import DataError
 from transformer_jax.evaluation.attention_plots import attention_pair, plot_slug
-from transformer_jax.checkpoints.selection import checkpoint_params, open_run
+from transformer_jax.checkpoints.saved_run import open_run
+from transformer_jax.checkpoints.selection import checkpoint_params
 from transformer_jax.evaluation.introspection import (
     attention_maps,
     collect_attention,
@@ -34,7 +35,7 @@ from transformer_jax.evaluation.plots import (
     plot_learning_curves,
     positional_encoding_figure,
 )
-from transformer_jax.evaluation.translate_split import translate_lines
+from transformer_jax.evaluation.text_translation import translate_lines
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -157,7 +158,7 @@ def test_learning_curves_from_metrics_jsonl(tmp_path):
     assert path == tmp_path / "plots" / "learning_curves.png"
     assert matplotlib.image.imread(path).ndim == 3
 
-    from transformer_jax.run.metrics_log import read_records
+    from transformer_jax.base.log_records import read_records
 
     figure = learning_curves_figure(read_records(str(tmp_path / "metrics.jsonl")), (4, 11.5))
     loss, learning_rate, bleu = figure.axes

@@ -30,11 +30,12 @@ SCRIPT = textwrap.dedent(
     from transformer_jax.decoding.options import DecodeOptions
     from transformer_jax.data.shapes import TranslationBatching
     from transformer_jax.decoding.translate import translate_batch, translate_rows
-    from transformer_jax.run.dev_loss import evaluate_loss, place_rows
-    from transformer_jax.evaluation.translate_split import replicate, translate_encoded
+    from transformer_jax.base.sharding import place_rows
+    from transformer_jax.training.dev_loss import evaluate_loss
+    from transformer_jax.evaluation.text_translation import replicate, translate_encoded
     from transformer_jax.base.sharding import batch_sharding, init_sharded, make_mesh
     from transformer_jax.training.state import create_train_state
-    from transformer_jax.run.programs import dev_loss_step
+    from transformer_jax.training.dev_loss import dev_loss_step
 
     CONFIG = TransformerConfig.preset("tiny", vocab_size=50, max_len=32, norm_position="pre",
                                       positional_encoding="learned", tie_output_embedding=False)

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-import transformer_jax.evaluation.translate_split as translate_split
+import transformer_jax.evaluation.text_translation as text_translation
 from runs import ROOT, script_env
 from transformer_jax.checkpoints import checkpoint_params, open_run
 from transformer_jax.data.shapes import TranslationBatching
@@ -91,8 +91,8 @@ def test_standard_input_is_decoded_in_blocks_with_the_files_translations(trained
     params = checkpoint_params(run, [run.checkpointer.latest_step()])
     options = DecodeOptions(mode="greedy", max_extra_length=4)
     chunks = []
-    original = translate_split._translate_chunk
-    monkeypatch.setattr(translate_split, "_translate_chunk",
+    original = text_translation._translate_chunk
+    monkeypatch.setattr(text_translation, "_translate_chunk",
                         lambda run, params, texts, *args: chunks.append(len(texts)) or original(run, params, texts,
                                                                                                  *args))
     batching = TranslationBatching(batch_size=50, batch_tokens=256)

@@ -22,7 +22,8 @@ from safetensors.numpy import load_file
 from transformers import MarianMTModel, MarianTokenizer
 
 from transformer_jax.checkpoints.initial import adopt_initial_model
-from transformer_jax.checkpoints.selection import checkpoint_params, open_run
+from transformer_jax.checkpoints.saved_run import open_run
+from transformer_jax.checkpoints.selection import checkpoint_params
 from transformer_jax.cli.import_marian import import_marian
 from transformer_jax.decoding.beam_search import beam_search
 from transformer_jax.decoding.sampling import greedy_decode

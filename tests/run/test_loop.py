@@ -13,7 +13,7 @@ from transformer_jax.errors import ConfigError, TrainingError
 from transformer_jax.config.schema import model_config
 from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.run import Trainer, assemble_run, loop
-from transformer_jax.run.metrics_log import read_metrics
+from transformer_jax.base.log_records import read_metrics
 
 
 def train_losses(workdir):
@@ -246,7 +246,7 @@ def test_a_step_that_fails_on_the_device_is_one_line_naming_it_exit_3_and_the_ch
         trained_run, tmp_path, capsys):
     """A real runtime error inside the compiled train step (a host callback that raises, at update 8)."""
     from runs import copy_run, snapshot, tiny_run_config
-    from transformer_jax.cli.commands import DEVICE_ERROR_EXIT, user_errors
+    from transformer_jax.cli.user_errors import DEVICE_ERROR_EXIT, user_errors
     from transformer_jax.errors import DeviceError
 
     workdir = copy_run(trained_run, tmp_path / "run")  # checkpoints of steps 4 and 6

@@ -18,7 +18,7 @@ import pytest
 
 from runs import ROOT, finish_all, free_port, script_env, snapshot, start_script, tiny_run_config, write_config
 from transformer_jax.checkpoints.manager import Checkpointer
-from transformer_jax.run.metrics_log import read_metrics
+from transformer_jax.base.log_records import read_metrics
 
 GLOBAL_DEVICES = 4
 

@@ -1,6 +1,7 @@
 """Periodic dev evaluation: loss and BLEU each on their own step schedule, logged as split "dev"."""
 
-from transformer_jax.run.metrics_log import MetricsLog, read_metrics
+from transformer_jax.base.log_records import read_metrics
+from transformer_jax.run.metrics_log import MetricsLog
 from transformer_jax.run.periodic_eval import PeriodicEval
 
 

@@ -18,7 +18,7 @@ import jax
 from runs import finish_all, free_port, script_env, start_script, write_config
 from transformer_jax.base.sharding import make_mesh
 from transformer_jax.checkpoints.manager import Checkpointer
-from transformer_jax.run.metrics_log import read_metrics
+from transformer_jax.base.log_records import read_metrics
 from transformer_jax.run.preemption import StopAgreement, StopFlag
 
 STEPS = 300  # also training.log_every: no log step (where flags were once compared) near the signal

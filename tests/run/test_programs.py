@@ -7,7 +7,7 @@ from transformer_jax.aot.compile import compile_run, run_programs
 from transformer_jax.base import make_mesh
 from transformer_jax.data.shapes import PACKED_KEYS, nominal_batch_shapes
 from transformer_jax.model import Transformer
-from transformer_jax.run.dev_loss import loss_batches
+from transformer_jax.training.dev_loss import loss_batches
 from transformer_jax.run import Trainer, assemble_run, build_run
 
 

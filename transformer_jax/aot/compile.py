@@ -21,7 +21,7 @@ from jax.sharding import Mesh
 from transformer_jax.aot.cycles import Estimate, estimate_of
 from transformer_jax.base.console import say
 from transformer_jax.base.sharding import mesh_platform
-from transformer_jax.cli.commands import training_workdir
+from transformer_jax.cli import training_workdir
 from transformer_jax.config.schema import decode_options, decoding_dtype
 from transformer_jax.data.pipeline import RunData, prepare_data
 from transformer_jax.data.shapes import BatchShapes

@@ -1,9 +1,12 @@
-"""The lowest floor: files (local or gs://), the console, the device mesh and shardings, a run directory's layout.
+"""The lowest floor: files (local or gs://), the console, the device mesh and shardings, a run directory's layout,
+its lock and its logs.
 
 `files` (atomic writes, listing, moving, on local disks and Cloud Storage) -> `console` (quiet logs,
 progress bars) -> `sharding` (the (data, fsdp) mesh, logical-axis rules, shardings, CPU device counts) ->
-`workdir` (every file and folder name of a run directory) -> `compile_cache` (JAX's persistent
-compilation cache). Nothing here imports another folder of the package but `errors`.
+`workdir` (every file and folder name of a run directory) -> `lock` (one job owns a run directory or a bulk
+output: claims, their heartbeat, stale ones taken over) -> `log_records` (a run's JSON-lines logs read
+back) -> `tensorboard` (its TensorBoard event files) -> `compile_cache` (JAX's persistent compilation cache).
+Nothing here imports another folder of the package but `errors`.
 """
 
 from transformer_jax.base import workdir
@@ -27,6 +30,8 @@ from transformer_jax.base.files import (
     unique_name,
     write_atomically,
 )
+from transformer_jax.base.lock import Claim, RunLock, WorkdirLockedError, holding, owning
+from transformer_jax.base.log_records import check_logs, read_metrics, read_records
 from transformer_jax.base.sharding import (
     BATCH_AXES,
     DATA_AXIS,
@@ -43,16 +48,21 @@ from transformer_jax.base.sharding import (
 )
 
 __all__ = [
+    "Claim",
     "BATCH_AXES",
     "DATA_AXIS",
     "FSDP_AXIS",
+    "RunLock",
+    "WorkdirLockedError",
     "abstract_with_shardings",
     "automatic_cpu_devices",
     "batch_sharding",
+    "check_logs",
     "default_cache_dir",
     "directory_written_whole",
     "exists",
     "global_batch",
+    "holding",
     "init_sharded",
     "is_dir",
     "is_file",
@@ -60,9 +70,12 @@ __all__ = [
     "list_names",
     "make_dirs",
     "object_path",
+    "owning",
     "make_mesh",
     "mesh_platform",
     "quiet_console",
+    "read_metrics",
+    "read_records",
     "read_text",
     "remove",
     "say",

@@ -161,6 +161,17 @@ def host_cpu_device() -> jax.Device | None:
         return None
 
 
+def place_rows(batch: Any, mesh: Mesh) -> Any:
+    """A batch (an array or a tree of arrays) every process holds whole, its rows split over the mesh.
+
+    Each device copies only its own block of rows; unlike `device_put`, this also works when the
+    mesh spans several processes.
+    """
+    sharding = batch_sharding(mesh)
+    return jax.tree.map(
+        lambda value: jax.make_array_from_callback(value.shape, sharding, lambda index: value[index]), batch)
+
+
 def place_whole(tree: Any, shardings: Any) -> Any:
     """`tree`'s arrays, whole on this host (NumPy or one CPU device's), placed as `shardings` (a prefix of the
     tree: one NamedSharding per leaf or logical-axis box) say; each process puts only the shards of its own

@@ -4,7 +4,7 @@
   config_changes.jsonl   settings changed at a resume: one dated line each (run/setting_changes.py)
   tokenizer.model        the SentencePiece model, trained once per run
   corpus/                the prepared training corpus (data/prepared.py), unless data.prepared names one
-  run.lock               the job that owns the workdir (cli/lock.py)
+  run.lock               the job that owns the workdir (base/lock.py)
   checkpoints/<step>/    Orbax checkpoints; checkpoints.corrupt/ holds damaged ones set aside
   metrics.jsonl, timing.jsonl, tensorboard/    training and dev metrics
   test_final.hyp/.json   the test translation and scores at the end of training

@@ -2,13 +2,15 @@
 
 `integrity` (per-array checksums, finiteness and shape checks; damaged checkpoints set aside) ->
 `manager` (Checkpointer: the state, the data position and metadata, saved and restored with Orbax) ->
-`selection` (reopening a finished run; latest, best, a step or the average of the last N; writing
-parameters). This is the only folder that imports Orbax.
+`saved_run` (`Run`: a training run on disk, reopened by `open_run`) -> `selection` (latest, best, a step or
+the average of the last N; writing parameters) -> `initial` (fine-tuning from another run). This is the only
+folder that imports Orbax.
 """
 
 from transformer_jax.checkpoints.initial import adopt_initial_model
 from transformer_jax.checkpoints.manager import Checkpointer, best_metric_for
-from transformer_jax.checkpoints.selection import Run, checkpoint_params, open_run, select_steps, write_params
+from transformer_jax.checkpoints.saved_run import Run, open_run
+from transformer_jax.checkpoints.selection import checkpoint_params, select_steps, write_params
 
 __all__ = [
     "Checkpointer",

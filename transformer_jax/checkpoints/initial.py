@@ -79,7 +79,8 @@ def _value(config: ml_collections.ConfigDict, key: str) -> Any:
 def initial_params(source: str, current: Any, scanned: bool) -> tuple[Any, int]:
     """The newest parameters of the run in `source`, laid out (`scanned` or not), boxed and placed as `current`
     (the new run's initial parameters); and the step they are from."""
-    from transformer_jax.checkpoints.selection import checkpoint_params, open_run, select_steps
+    from transformer_jax.checkpoints.saved_run import open_run
+    from transformer_jax.checkpoints.selection import checkpoint_params, select_steps
     from transformer_jax.model.stacks import scanned_layout
 
     try:

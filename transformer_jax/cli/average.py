@@ -9,7 +9,8 @@ transformer_jax.checkpoints.read_params.
 from absl import flags
 
 from transformer_jax.base import storage_named
-from transformer_jax.cli.commands import refuse_blank, user_errors
+from transformer_jax.cli.flag_parsing import refuse_blank
+from transformer_jax.cli.user_errors import user_errors
 from transformer_jax.cli.run_flags import define_run_flags
 from transformer_jax.cli.stops import interrupts_reported
 

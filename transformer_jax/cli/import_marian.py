@@ -27,7 +27,8 @@ from absl import flags
 from transformer_jax.base import directory_written_whole, quiet_console, write_atomically
 from transformer_jax.base import workdir as layout
 from transformer_jax.checkpoints import Checkpointer
-from transformer_jax.cli.commands import refuse_blank, user_errors
+from transformer_jax.cli.flag_parsing import refuse_blank
+from transformer_jax.cli.user_errors import user_errors
 from transformer_jax.cli.stops import run_command
 from transformer_jax.config import check_run_config, default_config, write_run_config
 from transformer_jax.data import MarianVocabulary

@@ -9,7 +9,7 @@ source sentence (its target: --attention_target, or the model's translation). On
 from absl import flags
 
 from transformer_jax.base import storage_named
-from transformer_jax.cli.commands import user_errors
+from transformer_jax.cli.user_errors import user_errors
 from transformer_jax.cli.run_flags import define_run_flags, define_search_flags
 from transformer_jax.cli.stops import interrupts_reported
 from transformer_jax.errors import ConfigError

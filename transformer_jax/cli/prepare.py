@@ -18,7 +18,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")  # preparing is host work: no acce
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from transformer_jax.cli.commands import refuse_blank, removed_on_failure, user_errors  # noqa: E402
+from transformer_jax.cli.flag_parsing import refuse_blank  # noqa: E402
+from transformer_jax.cli.run_directory import removed_on_failure  # noqa: E402
+from transformer_jax.cli.user_errors import user_errors  # noqa: E402
 from transformer_jax.cli.stops import interrupts_reported, run_command  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(

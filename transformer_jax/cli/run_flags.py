@@ -13,7 +13,8 @@ from typing import Any, Iterator
 
 from absl import flags
 
-from transformer_jax.cli.commands import ClusterFlags, define_cluster_flags, refuse_blank, register_key_flags
+from transformer_jax.cli.cluster import ClusterFlags, define_cluster_flags
+from transformer_jax.cli.flag_parsing import refuse_blank, register_key_flags
 
 SEARCH_MODES = ["beam", "greedy", "sample"]
 
@@ -42,7 +43,7 @@ class RunFlags:
     def start(self) -> None:
         """Before any work: the compilation cache, the CPU devices, the multi-process run, JAX's backends."""
         from transformer_jax.base import set_cpu_devices
-        from transformer_jax.cli.commands import start_backends
+        from transformer_jax.cli.cluster import start_backends
 
         if self.cluster is None:
             start_backends()

@@ -9,7 +9,7 @@ is translated over all their devices, and process 0 alone writes and prints.
 from absl import flags
 
 from transformer_jax.base import storage_named
-from transformer_jax.cli.commands import user_errors
+from transformer_jax.cli.user_errors import user_errors
 from transformer_jax.cli.run_flags import define_run_flags, define_search_flags
 from transformer_jax.cli.stops import interrupts_reported, signals_held
 

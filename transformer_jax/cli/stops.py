@@ -20,7 +20,8 @@ import threading
 import types
 from typing import Callable, Iterator, NoReturn
 
-from transformer_jax.cli.commands import INTERRUPTED_EXIT, TERMINATED_EXIT, parse_flags
+from transformer_jax.cli.flag_parsing import parse_flags
+from transformer_jax.cli.user_errors import INTERRUPTED_EXIT, TERMINATED_EXIT
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -14,14 +14,10 @@ from ml_collections import config_flags
 from transformer_jax.base import quiet_console, storage_named
 from transformer_jax.base import workdir as layout
 from transformer_jax.checkpoints import adopt_initial_model
-from transformer_jax.cli.commands import (
-    define_cluster_flags,
-    refuse_blank,
-    set_gpu_flags,
-    training_kept,
-    training_workdir,
-    user_errors,
-)
+from transformer_jax.cli.cluster import define_cluster_flags, set_gpu_flags
+from transformer_jax.cli.flag_parsing import refuse_blank
+from transformer_jax.cli.run_directory import training_kept, training_workdir
+from transformer_jax.cli.user_errors import user_errors
 from transformer_jax.cli.stops import interrupts_reported
 from transformer_jax.config import check_run_config, decode_options, decoding_dtype, translation_batching
 from transformer_jax.evaluation import evaluate_split, plot_learning_curves, write_results

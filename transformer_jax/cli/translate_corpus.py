@@ -17,8 +17,9 @@ import sys
 
 from absl import flags
 
-from transformer_jax.cli.commands import refuse_blank, user_errors
-from transformer_jax.cli.lock import Claim, holding
+from transformer_jax.base import Claim, holding
+from transformer_jax.cli.flag_parsing import refuse_blank
+from transformer_jax.cli.user_errors import user_errors
 from transformer_jax.cli.run_flags import define_run_flags, define_search_flags
 from transformer_jax.cli.stops import interrupts_reported
 from transformer_jax.errors import ConfigError

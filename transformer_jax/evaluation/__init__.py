@@ -1,8 +1,10 @@
 """Evaluation: scores the field reports, translating whole splits, figures.
 
 `outputs` (output folders checked before any work, files written whole) and `scores` (SacreBLEU, chrF,
-the paper's tokenized BLEU) -> `translate_split` (translate and score a split: the one function
-train.py and eval.py share; translating text) -> `introspection` (attention weights, positional
+the paper's tokenized BLEU) -> `text_translation` (encoded sentences, lines, files and standard input
+translated) -> `split_evaluation` (translate and score a split: the one path the train and score commands share)
+-> `translator` (`Translator`: a run loaded once, from Python) -> `corpus_translation` (whole corpora, resumably)
+-> `introspection` (attention weights, positional
 encodings), `plots` and `attention_plots` (figures).
 """
 
@@ -11,17 +13,14 @@ from transformer_jax.evaluation.attention_plots import write_figures
 from transformer_jax.evaluation.outputs import check_new_output, check_outside_checkpoints
 from transformer_jax.evaluation.plots import plot_learning_curves
 from transformer_jax.evaluation.scores import sacrebleu_scores, tokenized_compound_split_bleu, translation_scores
-from transformer_jax.evaluation.translate_split import (
-    check_input,
+from transformer_jax.evaluation.split_evaluation import (
     evaluate_checkpoint,
     evaluate_split,
     format_results,
-    translate_encoded,
-    translate_file,
-    translate_lines,
     write_evaluation,
     write_results,
 )
+from transformer_jax.evaluation.text_translation import check_input, translate_encoded, translate_file, translate_lines
 from transformer_jax.evaluation.translator import Translator
 
 __all__ = [

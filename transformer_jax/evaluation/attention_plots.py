@@ -14,7 +14,8 @@ from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.config.schema import decoding_dtype
 from transformer_jax.decoding.translate import decoding_precision, translate_batch
 from transformer_jax.errors import ConfigError
-from transformer_jax.checkpoints.selection import Run, checkpoint_params, open_run, select_steps
+from transformer_jax.checkpoints.saved_run import Run, open_run
+from transformer_jax.checkpoints.selection import checkpoint_params, select_steps
 from transformer_jax.evaluation.introspection import (
     ATTENTION_KINDS,
     attention_maps,
@@ -28,7 +29,8 @@ from transformer_jax.evaluation.plots import (
     positional_encoding_figure,
     save_png,
 )
-from transformer_jax.evaluation.translate_split import checkpoint_tag, fit_to_model
+from transformer_jax.evaluation.split_evaluation import checkpoint_tag
+from transformer_jax.evaluation.text_translation import fit_to_model
 from transformer_jax.base import workdir as layout
 
 

@@ -17,7 +17,8 @@ from transformer_jax.errors import DataError
 from transformer_jax.evaluation.introspection import ATTENTION_TITLES
 from transformer_jax.evaluation.outputs import write_together
 from transformer_jax.base.files import is_file, read_text
-from transformer_jax.run.metrics_log import read_records, tensorboard_writer
+from transformer_jax.base.log_records import read_records
+from transformer_jax.base.tensorboard import tensorboard_writer
 from transformer_jax.base import workdir as layout
 
 if TYPE_CHECKING:

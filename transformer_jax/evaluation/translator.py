@@ -24,12 +24,13 @@ import jax
 
 from transformer_jax.base.sharding import make_mesh
 from transformer_jax.checkpoints.integrity import state_checksums
-from transformer_jax.checkpoints.selection import Run, checkpoint_params, open_run, select_steps
+from transformer_jax.checkpoints.saved_run import Run, open_run
+from transformer_jax.checkpoints.selection import checkpoint_params, select_steps
 from transformer_jax.config.schema import decode_options, decoding_dtype, translation_batching
 from transformer_jax.data.encoded import encode_pairs
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.errors import ConfigError
-from transformer_jax.evaluation.translate_split import replicate, translate_encoded
+from transformer_jax.evaluation.text_translation import replicate, translate_encoded
 
 
 class Translator:

@@ -26,7 +26,7 @@ from transformer_jax.export.hf_directory import (
 from transformer_jax.export.marian import marian_to_ours, model_config_of
 
 if TYPE_CHECKING:
-    from transformer_jax.checkpoints.selection import Run
+    from transformer_jax.checkpoints.saved_run import Run
 
 FORMATS = ("ctranslate2", "hf")
 

@@ -21,7 +21,7 @@ from transformer_jax.checkpoints.manager import Checkpointer, best_metric_for
 from transformer_jax.config.parallel_text import sizing_line
 from transformer_jax.config.schema import check_run_config
 from transformer_jax.data.pipeline import RunData, prepare_data
-from transformer_jax.run.metrics_log import check_logs
+from transformer_jax.base.log_records import check_logs
 from transformer_jax.run.programs import RunPrograms, build_run_for
 
 

@@ -34,7 +34,7 @@ from transformer_jax.errors import ConfigError, DeviceError, StorageError, Train
 from transformer_jax.model.attention_kernels import resolve_backend
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.run.assembly import TrainingRun
-from transformer_jax.run.dev_loss import evaluate_loss
+from transformer_jax.training.dev_loss import evaluate_loss
 from transformer_jax.run.log_window import LogWindow, open_window_problem
 from transformer_jax.run.periodic_eval import PeriodicEval
 from transformer_jax.run.preemption import StopAgreement, StopFlag

@@ -6,99 +6,23 @@ dev metrics, ...). Wall-clock figures (tokens per second, seconds per step) go t
 `<workdir>/timing.jsonl` instead, so two runs of the same config give byte-identical metrics.jsonl.
 
 Every write happens in the calling thread, so a write the storage refuses (a full disk) is an OSError
-there, naming the file, and leaves no part of a line behind (base.files.append_text).
+there, naming the file, and leaves no part of a line behind (base.files.append_text). The logs are read
+back by base/log_records.py; the TensorBoard event files are base/tensorboard.py's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import sys
 import time
 import uuid
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from transformer_jax.base import workdir as layout
-from transformer_jax.base.files import append_text, exists, is_file, make_dirs, read_bytes, write_atomically
-from transformer_jax.errors import CheckpointError
-
-
-def _event_file_suffix() -> str:
-    """tensorboardX names event files by the second and the host and opens them with "wb": a second writer opened
-    in the same second (eval.py adding two kinds of plots, a quick restart) would truncate the first one's file.
-    A per-writer suffix keeps every file."""
-    return f".{os.getpid()}.{uuid.uuid4().hex[:8]}"
-
-
-def _import_tensorboardx() -> None:
-    """Import tensorboardX without PyTorch. Its writer module imports torch wherever torch is installed (1.3-2 s of
-    a run's start on a 2-core host), only to accept torch tensors, which this project never writes. Where torch is
-    not loaded yet, tensorboardX is imported with torch hidden (its own fallback when torch is missing), then torch
-    is importable again as before."""
-    if "tensorboardX" in sys.modules or "torch" in sys.modules:
-        return
-    sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError meanwhile
-    try:
-        import tensorboardX  # noqa: F401
-    finally:
-        del sys.modules["torch"]
-
-
-def tensorboard_writer(workdir: str, **kwargs: Any) -> Any:
-    """A tensorboardX SummaryWriter on `<workdir>/tensorboard` whose event file no other writer has (for figures)."""
-    _import_tensorboardx()  # imported here: only the writing process needs it
-    from tensorboardX import SummaryWriter
-
-    return SummaryWriter(layout.run_path(workdir, layout.TENSORBOARD), filename_suffix=_event_file_suffix(), **kwargs)
-
-
-class ScalarEvents:
-    """TensorBoard scalars written to a new event file of `<workdir>/tensorboard`, in the calling thread.
-
-    tensorboardX's SummaryWriter writes from a thread of its own: on a full disk that thread would print a
-    traceback and stop, and the run would then block on the writer's full queue. Events logged before
-    `purge_step` by an earlier attempt are dropped by TensorBoard (a SessionLog.START at that step, as
-    SummaryWriter's `purge_step` writes).
-    """
-
-    def __init__(self, workdir: str, purge_step: int) -> None:
-        _import_tensorboardx()
-        from tensorboardX.event_file_writer import EventsWriter
-        from tensorboardX.proto.event_pb2 import Event, SessionLog
-
-        self.directory = layout.run_path(workdir, layout.TENSORBOARD)
-        make_dirs(self.directory)
-        self._events = EventsWriter(os.path.join(self.directory, "events"), _event_file_suffix())
-        now = time.time()
-        self._events.write_event(Event(wall_time=now, step=purge_step, file_version="brain.Event:2"))
-        self._events.write_event(Event(wall_time=now, step=purge_step, session_log=SessionLog(status=SessionLog.START)))
-
-    def add(self, values: Mapping[str, float], step: int) -> None:
-        """Write one scalar per {tag: value} at `step`, then flush them to the file."""
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.summary import scalar
-
-        with self._naming_failures():
-            for tag, value in values.items():
-                self._events.write_event(Event(wall_time=time.time(), step=step, summary=scalar(tag, value)))
-            self._events.flush()
-
-    def close(self) -> None:
-        """Flush and close the event file."""
-        with self._naming_failures():
-            self._events.close()
-
-    @contextlib.contextmanager
-    def _naming_failures(self) -> Iterator[None]:
-        """An OSError of a write names the events' folder (a failed write() names no file)."""
-        try:
-            yield
-        except OSError as error:
-            if error.errno is None or error.filename:
-                raise
-            raise OSError(error.errno, error.strerror, self.directory) from error
+from transformer_jax.base.files import append_text, exists, make_dirs, read_bytes, write_atomically
+from transformer_jax.base.log_records import read_records
+from transformer_jax.base.tensorboard import ScalarEvents
 
 
 class WandbRun:
@@ -199,58 +123,3 @@ def _truncate_after(path: str, step: int) -> None:
     if exists(path):
         kept = [json.dumps(r) + "\n" for r in read_records(path) if r["step"] <= step]
         write_atomically(path, "".join(kept))
-
-
-def read_records(path: str) -> list[dict[str, Any]]:
-    """The records of `path`, one JSON object with a "step" per line.
-
-    A last line without its newline that starts like a record was cut short by a crash mid-write: it is
-    skipped (a resume writes it again). Any other line that is no record means the file was damaged or
-    edited: CheckpointError names the line and the repair.
-    """
-    lines = read_bytes(path).split(b"\n")
-    records = []
-    for number, line in enumerate(lines, start=1):
-        last = number == len(lines)
-        if last and not line:
-            break
-        try:
-            record = json.loads(line.decode("utf-8"))
-            if not isinstance(record, dict) or not isinstance(record.get("step"), int):
-                raise ValueError("no integer step")
-        except ValueError as error:  # UnicodeDecodeError and json.JSONDecodeError are ValueErrors
-            if last and _cut_short(line):
-                break
-            raise CheckpointError(
-                f"{path} is damaged: line {number} is not a JSON record ({_why(error, line)}); delete that line and "
-                "any damaged ones after it, or restore the file, then run the same command again"
-            ) from None
-        records.append(record)
-    return records
-
-
-def _cut_short(line: bytes) -> bool:
-    """Whether `line` may be the start of a record (json.dumps writes ASCII, and every record starts the same)."""
-    start = b'{"step": '
-    return line.isascii() and (line.startswith(start) or start.startswith(line))
-
-
-def _why(error: ValueError, line: bytes) -> str:
-    if isinstance(error, UnicodeDecodeError):
-        return f"byte 0x{line[error.start]:02x} at column {error.start + 1} is not UTF-8 text"
-    if isinstance(error, json.JSONDecodeError):
-        return f"{error.msg} at column {error.colno}"
-    return str(error)
-
-
-def check_logs(workdir: str) -> None:
-    """Raise CheckpointError when metrics.jsonl or timing.jsonl of `workdir` is damaged (see read_records)."""
-    for name in (layout.METRICS, layout.TIMING):
-        path = layout.run_path(workdir, name)
-        if is_file(path):
-            read_records(path)
-
-
-def read_metrics(workdir: str) -> list[dict[str, Any]]:
-    """All records of `<workdir>/metrics.jsonl`, in order."""
-    return read_records(layout.run_path(workdir, layout.METRICS))

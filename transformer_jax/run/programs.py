@@ -1,9 +1,10 @@
 """The run builder: from a run config, a device mesh and the batch shapes, every program of the run.
 
-train.py's Trainer, eval.py, the preflight (`python -m transformer_jax.aot`) and the benchmarks build a
+train.py's Trainer, the preflight (`python -m transformer_jax.aot`) and the benchmarks build a
 run here, so they compile the same programs: `build_run` gives the model, the train state's abstract
 shapes and shardings, the jitted train step (or, with gradient accumulation, the micro-step and the
-update), the dev-loss step and the search, and lowers each of them for the run's batch shapes.
+update), the dev-loss step (training/dev_loss.py's, which the score command uses too) and the search,
+and lowers each of them for the run's batch shapes.
 """
 
 from __future__ import annotations
@@ -44,12 +45,12 @@ from transformer_jax.model.transformer import Transformer
 from transformer_jax.run.memory import check_fits, compiled_bytes_per_device, state_bytes_per_device
 from transformer_jax.training.loss import projected_loss_for
 from transformer_jax.training.optimizer import paper_learning_rate, paper_optimizer, peak_scale
+from transformer_jax.training.dev_loss import dev_loss_step
 from transformer_jax.training.state import TrainState, create_train_state
 from transformer_jax.training.step import (
     add_trees,
     apply_gradients,
     compute_gradients,
-    eval_step,
     norm_by_for,
     skip_by_for,
     train_step,
@@ -231,20 +232,6 @@ class RunPrograms:
         row_ids = jax.ShapeDtypeStruct((rows,), np.uint32, sharding=batch_sharding(mesh))  # as translate_encoded's
         return f"{options.describe()} {rows}x{width}", search.func.lower(params, src, key, row_ids_B=row_ids,
                                                                          **search.keywords)
-
-
-@functools.lru_cache(maxsize=8)
-def dev_loss_step(model_config: TransformerConfig, smoothing: float, mesh: Mesh | None = None) -> Callable:
-    """The jitted dev-loss step `(params, packed batch) -> metric sums per row`, one per (model, smoothing, mesh).
-
-    Laid out by its arguments: params with the state's shardings and a batch split over the batch axes
-    (evaluate_loss with the mesh) make each device compute its own rows. No in_shardings, so whole NumPy
-    batches on one device work too. With `mesh`, every process gets every row's sums (an all-gather, which adds
-    nothing: evaluate_loss adds the rows in order, so the totals do not depend on the mesh).
-    """
-    apply = Transformer(model_config).apply
-    replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
-    return jax.jit(lambda params, batch: eval_step(params, apply, batch, smoothing), out_shardings=replicated)
 
 
 STATE_FIX = "lower the model's sizes, or shard the state over more devices with --config.mesh.fsdp"

@@ -2,7 +2,9 @@
 
 `loss` (label smoothing, section 5.4; the chunked projection and loss) -> `loss_kernel` (the fused
 projection-and-loss kernel) -> `optimizer` (the warm-up schedule and Adam, section 5.3) -> `state`
-(TrainState) -> `step` (one update, gradient accumulation, eval sums).
+(TrainState) -> `step` (one update, gradient accumulation, eval sums) -> `dev_loss` (a split's loss, perplexity
+and accuracy and their jitted step, shared by the training run and the score command; it reads the data
+pipeline's corpora, so it needs the `train` extra and this `__init__` does not import it).
 
 These need only the base install (`pip install transformer-jax`). A run that uses them (assembled from a config,
 trained by the loop, logged and checkpointed) is `transformer_jax.run`, which needs the `train` extra.

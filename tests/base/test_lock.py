@@ -11,11 +11,11 @@ import time
 import pytest
 
 from runs import assert_one_line_error, free_port, script_env, start_script, write_config
-from transformer_jax.cli import lock as run_lock
+from transformer_jax.base import lock as run_lock
 from transformer_jax.base import workdir as layout
-from transformer_jax.cli.lock import Owner, RunLock, WorkdirLockedError, read_owner
+from transformer_jax.base.lock import Owner, RunLock, WorkdirLockedError, read_owner
 from transformer_jax.checkpoints.manager import Checkpointer
-from transformer_jax.run.metrics_log import read_metrics
+from transformer_jax.base.log_records import read_metrics
 
 
 def write_lock(workdir, owner: Owner) -> None:

@@ -15,7 +15,7 @@ from transformer_jax.model.special_tokens import EOS_ID
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.errors import DataError
 from transformer_jax.data.shapes import TranslationBatching
-from transformer_jax.evaluation.translate_split import fit_to_model, translate_encoded
+from transformer_jax.evaluation.text_translation import fit_to_model, translate_encoded
 
 SENTENCES = ["the dog sleeps", "a cat sees the dog", "the bird sings a song", "dogs and cats"] * 20
 
@@ -88,7 +88,7 @@ def varied_model():
 def translate_as_before(params, config, encoded, options, batch_size):
     """The former batching: batch_size sentences grouped by max(source, target) in buckets 16/32/64, PAD rows."""
     from transformer_jax.data.batching import eval_batches, restore_order
-    from transformer_jax.evaluation.translate_split import _translate
+    from transformer_jax.evaluation.text_translation import _translate
 
     outputs, indices, rng = [], [], jax.random.key(options.seed)
     for batch in eval_batches(encoded, batch_size):

@@ -46,7 +46,8 @@ import time
 import uuid
 from typing import Iterator
 
-from transformer_jax.base import (
+from transformer_jax.base import workdir as layout
+from transformer_jax.base.files import (
     exists,
     is_file,
     is_local,
@@ -56,7 +57,6 @@ from transformer_jax.base import (
     unique_name,
     write_atomically,
 )
-from transformer_jax.base import workdir as layout
 from transformer_jax.errors import CheckpointError, UserError
 
 HEARTBEAT_SECONDS = 30.0

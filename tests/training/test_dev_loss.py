@@ -10,7 +10,7 @@ from transformer_jax.data.batching import eval_batches
 from transformer_jax.data.encoded import EncodedPairs, Ragged
 from transformer_jax.model.special_tokens import EOS_ID
 from transformer_jax.data.shapes import loss_widths
-from transformer_jax.run.dev_loss import evaluate_loss, loss_batches
+from transformer_jax.training.dev_loss import evaluate_loss, loss_batches
 from transformer_jax.model.masks import PAD_ID
 from transformer_jax.training.state import create_train_state
 from transformer_jax.training.step import eval_step

@@ -6,21 +6,29 @@ drops the work on padding. The width comes from the split, not from data.max_len
 rounded up to a multiple of 8, or the training row width when some pair is longer than that (those
 pairs then go to rows of their own, as wide as the longest, as in training; dev/test are never
 filtered). At most two shapes, each compiled once for the whole run.
+
+The Trainer's periodic dev loss and the score command both sum a split here, with the same jitted step
+(`dev_loss_step`). It reads the data pipeline's corpora, so, unlike the rest of `training/`, it needs the
+`train` extra; `training/__init__.py` does not import it.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
 import numpy as np
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from transformer_jax.base.sharding import batch_sharding
+from transformer_jax.base.sharding import place_rows
 from transformer_jax.data.encoded import EncodedPairs
 from transformer_jax.data.epoch_plan import Batch, materialize, plan_packed
 from transformer_jax.data.shapes import BATCH_KEYS, loss_widths, round_rows
+from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.special_tokens import PAD_ID
+from transformer_jax.model.transformer import Transformer
+from transformer_jax.training.step import eval_step
 
 
 def loss_batches(corpus: EncodedPairs, rows: int, row_width: int | None = None, row_multiple: int = 1) -> list[Batch]:
@@ -43,15 +51,18 @@ def loss_batches(corpus: EncodedPairs, rows: int, row_width: int | None = None, 
             for position in range(len(plan))]
 
 
-def place_rows(batch: Any, mesh: Mesh) -> Any:
-    """A batch (an array or a tree of arrays) every process holds whole, its rows split over the mesh.
+@functools.lru_cache(maxsize=8)
+def dev_loss_step(model_config: TransformerConfig, smoothing: float, mesh: Mesh | None = None) -> Callable:
+    """The jitted dev-loss step `(params, packed batch) -> metric sums per row`, one per (model, smoothing, mesh).
 
-    Each device copies only its own block of rows; unlike `device_put`, this also works when the
-    mesh spans several processes.
+    Laid out by its arguments: params with the state's shardings and a batch split over the batch axes
+    (evaluate_loss with the mesh) make each device compute its own rows. No in_shardings, so whole NumPy
+    batches on one device work too. With `mesh`, every process gets every row's sums (an all-gather, which adds
+    nothing: evaluate_loss adds the rows in order, so the totals do not depend on the mesh).
     """
-    sharding = batch_sharding(mesh)
-    return jax.tree.map(
-        lambda value: jax.make_array_from_callback(value.shape, sharding, lambda index: value[index]), batch)
+    apply = Transformer(model_config).apply
+    replicated = None if mesh is None else NamedSharding(mesh, PartitionSpec())
+    return jax.jit(lambda params, batch: eval_step(params, apply, batch, smoothing), out_shardings=replicated)
 
 
 def evaluate_loss(step_fn: Callable, params: Any, split: EncodedPairs, batch_size: int,
