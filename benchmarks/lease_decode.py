@@ -8,7 +8,7 @@ sized for the devices), it translates the distinct source lines once (every tran
 compiles there: JAX's backend-compile events are summed as "compile s"), then the lines repeated to each
 count of --sentences, timed after compiling ("sentences/s": a count's own shapes compiled in its pass are
 timed by the same events and taken out). Then one batch of beam search (the widest the timed run
-used, at most 4,096 sentences) is traced with jax.profiler into DIR/profile and read back per batch as the
+used, at most 4,096 sentences) is traced with jax.profiler into DIR/search_trace and read back per batch as the
 training profile is (`summarize_trace`: the device's busy time, kernels, the top 10, the host's launch calls).
 Prints one line per mode and the profile's lines, and writes DIR/decode.json.
 """
@@ -101,8 +101,8 @@ def decode_figures(workdir: str, sources: list[str], counts: list[int], modes: l
                       f"sentences/s after compiling ({row['seconds']:.1f} s), compile {row['compile_s']:.1f} s",
                       flush=True)
         lines = (distinct * -(-PROFILED_SENTENCES // len(distinct)))[:PROFILED_SENTENCES]
-        results["profile"] = profile_batch(translator, lines, os.path.join(out, "profile"), batching)
-    print("\n".join(results["profile"].get("lines") or ["search profile: none written"]))
+        results["search_profile"] = profile_batch(translator, lines, os.path.join(out, "search_trace"), batching)
+    print("\n".join(results["search_profile"].get("lines") or ["search profile: none written"]))
     return results
 
 

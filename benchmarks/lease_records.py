@@ -203,4 +203,4 @@ def decode_table(decode: dict[str, Any]) -> str:
             "|---|---|---|---|"]
     rows += [f"| {row['mode']} | {row['sentences']} | {_f(row['sentences_per_second'], 0)} | {_f(row['compile_s'], 1)} |"
              for row in decode.get("modes", [])]
-    return "\n".join(rows + ["", *(decode.get("profile", {}).get("lines") or ["search profile: none"])])
+    return "\n".join(rows + ["", *(decode.get("search_profile", {}).get("lines") or ["search profile: none"])])

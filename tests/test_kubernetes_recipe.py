@@ -25,7 +25,7 @@ import yaml
 
 from runs import ROOT
 from test_readme import bash_blocks, command_flags, marked_block
-from transformer_jax.cli.commands import DEVICE_ERROR_EXIT, TERMINATED_EXIT, USER_ERROR_EXIT
+from transformer_jax.cli.user_errors import DEVICE_ERROR_EXIT, TERMINATED_EXIT, USER_ERROR_EXIT
 
 SCALING = ROOT / "docs" / "scaling.md"
 DOCKERFILE = ROOT / "Dockerfile"

@@ -20,7 +20,7 @@ def test_each_mode_is_timed_at_each_count_after_compiling_and_one_batch_is_profi
         assert row["compile_s"] > 0 and row["sentences_per_second"] > 0
         assert row["seconds"] > 0 and 0 <= row["empty_outputs"] <= row["sentences"]
     # The blank source line is not translated: three distinct sentences, the first pass compiles their widths.
-    profile = figures["profile"]
+    profile = figures["search_profile"]
     assert profile["updates"] == 1 and profile["sentences"] == 4
     assert profile["device"] == "host"  # a CPU: no device tracks, the host's XLA ops counted instead
     assert any("search batch" in line for line in profile["lines"])

@@ -18,7 +18,7 @@ _RUN = define_run_flags(checkpoint="average")
 _OUTPUT = flags.DEFINE_string("output", None, "Where to write the parameters (a new Orbax checkpoint directory).")
 flags.mark_flag_as_required("output")
 refuse_blank(_OUTPUT, "the path to write the parameters to")
-# The flag a bare word on the command line was probably meant for (commands.unexpected_argument names it).
+# The flag a bare word on the command line was probably meant for (flag_parsing.unexpected_argument names it).
 BARE_WORD_FLAG = _OUTPUT
 
 

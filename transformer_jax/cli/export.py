@@ -19,7 +19,7 @@ _FORMAT = flags.DEFINE_enum("format", None, list(FORMATS), "The runtime to write
 _OUTPUT = flags.DEFINE_string("output", None, "The directory to write (absent or empty; local).")
 flags.mark_flags_as_required(["format", "output"])
 refuse_blank(_OUTPUT, "the directory to write the model to")
-# The flag a bare word on the command line was probably meant for (commands.unexpected_argument names it).
+# The flag a bare word on the command line was probably meant for (flag_parsing.unexpected_argument names it).
 BARE_WORD_FLAG = _OUTPUT
 
 

@@ -112,7 +112,7 @@ _TEXT = flags.DEFINE_string("text_data", "", "Directory of dev/test.<lang> files
 flags.mark_flags_as_required(["hf_dir", "workdir"])
 refuse_blank(_HF_DIR, "a local Hugging Face Marian model directory, or a model id (Helsinki-NLP/opus-mt-en-de)")
 refuse_blank(_WORKDIR, "the run directory to create (absent or empty)")
-# The flag a bare word on the command line was probably meant for (commands.unexpected_argument names it).
+# The flag a bare word on the command line was probably meant for (flag_parsing.unexpected_argument names it).
 BARE_WORD_FLAG = _HF_DIR
 
 

@@ -21,7 +21,7 @@ _ATTENTION = flags.DEFINE_string("attention", None, "Plot the attention maps of 
 _ATTENTION_TARGET = flags.DEFINE_string("attention_target", None,
                                         "Target for --attention (default: the model's translation).")
 _SEARCH = define_search_flags(batching=False)
-# The flag a bare word on the command line was probably meant for (commands.unexpected_argument names it).
+# The flag a bare word on the command line was probably meant for (flag_parsing.unexpected_argument names it).
 BARE_WORD_FLAG = _ATTENTION
 
 

@@ -29,7 +29,7 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, toke
 _CLUSTER = define_cluster_flags()  # --multihost and its three, --compilation_cache
 flags.mark_flags_as_required(["config", "workdir"])
 refuse_blank(_WORKDIR, "the directory for the run's checkpoints and logs")
-# The flag a bare word on the command line was probably meant for (commands.unexpected_argument names it).
+# The flag a bare word on the command line was probably meant for (flag_parsing.unexpected_argument names it).
 BARE_WORD_FLAG = _WORKDIR
 
 

@@ -19,7 +19,7 @@ _RUN = define_run_flags(devices=True)
 _INPUT = flags.DEFINE_string("input", "-", "The text file to translate ('-': standard input).")
 refuse_blank(_INPUT, "the file to translate, or - for standard input")
 _SEARCH = define_search_flags()
-# The flag a bare word on the command line was probably meant for (commands.unexpected_argument names it).
+# The flag a bare word on the command line was probably meant for (flag_parsing.unexpected_argument names it).
 BARE_WORD_FLAG = _INPUT
 
 

@@ -36,7 +36,7 @@ _SEARCH = define_search_flags()
 flags.mark_flag_as_required("input")
 refuse_blank(_INPUT, "the files (or globs) to translate")
 refuse_blank(_OUTPUT_DIR, "a directory, or leave it out to write beside each input")
-# The flag a bare word on the command line was probably meant for (commands.unexpected_argument names it).
+# The flag a bare word on the command line was probably meant for (flag_parsing.unexpected_argument names it).
 BARE_WORD_FLAG = _INPUT
 
 

@@ -99,7 +99,7 @@ def translate_rows(params: Any, src_BxS: jax.Array, rng: jax.Array, config: Tran
 
     `params` must be replicated on `mesh` (and in the precision `decoding_precision` chose for the mesh's
     platform) and B a multiple of its size. When the mesh spans several processes, `src_BxS` is a global
-    array (every process placing the same batch, `run.dev_loss.place_rows`) and so is the result
+    array (every process placing the same batch, `base.sharding.place_rows`) and so is the result
     (`process_allgather` reads it whole); so is `row_ids_B` when given. Inside the shard_map every device
     searches alone: a search over a batch sharded by jit would gather caches across devices at every step.
     Sampling draws each row from `rng` folded with its id (`row_ids_B`, default its place in the whole
