@@ -16,6 +16,7 @@ Prints one line per mode and the profile's lines, and writes DIR/decode.json.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import time
@@ -68,7 +69,8 @@ def timed_mode(translator: Translator, mode: str, distinct: list[str], counts: l
 
 def profile_batch(translator: Translator, lines: list[str], directory: str, batching: dict[str, int]) -> dict[str, Any]:
     """One search batch (beam) traced into `directory`, summarized; {} when the profiler gives no trace."""
-    batch = lines[:min(len(lines), PROFILED_SENTENCES, batching.get("batch_size") or translator.batching.batch_size)]
+    rows = batching.get("batch_size") or translator.batching_for(translator.search(mode="beam")).batch_size
+    batch = lines[:min(len(lines), PROFILED_SENTENCES, rows)]
     translator.translate(batch, mode="beam", **batching)  # compiled, and the devices idle before the trace
     jax.profiler.start_trace(directory, create_perfetto_trace=True)
     try:
@@ -91,11 +93,11 @@ def decode_figures(workdir: str, sources: list[str], counts: list[int], modes: l
     distinct = list(dict.fromkeys(line for line in sources if line.strip()))
     clock = CompileClock()
     with Translator(workdir) as translator:
-        results = {"batching": dict(batching) or {"batch_size": translator.batching.batch_size,
-                                                  "batch_tokens": translator.batching.batch_tokens},
-                   "device": jax.devices()[0].device_kind, "modes": []}
+        results = {"batching": dict(batching), "device": jax.devices()[0].device_kind, "modes": []}
         for mode in modes:
+            used = batching or dataclasses.asdict(translator.batching_for(translator.search(mode=mode)))
             for row in timed_mode(translator, mode, distinct, counts, clock, batching):
+                row["batching"] = used
                 results["modes"].append(row)
                 print(f"decode {mode:<6} {row['sentences']:>7} sentences: {row['sentences_per_second']:8,.0f} "
                       f"sentences/s after compiling ({row['seconds']:.1f} s), compile {row['compile_s']:.1f} s",

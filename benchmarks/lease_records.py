@@ -198,9 +198,10 @@ def decode_table(decode: dict[str, Any]) -> str:
     """The decode phase's figures: sentences/s per mode and count, compile seconds, the search batch's profile."""
     if not decode:
         return "decode: not run"
-    rows = ["| decode (batching: " + ", ".join(f"{k} {v}" for k, v in decode.get("batching", {}).items())
-            + f"; exit {decode.get('exit', '-')}) | sentences | sentences/s after compiling | compile s |",
-            "|---|---|---|---|"]
-    rows += [f"| {row['mode']} | {row['sentences']} | {_f(row['sentences_per_second'], 0)} | {_f(row['compile_s'], 1)} |"
+    given = ", ".join(f"{k} {v}" for k, v in decode.get("batching", {}).items()) or "sized for the devices"
+    rows = [f"| decode ({given}; exit {decode.get('exit', '-')}) | sentences | sentences/s after compiling | compile s "
+            "| batch: sentences, tokens |", "|---|---|---|---|---|"]
+    rows += [f"| {row['mode']} | {row['sentences']} | {_f(row['sentences_per_second'], 0)} | {_f(row['compile_s'], 1)} "
+             f"| {row.get('batching', {}).get('batch_size', '-')}, {row.get('batching', {}).get('batch_tokens', '-')} |"
              for row in decode.get("modes", [])]
     return "\n".join(rows + ["", *(decode.get("search_profile", {}).get("lines") or ["search profile: none"])])

@@ -11,7 +11,10 @@ none). Per program, read from the compiled HLO (each `while` body's instructions
   conds/step     conditionals in the loop body: on a GPU each one copies its predicate to the host and waits
   host/step      transfers between device and host in the loop body (sends, receives, feeds, host callbacks)
   outside        kernels before and after the loop (the encoder, the cache's creation)
+  peak           XLA's memory analysis: arguments + outputs + temporaries, against the chip's HBM
   compile s      lowering + XLA's compile on this host (a GPU host's own compile also autotunes)
+Each target and mode also compiles ours at the batch `score`/`translate` size for that GPU when none is given
+("sized": evaluation/device_batches.py at the chip's HBM, sources of SIZED_WIDTH tokens).
 Run with `JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1` and the CUDA plugin importable.
 """
 
@@ -32,6 +35,8 @@ from benchmarks.sections.decode import baseline_tree
 TARGETS = ("h100", "h200")
 MODES = ("beam", "greedy")
 VOCAB = 8000
+# The source width of the device-sized rows (ours only): the width data.shapes sizes the batches at.
+SIZED_WIDTH = 32
 # Instructions that launch nothing: they name, pick or alias buffers (as sections/accelerators.py counts).
 # Instructions that move data between the device and the host (a host callback's custom call included).
 HOST_TRANSFERS = ("send", "recv", "send-done", "recv-done", "infeed", "outfeed")
@@ -109,15 +114,28 @@ def worker(spec: dict[str, Any]) -> None:
 
     config = load_config("base")
     config.data.vocab_size = VOCAB
-    mesh = mesh_for(describe(spec["target"]), -1, 1)
+    topology = describe(spec["target"])
+    mesh = mesh_for(topology, -1, 1)
     started = time.perf_counter()
     programs = run_programs(config, mesh)
     options = decode_options(config)
     options = options.replace(mode="greedy") if spec["mode"] == "greedy" else options
-    name, lowered = programs.lower_search(options, decoding_dtype(config))
-    hlo = lowered.compile().as_text()
-    figures = loop_figures(hlo)
-    print(json.dumps({**spec, "program": name, "compile_s": round(time.perf_counter() - started, 1), **figures}))
+    dtype = decoding_dtype(config)
+    if spec.get("sized"):  # the batch score/translate search in on this GPU when none is given
+        from transformer_jax.config import translation_batching
+        from transformer_jax.evaluation import sized_batching
+
+        batching = sized_batching(translation_batching(config), programs.model_config, options, dtype, mesh,
+                                  memory=topology.chip.hbm_bytes)[0]
+        name, lowered = programs.lower_search(options, dtype, SIZED_WIDTH, batching=batching)
+    else:
+        name, lowered = programs.lower_search(options, dtype)
+    compiled = lowered.compile()
+    memory = compiled.memory_analysis()
+    peak = memory.temp_size_in_bytes + memory.argument_size_in_bytes + memory.output_size_in_bytes
+    figures = loop_figures(compiled.as_text())
+    print(json.dumps({**spec, "program": name, "compile_s": round(time.perf_counter() - started, 1),
+                      "peak_gb": round(peak / 1e9, 2), "hbm_gb": topology.chip.hbm_bytes / 1e9, **figures}))
 
 
 def measure(spec: dict[str, Any], tree: str | None) -> dict[str, Any]:
@@ -142,20 +160,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         print(f"search_kernels: skipped, {error}")
         return {"skipped": str(error)}
     targets = TARGETS[:1] if args.quick else TARGETS
-    results: dict[str, Any] = {"baseline_revision": args.search_baseline or None, "ours": [], "before": []}
+    results: dict[str, Any] = {"baseline_revision": args.search_baseline or None, "ours": [], "before": [],
+                               "sized": []}
     with tempfile.TemporaryDirectory() as directory:
         before = baseline_tree(args.search_baseline, directory) if args.search_baseline else None
         for target in targets:
             for mode in MODES:
-                for name, tree in (("before", before), ("ours", None)):
+                for name, tree, sized in (("before", before, False), ("ours", None, False), ("sized", None, True)):
                     if name == "before" and before is None:
                         continue
-                    result = measure({"target": target, "mode": mode}, tree)
+                    result = measure({"target": target, "mode": mode, "sized": sized}, tree)
                     results[name].append(result)
                     print(f"{name:<6} {target} {mode:<6} " + (
                         f"error: {result['error']}" if "error" in result else
                         f"{result['program']}: {result['kernels_per_step']} kernels/step, "
                         f"{result['conditionals_per_step']} conds/step, {result['sorts_per_step']} sorts/step, "
                         f"{result.get('host_transfers_per_step', '-')} host transfers/step, "
-                        f"{result['outside']} outside, compile {result['compile_s']} s"), flush=True)
+                        f"{result['outside']} outside, peak {result['peak_gb']} of {result['hbm_gb']:.0f} GB, "
+                        f"compile {result['compile_s']} s"), flush=True)
     return results

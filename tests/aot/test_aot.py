@@ -142,8 +142,9 @@ def run_aot(tmp_path, *args):
 
 
 def test_the_command_prints_the_table_and_fits(tmp_path):
+    # translate-corpus's batching given as its flags (without them it is sized for the devices: the batches line).
     result = run_aot(tmp_path, "--topology=v5e-4", "--config.mesh.fsdp=2", "--search_width=16",
-                     "--config.eval.batch_tokens=512", "--config.data.eval_batch_size=64")
+                     "--batch_tokens=512", "--batch_size=64")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "mesh            data=2 x fsdp=2" in result.stdout and "all-gather" in result.stdout
     assert "host input      not measured: no corpus" in result.stdout
@@ -152,6 +153,8 @@ def test_the_command_prints_the_table_and_fits(tmp_path):
     for line in (widest, bulk):
         assert "beam search (beam 2, alpha 0.6)" in line and "sentences/s" in line and "hours" in line, line
     assert "(translate-corpus)" in bulk and "translate-corpus" not in widest  # v5e-4 is one host process
+    sized = [line for line in result.stdout.splitlines() if line.startswith("batches ")]
+    assert len(sized) == 1 and "sized for 4 x TPU v5 lite (16 GB each) for beam search (beam 2" in sized[0], sized
     # 512 source tokens a batch at width 16: 32 rows (at most 64; a multiple of the 4 devices); outputs of 16 tokens
     # up to 16 + the tiny config's eval.max_extra_length
     assert "alpha 0.6) 32x16, float32:" in bulk and f"outputs of 16-{16 + small_run().eval.max_extra_length} tokens" \

@@ -16,6 +16,7 @@ from transformer_jax.data.batch_content import describe as describe_batches
 from transformer_jax.data.shapes import TranslationBatching
 from transformer_jax.decoding import DecodeOptions, output_width
 from transformer_jax.errors import ConfigError
+from transformer_jax.evaluation import sized_batching
 from transformer_jax.run.programs import RunPrograms, build_run_for
 
 
@@ -65,16 +66,17 @@ def plan_run(config: ml_collections.ConfigDict, topology_name: str, num_slices: 
 @dataclasses.dataclass(frozen=True)
 class BulkSearch:
     """What `translate-corpus` decodes with: the search settings, the dtype and the translation batching (its
-    --mode, --dtype, --batch_size and --batch_tokens flags; by default the run's)."""
+    --mode, --dtype, --batch_size and --batch_tokens flags; by default the run's search, and batches sized for the
+    devices: None)."""
 
     options: DecodeOptions
     dtype: str
-    batching: TranslationBatching
+    batching: TranslationBatching | None
 
     @classmethod
     def of(cls, config: ml_collections.ConfigDict) -> BulkSearch:
-        """The run's own: beam search with its eval section, its eval.dtype and its translation batching."""
-        return cls(decode_options(config), decoding_dtype(config), translation_batching(config))
+        """The run's own: beam search with its eval section, its eval.dtype, batches sized for the devices."""
+        return cls(decode_options(config), decoding_dtype(config), None)
 
 
 def search_report(config: ml_collections.ConfigDict, built: RunPrograms, programs: list[Program], topology: Topology,
@@ -88,9 +90,18 @@ def search_report(config: ml_collections.ConfigDict, built: RunPrograms, program
     lines = ["\n" + search_line(program, topology, rows, width,
                                 output_width(width, options.max_extra_length, max_len))
              for program in programs if program.name == f"{options.describe()} {rows}x{width}"]
+    host = make_mesh(devices=host_devices(topology), where=f"{topology.name}'s first host")
+    # What score, translate and translate-corpus search in on one host of this topology when no batch is given.
+    sized, said = sized_batching(translation_batching(config), built.model_config, options, decoding_dtype(config),
+                                 host, memory=topology.chip.hbm_bytes)
+    if said:
+        lines.append("\nbatches         " + said)
     if search_width:
         bulk = BulkSearch.of(config) if bulk is None else bulk
-        host = make_mesh(devices=host_devices(topology), where=f"{topology.name}'s first host")
+        if bulk.batching is None:  # no --batch_size or --batch_tokens: translate-corpus sizes them for the devices
+            bulk = dataclasses.replace(bulk, batching=sized_batching(
+                translation_batching(config), built.model_config, bulk.options, bulk.dtype, host,
+                memory=topology.chip.hbm_bytes)[0])
         name, lowered = built.lower_search(bulk.options, bulk.dtype, search_width, batching=bulk.batching, mesh=host)
         name += f", {bulk.dtype or built.model_config.dtype}"
         rows, width = built.search_shape(search_width, bulk.batching, host)

@@ -118,14 +118,30 @@ class SearchFlags:
         return decode_options(run_config).override(given, as_flags=True)
 
     def translation(self, run_config: Any) -> dict:
-        """How sentences are batched and the dtype they are decoded in: the run's, overridden by the flags."""
+        """How sentences are batched and the dtype they are decoded in: the run's, overridden by the flags; batching
+        None when neither --batch_size nor --batch_tokens is given (sized for the devices: `batching_for`)."""
         from transformer_jax.config import decoding_dtype, translation_batching
 
-        batching = translation_batching(run_config)
-        if self.batch_size is not None:
-            batching = batching.replace(batch_size=self.batch_size.value, batch_tokens=self.batch_tokens.value)
+        batching = None
+        if self.batch_size is not None and (self.batch_size.value, self.batch_tokens.value) != (None, None):
+            batching = translation_batching(run_config).replace(batch_size=self.batch_size.value,
+                                                                batch_tokens=self.batch_tokens.value)
         dtype = decoding_dtype(run_config) if self.dtype.value is None else self.dtype.value
         return dict(batching=batching, dtype=dtype)
+
+    def batching_for(self, run: Any, options: Any, translation: dict, mesh: Any, say: Any) -> dict:
+        """`translation` with its batching resolved: the flags', else sized for `mesh`'s devices (said once with
+        `say`), else the run's eval batching (CPUs)."""
+        from transformer_jax.config import translation_batching
+        from transformer_jax.evaluation import sized_batching
+
+        if translation["batching"] is not None:
+            return translation
+        batching, line = sized_batching(translation_batching(run.config), run.model_config, options,
+                                        translation["dtype"], mesh)
+        if line:
+            say(line)
+        return {**translation, "batching": batching}
 
 
 def define_search_flags(*, batching: bool = True) -> SearchFlags:
@@ -145,10 +161,12 @@ def define_search_flags(*, batching: bool = True) -> SearchFlags:
     ]
     if batching:
         holders += [
-            flags.DEFINE_integer("batch_size", None, "Sentences decoded together (default: the run's "
-                                 "data.eval_batch_size)."),
+            flags.DEFINE_integer("batch_size", None, "Sentences decoded together (default: sized for the "
+                                 "devices' memory on GPUs and TPUs, said once; the run's data.eval_batch_size on "
+                                 "CPUs)."),
             flags.DEFINE_integer("batch_tokens", None, "Source token slots per batch, at most --batch_size rows "
-                                 "(default: the run's eval.batch_tokens; 0 = --batch_size sentences)."),
+                                 "(default: sized with --batch_size; on CPUs the run's eval.batch_tokens; 0 = "
+                                 "--batch_size sentences)."),
         ]
     register_key_flags(holders)
     return SearchFlags(*holders, *([None, None] if not batching else []))

@@ -29,8 +29,10 @@ def main(argv: list[str]) -> None:
         _RUN.start()
         with _RUN.opened() as run:
             options, translation = _SEARCH.options(run.config), _SEARCH.translation(run.config)  # checked first
+            mesh = make_mesh()
+            translation = _SEARCH.batching_for(run, options, translation, mesh, _RUN.say)
             results, hypotheses = evaluate_checkpoint(run, _RUN.checkpoint.value, _SPLIT.value, options,
-                                                      mesh=make_mesh(), **translation)
+                                                      mesh=mesh, **translation)
             _RUN.say(format_results(results))  # before writing them: a full disk loses no score
             done[0] = "the scores printed above; their files were not written"
             if _RUN.lead:

@@ -49,7 +49,11 @@ def main(argv: list[str]) -> None:
         with _RUN.opened() as run:
             options, translation = _SEARCH.options(run.config), _SEARCH.translation(run.config)  # checked first
             _, params = _RUN.params(run)
-            for line in translate_file(run, params, _INPUT.value, options, mesh=make_mesh(), **translation):
+            mesh = make_mesh()
+            # Standard output holds the translations alone: the batching's line goes to standard error.
+            translation = _SEARCH.batching_for(run, options, translation, mesh,
+                                               lambda line: _RUN.say(line, file=sys.stderr))
+            for line in translate_file(run, params, _INPUT.value, options, mesh=mesh, **translation):
                 with signals_held():  # a stop between printing and counting would under-report
                     _RUN.say(line, flush=True)
                     printed[0] += 1

@@ -62,8 +62,8 @@ def main(argv: list[str]) -> None:
         try:
             run_config = translator.run.config
             options = _SEARCH.options(run_config)
-            batching = _SEARCH.translation(run_config)["batching"]
-            translator.batching = batching
+            translator.batching = _SEARCH.translation(run_config)["batching"]  # None: sized for the devices
+            batching = translator.batching_for(options)
             suffix = _SUFFIX.value or run_config.data.target_lang
             files = corpus_translation.plan_files(corpus_translation.expand_inputs(patterns), _OUTPUT_DIR.value,
                                                   suffix)

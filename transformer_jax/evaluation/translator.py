@@ -7,8 +7,9 @@
         translator.translate("the dog sleeps .")                                 # one sentence: one string back
         translator.translate(lines, mode="sample", top_k=10, seed=1)             # back-translation's sampling
 
-Sentences are sorted by length internally and cut into token-budget batches (the run's eval.batch_tokens,
-else batches of data.eval_batch_size), each batch's rows split over this process's devices (sampling runs on one
+Sentences are sorted by length internally and cut into token-budget batches (on accelerators sized for the
+devices, `batching_for`; on CPUs the run's eval.batch_tokens, else batches of data.eval_batch_size), each batch's
+rows split over this process's devices (sampling runs on one
 device: its draws depend on a row's place); the translations come back in the caller's order, one line each.
 An empty string gives an empty translation; a sentence longer than the model's max_len is cut to it (counted in
 `truncated`).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from typing import Any, Sequence, overload
 
 import jax
@@ -28,8 +30,10 @@ from transformer_jax.checkpoints.saved_run import Run, open_run
 from transformer_jax.checkpoints.selection import checkpoint_params, select_steps
 from transformer_jax.config.schema import decode_options, decoding_dtype, translation_batching
 from transformer_jax.data.encoded import encode_pairs
+from transformer_jax.data.shapes import TranslationBatching
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.errors import ConfigError
+from transformer_jax.evaluation.device_batches import sized_batching
 from transformer_jax.evaluation.text_translation import replicate, translate_encoded
 
 
@@ -55,9 +59,11 @@ class Translator:
             self.close()  # a refused checkpoint leaves no manager open
             raise
         self.dtype = decoding_dtype(self.run.config) if dtype is None else dtype
-        self.batching = translation_batching(self.run.config)
+        # None: sized for the devices per search (`batching_for`); set a TranslationBatching to choose one.
+        self.batching: TranslationBatching | None = None
         self.options = decode_options(self.run.config)
         self.truncated = 0  # sentences cut to the model's max_len, over every call
+        self._said: set[str] = set()  # the sized batchings already said
 
     def search(self, **settings: Any) -> DecodeOptions:
         """The run's search settings with `settings` (DecodeOptions' fields; None keeps the run's) applied; a setting
@@ -90,10 +96,24 @@ class Translator:
             return []
         encoded = encode_pairs([(text, "") for text in texts], self.run.tokenizer)
         self.truncated += int((encoded.source.lengths > self.run.model_config.max_len).sum())
-        rows = max(1, min(len(texts), self.batching.batch_size))  # a few sentences: a batch of their size
-        batching = self.batching.replace(batch_size=batch_size or rows, batch_tokens=batch_tokens)
+        batching = self.batching_for(options)
+        rows = max(1, min(len(texts), batching.batch_size))  # a few sentences: a batch of their size
+        batching = batching.replace(batch_size=batch_size or rows, batch_tokens=batch_tokens)
         return translate_encoded(self.params, self.run.model_config, encoded, self.run.tokenizer, options,
                                  batching=batching, dtype=self.dtype, show_progress=False, mesh=self.mesh)
+
+    def batching_for(self, options: DecodeOptions) -> TranslationBatching:
+        """The batching a search of `options` runs in when no batch is given: `batching` when set, else sized for
+        this Translator's devices on accelerators (said once per search, on standard error), else the run's eval
+        batching (CPUs; see evaluation/device_batches.py)."""
+        if self.batching is not None:
+            return self.batching
+        batching, line = sized_batching(translation_batching(self.run.config), self.run.model_config, options,
+                                        self.dtype, self.mesh)
+        if line and line not in self._said and jax.process_index() == 0:
+            self._said.add(line)
+            print(line, file=sys.stderr, flush=True)
+        return batching
 
     def fingerprint(self) -> str:
         """A name of the model that translates: its tokenizer and every parameter's checksum. Two runs, or one run
