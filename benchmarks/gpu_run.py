@@ -303,7 +303,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     print("\n".join(["", *(summary["trace"].get("lines") or ["profile: none written (see train.log)"]), ""]))
     print(f"main run's attention backend: {main_backend(extra)}")
     print(backend_table(summary["backends"]))
-    print(decode_table(summary.get("decode", {})))
+    print("\n" + decode_table(summary.get("decode", {})))
     print(f"with XLA_FLAGS={WHILE_COMMANDS} (the loop in a command buffer):")
     print(decode_table(summary.get("decode_while", {})))
     report_failures(args, summary)
