@@ -210,3 +210,13 @@ def test_a_step_reads_no_chunk_that_starts_after_its_position(long_model):
     assert np.isfinite(np.asarray(log_probs)[..., 4:]).all()
     _, log_probs = run(state, 33)  # position 32 reads chunk 1, which holds NaN in its unwritten slots
     assert np.isnan(np.asarray(log_probs)[-1]).all()
+
+
+def test_one_hypothesis_a_sentence_keeps_the_chunks_without_chunked_decoding_cache(long_model):
+    """Greedy and sampling (N = 1): XLA makes the chunks' conditionals selects, so GPUs keep them too."""
+    params, config, src = long_model
+    config = config.replace(chunked_decoding_cache=False)
+    sizes = {beams: {x.shape[-1] for path, x in traverse_util.flatten_dict(jax.eval_shape(
+        lambda p: cached_step(p, config, src, beams, 100)[1], params).shared["slot_cache"]).items() if "key" in path[-1]}
+        for beams in (1, 2)}
+    assert sizes == {1: {32, 36}, 2: {200}}

@@ -264,12 +264,16 @@ class MultiHeadAttention(nn.Module):
     def _create_slot_cache(self, k_BNxLxHxK: jax.Array, beam_slots: jax.Array | None) -> None:
         """Zero keys [B, H, K, C*N] and values [B, H, C*N, K] per chunk of C positions of L.
 
-        L is the creating call's query length, split by `history_chunks` (one chunk without `chunked_cache`).
+        L is the creating call's query length, split by `history_chunks` (one chunk without `chunked_cache`, for
+        N > 1 hypotheses a sentence).
         """
         batch_beams, length, heads, head_dim = k_BNxLxHxK.shape
         batch, beams = (batch_beams, 1) if beam_slots is None else beam_slots.shape[:2]
         dtype = self._cache_dtype()
-        for chunk, size in enumerate(history_chunks(length) if self.chunked_cache else (length,)):
+        # One hypothesis a sentence (greedy, sampling) keeps the chunks even without `chunked_cache`: XLA makes their
+        # conditionals selects there (no host wait on a GPU), and XLA:GPU fails to compile the whole-cache step.
+        chunked = self.chunked_cache or beams == 1
+        for chunk, size in enumerate(history_chunks(length) if chunked else (length,)):
             self.variable(SLOT_CACHE, cache_name("key", chunk), jnp.zeros, (batch, heads, head_dim, size * beams), dtype)
             self.variable(SLOT_CACHE, cache_name("value", chunk), jnp.zeros, (batch, heads, size * beams, head_dim), dtype)
         self.variable(DECODE_STEP, "cache_index", lambda: jnp.array(0, jnp.int32))

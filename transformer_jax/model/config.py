@@ -73,9 +73,10 @@ class TransformerConfig:
         "model/precision.py.")
     chunked_decoding_cache: bool = _field(True,
         "the decoding self-attention cache is kept in chunks of positions, each read under `lax.cond` only once a "
-        "step reaches it (model/attention_cache.py): early steps read less. Off, one chunk read whole at every step, "
-        "with no conditional in the search loop. Decoding turns it off on GPUs, where each conditional waits for "
-        "the host to read its predicate.")
+        "step reaches it (model/attention_cache.py): early steps read less. Off, one chunk read whole at every step "
+        "of a beam search, with no conditional in its loop (one hypothesis a sentence keeps the chunks: XLA makes "
+        "their conditionals selects). Decoding turns it off on GPUs, where each conditional waits for the host to "
+        "read its predicate.")
     layer_norm_epsilon: float = _field(1e-6, "epsilon of every LayerNorm.")
     scan_layers: bool = _field(False,
         "run each stack as one `nn.scan` over its N layers: compile time no longer grows with N; parameters are "
