@@ -145,7 +145,8 @@ def measure(spec: dict[str, Any], tree: str | None) -> dict[str, Any]:
     output = subprocess.run(workers.worker_command("search_kernels", spec), cwd=tree or workers.REPO, env=env,
                             capture_output=True, text=True)
     if output.returncode != 0:
-        return {**spec, "error": (output.stderr.strip().splitlines() or ["no output"])[-1][:200]}
+        lines = output.stderr.strip().splitlines() or ["no output"]
+        return {**spec, "error": next((line for line in reversed(lines) if "error" in line.lower()), lines[-1])[:200]}
     return json.loads(output.stdout.strip().splitlines()[-1])
 
 
