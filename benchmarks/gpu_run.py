@@ -24,7 +24,9 @@ bfloat16) and translates a file of test sources. Phases that would not end withi
 call's start are left out and named. Extra `--config.KEY=VALUE` flags go to every train.py of the call. Last,
 benchmarks/lease_decode.py times the trained run's beam and greedy searches on the test sources repeated to
 --decode_sentences (sentences/s after compiling, compile seconds) and profiles one search batch; then again at the
-first count with the decoding loop in XLA's command buffers (WHILE_COMMANDS).
+first count with the decoding loop in XLA's command buffers (WHILE_COMMANDS). Before the decode phases,
+benchmarks/lease_compare.py times ours against transformers' generate and CTranslate2 on the exported run
+(--compare_sentences; CTranslate2 and its CUDA libraries are carried as wheels, or its row says why not).
 
 It prints, from what the runs recorded: the main table (timing.jsonl: tokens/s, the host's share, checkpoint
 stalls, start-up and resume; JAX's compile log: each program's compile time; eval.py's wall time) beside the
@@ -48,6 +50,7 @@ from typing import Any
 
 from benchmarks.lease_records import (PREDICTION, backend_table, bleu_of, compile_seconds, decode_table, error_line,
                                       finite_training, predicted, profile_of, table, timing_records, window_figures)
+from benchmarks.lease_compare import compare_table
 from benchmarks.workers import REPO
 from transformer_jax.base import workdir as layout
 
@@ -177,6 +180,26 @@ def decode_phase(args: argparse.Namespace, workdir: str, sources: str, log: str,
     return {"wall_s": time.time() - started, "exit": code, **figures}
 
 
+def compare_phase(args: argparse.Namespace, workdir: str, log: str, out: str) -> dict[str, Any]:
+    """benchmarks/lease_compare.py: ours, transformers' generate and CTranslate2 on the test split (the exported
+    run), beam 4 and greedy, 16-bit on a GPU; its rows with the wall time and exit."""
+    started = time.time()
+    counts = args.compare_sentences if not args.rehearse else "30"
+    with open(log, "w") as stream:
+        try:
+            code = subprocess.run([sys.executable, "-m", "benchmarks.lease_compare", f"--workdir={workdir}",
+                                   f"--pairs={os.path.join(args.lease, layout.CORPUS, 'test.json')}", f"--out={out}",
+                                   f"--sentences={counts}"], cwd=REPO, stdout=stream, stderr=subprocess.STDOUT,
+                                  timeout=max(min(args.compare_limit, args.deadline - started), 1)).returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+    rows = []
+    if os.path.exists(os.path.join(out, "compare.json")):
+        with open(os.path.join(out, "compare.json")) as f:
+            rows = json.load(f)["rows"]
+    return {"wall_s": time.time() - started, "exit": code, "rows": rows}
+
+
 def write_test_sources(lease: str, path: str, lines: int) -> int:
     """Write the first `lines` test sources of the prepared corpus to `path`; returns how many."""
     with open(os.path.join(lease, layout.CORPUS, "test.json")) as f:
@@ -282,6 +305,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     if "translate" in summary:
         summary["translate"]["lines"] = lines
     counts = args.decode_sentences if not args.rehearse else "40,200"
+    if left(args) >= 90:
+        summary["compare"] = compare_phase(args, workdir, out("compare.log"), out("compare"))
+        save()
+    else:
+        summary["skipped"].append("compare")
     variants = (("decode", counts, ""), ("decode_while", counts.split(",")[0], WHILE_COMMANDS))
     for phase, phase_counts, xla_flags in variants:
         if left(args) < 60:
@@ -304,6 +332,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> dict[str, Any]:
     print(f"main run's attention backend: {main_backend(extra)}")
     print(backend_table(summary["backends"]))
     print("\n" + decode_table(summary.get("decode", {})))
+    print("\nours, transformers' generate and CTranslate2 on the same sentences (exported with --format=hf):")
+    print(compare_table(summary.get("compare", {}).get("rows", [])))
     print(f"with XLA_FLAGS={WHILE_COMMANDS} (the loop in a command buffer):")
     print(decode_table(summary.get("decode_while", {})))
     report_failures(args, summary)
@@ -365,6 +395,10 @@ def main(argv: list[str] | None = None) -> None:
     go.add_argument("--decode_sentences", default="1000,100000",
                     help="decode: sentences timed per search mode (the test sources repeated), comma-separated")
     go.add_argument("--decode_limit", type=float, default=240, help="longest the decode phase may take")
+    go.add_argument("--compare_sentences", default="1000",
+                    help="compare: test sentences (repeated) each of ours, transformers and CTranslate2 translates "
+                         "per mode; 100000 needs a call of its own")
+    go.add_argument("--compare_limit", type=float, default=200, help="longest the comparison may take")
     go.add_argument("--rehearse", action="store_true", help="a tiny model, for a CPU")
     args, extra = parser.parse_known_args(argv)
     unknown = [flag for flag in extra if not flag.startswith("--config.") or "=" not in flag]
