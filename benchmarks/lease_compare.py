@@ -8,8 +8,8 @@ MarianMTModel reads and CTranslate2's converter takes). Each contender translate
 each count of --sentences, 16-bit on a GPU (ours bfloat16, transformers and CTranslate2 float16; float32 on a
 CPU, where neither runs 16-bit matmuls natively), with the same search: beam 4 with length penalty 0.6, or
 greedy, outputs of at most source + 50 tokens; batches of BATCH sentences sorted by length (ours: its own
-batching, sized for the devices). A pass over the distinct sentences first (compiles, warm-up), then each count
-timed; SacreBLEU of the distinct sentences' translations against their references. A contender that cannot run
+batching, sized for the devices). A pass over the distinct sentences first (at most the largest count of them:
+compiles, warm-up), then each count timed; SacreBLEU of that first pass against the references. A contender that cannot run
 (CTranslate2's wheel or the CUDA it needs missing) is a row with its one-line reason. Prints the table and writes
 DIR/compare.json.
 """
@@ -124,7 +124,7 @@ def contenders(workdir: str, hf_dir: str, gpu: bool, scratch: str) -> dict[str, 
 def compare(workdir: str, pairs: list[tuple[str, str]], counts: list[int], modes: list[str], out: str,
             gpu: bool) -> list[dict[str, Any]]:
     """Every contender, mode and count: sentences/s after the warm-up pass, and SacreBLEU of the distinct ones."""
-    distinct = list(dict.fromkeys((source, target) for source, target in pairs if source.strip()))
+    distinct = list(dict.fromkeys((source, target) for source, target in pairs if source.strip()))[:max(counts)]
     sources, references = [s for s, _ in distinct], [t for _, t in distinct]
     hf_dir = export_hf(workdir, os.path.join(out, "hf"))
     rows = []
