@@ -70,7 +70,8 @@ def test_base_install_runs_the_modules_and_decoding_without_the_training_stack(t
     environment = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True, system_site_packages=False).create(environment)
     python = str(environment / "bin" / "python")
-    install = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(ROOT)],
+    install = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-compile",
+                              str(ROOT)],
                              capture_output=True, text=True, timeout=900)
     assert install.returncode == 0, install.stderr[-3000:]
 
