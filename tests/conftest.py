@@ -48,6 +48,11 @@ os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["TRANSFORMER_JAX_TEST_CACHE
 # hit reads them in a few milliseconds (an eval.py launch: 0.85 s less CPU).
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+# Every Python process a test starts imports tests/startup/sitecustomize.py first: on CPU, the other processes of a
+# jax.distributed run then load the programs process 0 stored, as TPU and GPU hosts do (its docstring says why).
+STARTUP = str(pathlib.Path(__file__).resolve().parent / "startup")
+if STARTUP not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [STARTUP, os.environ.get("PYTHONPATH")]))
 # Also before JAX starts: XLA:CPU compiles without LLVM's optimisation passes (runs.CPU_COMPILE_FLAGS says why).
 from runs import CPU_COMPILE_FLAGS, tiny_run_config  # noqa: E402
 
