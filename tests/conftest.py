@@ -9,22 +9,28 @@ The trained tiny runs (trained_run, script_trained_run) are made once per test r
 and copied for each worker (made_once). Tests that open a port take a free one (runs.free_port); tests that write
 take their own tmp_path, so the workers never share a directory.
 
-The slowest tests, and why (2 cores, 2 workers, 2026-12-02: the suite 2,615 s wall, 5,109 s of test time; `.ci/run`
-prints the current 25 slowest on every run). The suite is CPU-bound (both cores >96% busy throughout), so more
-workers would not help; every JAX process a test starts pays 2-5 s of start-up (imports, libtpu's probe) and
-tracing and lowering (the compile cache skips only XLA's backend compile): a warm-cache smoke train.py is ~15 s.
-- the README's pod preflight (tests/test_recipes.py, 150-190 s): the base model compiled for v5e-256 through
-  libtpu, the one full-size TPU case (libtpu's compile does not shrink with the topology); the big model on
-  v5p:4x4x8 with one layer per stack 75-115 s;
-- the README's back-translation and own-text recipes (tests/test_readme.py, 115-160 s): each command as written,
-  train.py and eval.py in fresh processes (back-translation: two trainings, translate-corpus and score); the own-text
-  run trains its tier's fewest updates (21) with XLA's optimised code;
-- the multi-process runs (tests/run/test_multiprocess.py, 40-140 s; tests/run/test_preemption.py, 80-95 s;
-  tests/evaluation/test_split_evaluation.py's 8-device fixture, 105 s): each launch starts JAX in 1-2 fresh
-  processes that join a jax.distributed cluster and each compile the tiny run;
-- resumable bulk translation killed at random points (tests/evaluation/test_corpus_translation.py, 40-85 s);
-- the damaged-run catalogue (tests/cli/test_damaged_runs.py, 70 s): 27 command lines in one process;
-- the base install (tests/test_base_install.py, 50-85 s): a fresh virtualenv, installed without bytecode compiling.
+Every Python process a test starts imports tests/startup/sitecustomize.py first (on $PYTHONPATH, set below): on CPU
+the other processes of a jax.distributed run load the programs process 0 stored, as TPU and GPU hosts do, instead of
+compiling each anew (about 10 s of CPU a process).
+
+The slowest tests, and why (2 cores, 2 workers, 2026-12-02: the suite 1,532 s wall, 2,994 s of test time, down from
+1,808 s and 3,530 s the same day; `.ci/run` prints the current 25 slowest on every run). The suite is CPU-bound (both
+cores >96% busy throughout), so more workers would not help; about two thirds of its CPU is in the train.py/eval.py
+processes tests start (a warm-cache smoke train.py: ~9.5 s of CPU, of which imports 2.5 s, tracing, lowering and
+loading its cached programs 2.5 s, its six steps and four checkpoint saves 2.5 s, dev losses 1.3 s, the test
+translation, BLEU and plot the rest).
+- the README's pod preflight (tests/test_recipes.py, 90-150 s): the base model compiled for v5e-256 through
+  libtpu, the one full-size TPU case (libtpu's compile does not shrink with the topology; the train step alone is
+  ~80 s); the big model on v5p:4x4x8 with one layer per stack 45-65 s;
+- the README's back-translation and own-text recipes (tests/test_readme.py, 50-115 s): each command as written,
+  in fresh processes, each training capped at 6 steps of 1,024-token batches (back-translation: two trainings,
+  translate-corpus and score); each tier-sized model compiles its own programs (~15 s a training);
+- the multi-process runs (tests/run/test_multiprocess.py, 30-120 s; tests/run/test_preemption.py, 45-75 s;
+  tests/evaluation/test_split_evaluation.py's 8-device fixture, 70 s): each launch starts JAX in 1-2 fresh
+  processes that join a jax.distributed cluster;
+- resumable bulk translation killed at random points (tests/evaluation/test_corpus_translation.py, 30-55 s);
+- the damaged-run catalogue (tests/cli/test_damaged_runs.py, 40-70 s): 27 command lines in one process;
+- the base install (tests/test_base_install.py, 30-50 s): a fresh virtualenv, installed without bytecode compiling.
 """
 
 from __future__ import annotations
