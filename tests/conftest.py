@@ -13,12 +13,12 @@ Every Python process a test starts imports tests/startup/sitecustomize.py first 
 the other processes of a jax.distributed run load the programs process 0 stored, as TPU and GPU hosts do, instead of
 compiling each anew (about 10 s of CPU a process).
 
-The slowest tests, and why (2 cores, 2 workers, 2026-12-02: the suite 1,532 s wall, 2,994 s of test time, down from
-1,808 s and 3,530 s the same day; `.ci/run` prints the current 25 slowest on every run). The suite is CPU-bound (both
-cores >96% busy throughout), so more workers would not help; about two thirds of its CPU is in the train.py/eval.py
-processes tests start (a warm-cache smoke train.py: ~9.5 s of CPU, of which imports 2.5 s, tracing, lowering and
-loading its cached programs 2.5 s, its six steps and four checkpoint saves 2.5 s, dev losses 1.3 s, the test
-translation, BLEU and plot the rest).
+The slowest tests, and why (2 cores, 2 workers, 2026-12-02: the suite 1,532 s and 1,385 s wall in two runs, 2,994 s
+and 2,692 s of test time, down from 1,808 s and 3,530 s the same day; `.ci/run` prints the current 25 slowest on every
+run). The suite is CPU-bound (both cores >96% busy throughout), so more workers would not help; about two thirds of
+its CPU is in the train.py/eval.py processes tests start (a warm-cache smoke train.py: ~9.5 s of CPU, of which
+imports 2.5 s, tracing, lowering and loading its cached programs 2.5 s, its six steps and four checkpoint saves 2.5 s,
+dev losses 1.3 s, the test translation, BLEU and plot the rest).
 - the README's pod preflight (tests/test_recipes.py, 90-150 s): the base model compiled for v5e-256 through
   libtpu, the one full-size TPU case (libtpu's compile does not shrink with the topology; the train step alone is
   ~80 s); the big model on v5p:4x4x8 with one layer per stack 45-65 s;

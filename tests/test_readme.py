@@ -246,6 +246,11 @@ def test_make_targets_in_the_docs_exist():
             assert re.search(rf"^{target}:", makefile, re.M), f"{path.name} runs make {target}; the Makefile has no such target"
 
 
+# The recipes' trainings below, capped at a few steps of 1,024-token batches: the tests show the lines run, not BLEU.
+CAPPED_TRAINING = ("--config.training.num_train_steps=6", "--config.training.warmup_steps=3",
+                   "--config.data.tokens_per_batch=1024")
+
+
 def test_the_own_text_lines_train_and_evaluate_on_files_as_written(tmp_path):
     """The README's "Train on your own text" lines, run as written (`transformer-jax` as this checkout's
     `python -m transformer_jax`), on a small corpus in fairseq's layout (train.*, valid.*, no test split), the training
@@ -270,11 +275,9 @@ def test_the_own_text_lines_train_and_evaluate_on_files_as_written(tmp_path):
     # 2026-12-02); which tier and model the corpus gets is checked in config.json below, the sizing itself in
     # tests/config/test_parallel_text.py. PYTHONPATH: this checkout's package, whatever the virtualenv's editable
     # install points at.
-    capped = ["--config.training.num_train_steps=6", "--config.training.warmup_steps=3",
-              "--config.data.tokens_per_batch=1024"]
     env = script_env(1, PYTHONPATH=str(ROOT))
     results = [subprocess.run([sys.executable, "-m", "transformer_jax", *line.split()[1:],
-                               *(capped if line.startswith("transformer-jax train ") else [])],
+                               *(CAPPED_TRAINING if line.startswith("transformer-jax train ") else [])],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600) for line in lines]
     for result in results:
         assert result.returncode == 0, result.stderr[-3000:]
@@ -328,8 +331,7 @@ def test_the_back_translation_recipe_runs_in_its_order(tmp_path):
     for line in lines:
         command = line.replace("transformer-jax ", f"{sys.executable} -m transformer_jax ")
         if " train " in command:
-            command += (" --config.training.num_train_steps=6 --config.training.warmup_steps=3"
-                        " --config.data.tokens_per_batch=1024")
+            command += " " + " ".join(CAPPED_TRAINING)
         done = subprocess.run(command, shell=True, cwd=tmp_path, env=script_env(), capture_output=True, text=True,
                               timeout=600)
         assert done.returncode == 0, f"{line}\n{done.stderr[-3000:]}"
