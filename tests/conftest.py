@@ -16,10 +16,10 @@ compiling each anew (about 10 s of CPU a process).
 The slowest tests, and why (2 cores, 2 workers, 2026-12-02: the suite 1,532 s and 1,385 s wall in two runs, 2,994 s
 and 2,692 s of test time, down from 1,808 s and 3,530 s the same day; on 2026-12-03 another machine of the same kind
 ran the same commit in 2,263 s wall, 4,424 s of test time, every process 1.3-1.8x slower, and 2,189 s with the bytecode
-kept; `.ci/run` prints the current 25 slowest on every run). The suite is CPU-bound (both cores >96% busy throughout), so more workers would not help; about two thirds of
-its CPU is in the train.py/eval.py processes tests start (a warm-cache smoke train.py: ~9.5 s of CPU, of which
-imports 2.5 s, tracing, lowering and loading its cached programs 2.5 s, its six steps and four checkpoint saves 2.5 s,
-dev losses 1.3 s, the test translation, BLEU and plot the rest).
+kept; `.ci/run` prints the current 25 slowest on every run). The suite is CPU-bound (both cores >96% busy throughout),
+so more workers would not help; about two thirds of its CPU is in the train.py/eval.py processes tests start (a
+warm-cache smoke train.py: ~9.5 s of CPU, of which imports 2.5 s, tracing, lowering and loading its cached programs
+2.5 s, its six steps and four checkpoint saves 2.5 s, dev losses 1.3 s, the test translation, BLEU and plot the rest).
 - the README's pod preflight (tests/test_recipes.py, 90-150 s): the base model compiled for v5e-256 through
   libtpu, the one full-size TPU case (libtpu's compile does not shrink with the topology; the train step alone is
   ~80 s); the big model on v5p:4x4x8 with one layer per stack 45-65 s;
@@ -61,9 +61,10 @@ os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 STARTUP = str(pathlib.Path(__file__).resolve().parent / "startup")
 if STARTUP not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [STARTUP, os.environ.get("PYTHONPATH")]))
-# The checkout's modules keep their compiled bytecode (in __pycache__/, which git ignores) for the processes tests start:
-# where the machine sets $PYTHONDONTWRITEBYTECODE (this one does), each of the suite's ~350 processes would otherwise
-# compile transformer_jax's 18,000 lines anew (about 0.2 s of CPU a process). Only where the bytecode is kept changes.
+# The checkout's modules keep their compiled bytecode (in __pycache__/, which git ignores) for the processes tests
+# start: where the machine sets $PYTHONDONTWRITEBYTECODE (this one does), each of the suite's ~300 processes would
+# otherwise compile transformer_jax's 18,000 lines anew (0.15-0.2 s of CPU a process). Only where bytecode is kept
+# changes.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
 # Also before JAX starts: XLA:CPU compiles without LLVM's optimisation passes (runs.CPU_COMPILE_FLAGS says why).
