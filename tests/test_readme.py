@@ -246,15 +246,17 @@ def test_make_targets_in_the_docs_exist():
             assert re.search(rf"^{target}:", makefile, re.M), f"{path.name} runs make {target}; the Makefile has no such target"
 
 
-# The recipes' trainings below, capped at a few steps of 1,024-token batches: the tests show the lines run, not BLEU.
+# The recipes' trainings below, capped at a few steps of 1,024-token batches and one layer per stack (the tier's
+# two layers cost each training ~15 s more CPU on 2 cores, most of it compiling): the tests show the lines run, not
+# BLEU. The tier's own sizes are checked in tests/config/test_parallel_text.py.
 CAPPED_TRAINING = ("--config.training.num_train_steps=6", "--config.training.warmup_steps=3",
-                   "--config.data.tokens_per_batch=1024")
+                   "--config.data.tokens_per_batch=1024", "--config.model.num_layers=1")
 
 
 def test_the_own_text_lines_train_and_evaluate_on_files_as_written(tmp_path):
     """The README's "Train on your own text" lines, run as written (`transformer-jax` as this checkout's
     `python -m transformer_jax`), on a small corpus in fairseq's layout (train.*, valid.*, no test split), the training
-    capped at a few steps of 1,024-token batches as in the back-translation test below: the run trains, its final
+    capped as the back-translation test below is (CAPPED_TRAINING): the run trains, its final
     scores are named dev, and `score` scores dev."""
     import subprocess
     import sys
@@ -311,7 +313,7 @@ def test_the_run_from_python_example_trains_the_smoke_run(tmp_path, monkeypatch,
 
 def test_the_back_translation_recipe_runs_in_its_order(tmp_path):
     """docs/back_translation.md's lines on a tiny corpus (`transformer-jax` as this checkout's
-    `python -m transformer_jax`, each training capped at a few steps of 1,024-token batches): each runs, and the
+    `python -m transformer_jax`, each training capped by CAPPED_TRAINING): each runs, and the
     union holds the real pairs and the tagged synthetic ones. No BLEU claim."""
     import subprocess
     import sys
