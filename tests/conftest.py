@@ -14,9 +14,10 @@ the other processes of a jax.distributed run load the programs process 0 stored,
 compiling each anew (about 10 s of CPU a process).
 
 The slowest tests, and why (2 cores, 2 workers, 2026-12-02: the suite 1,532 s and 1,385 s wall in two runs, 2,994 s
-and 2,692 s of test time, down from 1,808 s and 3,530 s the same day; on 2026-12-03 another machine of the same kind
-ran the same commit in 2,263 s wall, 4,424 s of test time, every process 1.3-1.8x slower, and 2,189 s with the bytecode
-kept; `.ci/run` prints the current 25 slowest on every run). The suite is CPU-bound (both cores >96% busy throughout),
+and 2,692 s of test time, down from 1,808 s and 3,530 s the same day; on 2026-12-03 one machine of the same kind ran
+the same commit in 2,263 s wall at 13:40 UTC, every process 1.3-1.8x slower, and 109dda3 in 1,612 s at 17:04 UTC: its
+speed moves from hour to hour, so `.ci/run` prints a smoke training's time first, then the 25 slowest of the run;
+docs/benchmarks/test_suite.md). The suite is CPU-bound (both cores >96% busy throughout),
 so more workers would not help; about two thirds of its CPU is in the train.py/eval.py processes tests start (a
 warm-cache smoke train.py: ~9.5 s of CPU, of which imports 2.5 s, tracing, lowering and loading its cached programs
 2.5 s, its six steps and four checkpoint saves 2.5 s, dev losses 1.3 s, the test translation, BLEU and plot the rest).
