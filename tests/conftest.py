@@ -4,7 +4,8 @@ The suite runs on every core (`make test`: pytest-xdist, `-n auto`); the process
 train.py/eval.py subprocesses they start, share one persistent JAX compilation cache in a temporary directory
 made for that run and removed after it ($TRANSFORMER_JAX_TEST_CACHE, handed to JAX as
 $JAX_COMPILATION_CACHE_DIR): a program two tests compile alike is compiled once (the processes tests start cache
-every program, however small; the workers, as JAX does, those taking over a second). XLA:CPU compiles without LLVM's optimisation passes (runs.CPU_COMPILE_FLAGS: about 40% less compile time).
+every program, however small; the workers, as JAX does, those taking over a second). XLA:CPU compiles without LLVM's
+optimisation passes (runs.CPU_COMPILE_FLAGS: about 40% less compile time).
 The trained tiny runs (trained_run, script_trained_run) are made once per test run, by whichever worker asks first,
 and copied for each worker (made_once). Tests that open a port take a free one (runs.free_port); tests that write
 take their own tmp_path, so the workers never share a directory.
