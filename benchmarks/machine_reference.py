@@ -4,9 +4,10 @@
 
 Runs `train.py --config=configs/smoke.py` (the run most of the suite's train.py launches are made of) once in a
 fresh process on the CPU, with a new, empty compile cache, and prints its wall time and the CPU seconds of the
-process. The suite is CPU-bound, so its wall time on 2 cores follows this figure: machines of the same kind
-(2 cores "AMD EPYC") ran the same suite in 23 and in 38 minutes (BENCHMARKS.md, "The test suite"). `.ci/run`
-prints this line before `make test`, so a suite time can be read against the machine that made it.
+process. The suite is CPU-bound, and machines of one kind (2 cores "AMD EPYC") ran it in 23 to 38 minutes, one VM
+27 and 36 minutes 40 minutes apart (docs/benchmarks/test_suite.md). `.ci/run` prints this line before `make test`
+as a first, rough gauge of the machine: it read about the same after those two runs, so it does not capture
+everything that slows a suite that keeps both cores busy.
 """
 
 from __future__ import annotations
