@@ -13,23 +13,13 @@ everything that slows a suite that keeps both cores busy.
 from __future__ import annotations
 
 import os
-import platform
 import resource
 import subprocess
 import sys
 import tempfile
 import time
 
-from benchmarks.workers import REPO
-
-
-def cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo), or the platform's processor string."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as info:
-            return next(line.split(":", 1)[1].strip() for line in info if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
+from benchmarks.workers import REPO, cpu_model
 
 
 def smoke_training_seconds() -> tuple[float, float]:

@@ -92,3 +92,9 @@ def serve(
         else:
             reply = memory()
         print(PREFIX + json.dumps(reply), flush=True)
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (the harness's machine() gives only its architecture)."""
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")

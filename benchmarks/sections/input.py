@@ -51,7 +51,7 @@ import jax
 import numpy as np
 
 from benchmarks.corpora import write_wmt_like_prepared, write_wmt_like_text
-from benchmarks.workers import REPO, peak_rss_bytes, worker_command
+from benchmarks.workers import REPO, cpu_model, peak_rss_bytes, worker_command
 from transformer_jax import TransformerConfig
 from transformer_jax.base import workdir as layout
 from transformer_jax.config import default_config
@@ -112,12 +112,6 @@ def peak_since_reset() -> int:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     return peak
-
-
-def cpu_model() -> str:
-    """The CPU's model name (run.machine() gives only its architecture)."""
-    with open("/proc/cpuinfo") as f:
-        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
 
 
 def pin_to_one_core() -> int:
