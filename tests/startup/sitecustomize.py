@@ -13,9 +13,11 @@ multi-process tests compare their results with one process's bit for bit.
 
 import importlib.abc
 import importlib.util
+import os
 import sys
 
 _MODULE = "jax._src.cache_key"
+_MONITORING = "jax._src.monitoring"
 
 
 def _patch(cache_key) -> None:
@@ -32,19 +34,57 @@ def _patch(cache_key) -> None:
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Runs patches[name](module) once module `name` is imported."""
+
+    def __init__(self, patches) -> None:
+        self.patches = dict(patches)
+
     def find_spec(self, name, path, target=None):
-        if name != _MODULE:
+        if name not in self.patches:
             return None
-        sys.meta_path.remove(self)
+        patch = self.patches.pop(name)  # popped first: the find_spec below comes back here and finds nothing to do
+        if not self.patches:
+            sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
         load = spec.loader.exec_module
 
         def exec_module(module) -> None:
             load(module)
-            _patch(module)
+            patch(module)
 
         spec.loader.exec_module = exec_module
         return spec
 
 
-sys.meta_path.insert(0, _PatchOnImport())
+def _profile(log: str):
+    """With $TRANSFORMER_JAX_TEST_PROCESS_LOG set, each process appends one JSON line to that file at exit: the test
+    that started it ($PYTEST_CURRENT_TEST, which pytest sets and the process inherits), its command line, wall and
+    CPU seconds, and the seconds JAX reports for tracing, lowering, compiling and cache reads. A measurement of
+    where the suite's CPU goes (docs/benchmarks/test_suite.md); it changes nothing a process does."""
+    import atexit
+    import json
+    import time
+
+    started, durations = time.time(), {}
+
+    def listen(monitoring) -> None:
+        def record(event: str, seconds: float, **_) -> None:
+            durations[event] = durations.get(event, 0.0) + seconds
+
+        monitoring.register_event_duration_secs_listener(record)
+
+    def write() -> None:
+        times = os.times()
+        line = {"test": os.environ.get("PYTEST_CURRENT_TEST", ""), "argv": sys.argv, "wall": time.time() - started,
+                "cpu": times.user + times.system, "jax": {k: round(v, 3) for k, v in durations.items()}}
+        with open(log, "a") as file:
+            file.write(json.dumps(line) + "\n")
+
+    atexit.register(write)
+    return listen
+
+
+_patches = {_MODULE: _patch}
+if os.environ.get("TRANSFORMER_JAX_TEST_PROCESS_LOG"):
+    _patches[_MONITORING] = _profile(os.environ["TRANSFORMER_JAX_TEST_PROCESS_LOG"])
+sys.meta_path.insert(0, _PatchOnImport(_patches))
