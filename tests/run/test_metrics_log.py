@@ -31,6 +31,9 @@ def test_metrics_go_to_wandb_as_well_and_a_resume_logs_to_the_same_run(tmp_path,
     resumed = MetricsLog(workdir, resume_step=2, wandb_project="transformer_jax_test")
     resumed.write(3, "train", {"loss": 4.125})
     resumed.close()
+    import wandb
+
+    wandb.teardown()  # finish() returns before W&B's service has closed the run's file; teardown waits for it
     runs = sorted(glob.glob(os.path.join(workdir, "wandb", "offline-run-*")), key=os.path.getctime)  # in logging order
     assert len(runs) == 2 and all(f"-{run_id}" in os.path.basename(path) for path in runs)  # one W&B run, logged twice
     first, second = (open(glob.glob(os.path.join(path, "run-*.wandb"))[0], "rb").read() for path in runs)
