@@ -217,3 +217,22 @@ def script_trained_run(tmp_path_factory, worker_id) -> dict:
     printed = json.loads((directory / "result.json").read_text())
     return {"config": write_config(directory), "workdir": directory / "run", **printed}
 
+
+
+if os.environ.get("TRANSFORMER_JAX_TEST_PROCESS_LOG"):
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        """With $TRANSFORMER_JAX_TEST_PROCESS_LOG set (tests/startup/sitecustomize.py), one more line per test: its
+        wall seconds (setup, call and teardown), this worker's CPU seconds in it, and those of every process it
+        started and reaped, however that process ended (killed ones too, which write no line of their own)."""
+        import time
+
+        before, started = os.times(), time.monotonic()
+        yield
+        after = os.times()
+        line = {"nodeid": item.nodeid, "wall": round(time.monotonic() - started, 3),
+                "self_cpu": round(after.user + after.system - before.user - before.system, 3),
+                "children_cpu": round(after.children_user + after.children_system
+                                      - before.children_user - before.children_system, 3)}
+        with open(os.environ["TRANSFORMER_JAX_TEST_PROCESS_LOG"], "a") as file:
+            file.write(json.dumps(line) + "\n")
