@@ -23,6 +23,7 @@ SAME_WORD = {
     ("transformer_jax/config/schema.py", "eval"): "the config's `eval` section",
     ("benchmarks/gpu_run.py", "eval"): "the benchmark's eval.py phase",
     ("benchmarks/lease_records.py", "eval"): "the lease run's eval.py phase",
+    ("benchmarks/suite_cpu.py", "compilation_cache"): "a JAX monitoring event's name",
 }
 TOKEN_WORDS = ("ids", "tokens", "src", "tgt")  # in a name that holds token ids
 TOKEN_KEYS = ("inputs", "targets")  # batch keys that hold token ids
