@@ -12,7 +12,6 @@ Printed: the processes summed by the test module that started them, then the tes
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 
 EVENTS = {"compile": "/jax/core/compile/backend_compile_duration", "trace": "/jax/core/compile/jaxpr_trace_duration",
@@ -24,19 +23,25 @@ def module(nodeid: str) -> str:
     return nodeid.split("::")[0] if nodeid else "(no test: a process started outside any test)"
 
 
+def summed(rows: list[tuple[str, list[float]]]) -> list[tuple[str, list[float]]]:
+    """(key, [count, *sums of the values]) for each key of `rows` (key, values), the largest first sum first."""
+    sums: dict[str, list[float]] = {}
+    for key, values in rows:
+        total = sums.setdefault(key, [0.0] * (1 + len(values)))
+        for i, value in enumerate([1.0, *values]):
+            total[i] += value
+    return sorted(sums.items(), key=lambda item: -item[1][1])
+
+
 def process_table(processes: list[dict], rows: int) -> list[str]:
-    sums: dict[str, list[float]] = collections.defaultdict(lambda: [0.0] * (2 + len(EVENTS)))
+    keyed = []
     for line in processes:
         test = line["test"].rsplit(" (", 1)[0]  # $PYTEST_CURRENT_TEST ends with its phase: "(setup)", "(call)"
-        for key in ("(all)", module(test)):
-            row = sums[key]
-            row[0] += line["cpu"]
-            row[1] += 1
-            for i, event in enumerate(EVENTS.values()):
-                row[2 + i] += line["jax"].get(event, 0.0)
+        values = [line["cpu"], *(line["jax"].get(event, 0.0) for event in EVENTS.values())]
+        keyed += [("(all)", values), (module(test), values)]
     out = [f"{'CPU s':>7} {'procs':>5} " + " ".join(f"{name:>10}" for name in EVENTS) + "  test module"]
-    for key, row in sorted(sums.items(), key=lambda item: -item[1][0])[:rows + 1]:
-        out.append(f"{row[0]:7.1f} {int(row[1]):5d} " + " ".join(f"{v:10.1f}" for v in row[2:]) + f"  {key}")
+    for key, (count, seconds, *events) in summed(keyed)[:rows + 1]:
+        out.append(f"{seconds:7.1f} {int(count):5d} " + " ".join(f"{v:10.1f}" for v in events) + f"  {key}")
     return out
 
 
@@ -49,14 +54,8 @@ def test_tables(tests: list[dict], rows: int) -> list[str]:
     for line in sorted(tests, key=lambda t: -cpu(t))[:rows]:
         out.append(f"{cpu(line):7.1f} {line['self_cpu']:7.1f} {line['children_cpu']:7.1f} {line['wall']:7.1f}  "
                    f"{line['nodeid']}")
-    modules: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0])
-    for line in tests:
-        row = modules[module(line["nodeid"])]
-        row[0] += cpu(line)
-        row[1] += line["wall"]
-        row[2] += 1
     out += ["", f"The {rows} test modules with the most CPU:", f"{'CPU s':>7} {'wall s':>7} {'tests':>5}  module"]
-    for name, (seconds, wall, count) in sorted(modules.items(), key=lambda item: -item[1][0])[:rows]:
+    for name, (count, seconds, wall) in summed([(module(t["nodeid"]), [cpu(t), t["wall"]]) for t in tests])[:rows]:
         out.append(f"{seconds:7.1f} {wall:7.1f} {int(count):5d}  {name}")
     return out
 

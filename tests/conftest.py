@@ -220,7 +220,6 @@ def script_trained_run(tmp_path_factory, worker_id) -> dict:
     return {"config": write_config(directory), "workdir": directory / "run", **printed}
 
 
-
 if os.environ.get("TRANSFORMER_JAX_TEST_PROCESS_LOG"):
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
