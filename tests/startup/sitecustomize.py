@@ -9,15 +9,27 @@ process 0's programs already. Here, for CPU devices, the key takes the devices t
 as JAX does for backends without a topology: the same global program gets the same key in every process, and each
 process loads what process 0 compiled. It changes which compiles are skipped, never what a program computes; the
 multi-process tests compare their results with one process's bit for bit.
+
+The processes of one run reach each program at about the same moment, so the others would still compile, in
+parallel with process 0, every program the cache did not hold yet (each run's first: about 10 s of CPU a process,
+on cores the other tests need). On a miss, a process other than 0 waits for process 0 to store the program (JAX
+stores from process 0 only) and loads it, as JAX's jax_share_binary_between_hosts has the other hosts wait for
+process 0's binary; it compiles after all only where process 0 stores nothing (host callbacks) or has not stored the
+program after WAIT_SECONDS. The programs a process runs on its own devices alone (the eager operations on its rows:
+hundreds of small compiles a launch) it stores itself, which JAX leaves to process 0 only, for its own programs too:
+the next run's process 1 loads them.
 """
 
 import importlib.abc
 import importlib.util
 import os
 import sys
+import time
 
 _MODULE = "jax._src.cache_key"
+_COMPILER = "jax._src.compiler"
 _MONITORING = "jax._src.monitoring"
+WAIT_SECONDS = 120.0  # at most, for process 0's copy of a program (a tiny run's compile: seconds)
 
 
 def _patch(cache_key) -> None:
@@ -31,6 +43,43 @@ def _patch(cache_key) -> None:
             topology_hash(hash_obj, accelerators)
 
     cache_key._hash_accelerator_config = hash_accelerator_config
+
+
+def _patch_compiler(compiler) -> None:
+    compile_and_write_cache = compiler._compile_and_write_cache
+
+    def compile_load_or_wait(backend, computation, executable_devices, compile_options, host_callbacks, module_name,
+                             cache_key):
+        from jax._src import compilation_cache, distributed
+
+        process, devices = distributed.global_state.process_id, list(executable_devices)
+        processes = {device.process_index for device in devices}
+        if (process in (None, 0) or host_callbacks or any(device.platform != "cpu" for device in devices)
+                or compiler.config.persistent_cache_min_compile_time_secs.value != 0):
+            return compile_and_write_cache(backend, computation, executable_devices, compile_options, host_callbacks,
+                                           module_name, cache_key)
+        if processes == {process}:  # on this process's devices only: no other process compiles or stores it
+            started = time.monotonic()
+            executable = compiler.backend_compile_and_load(backend, computation, executable_devices, compile_options,
+                                                           host_callbacks)
+            compilation_cache.put_executable_and_time(cache_key, module_name, executable, backend,
+                                                      int(time.monotonic() - started))
+            return executable
+        if 0 in processes:  # process 0 compiles it too, and stores it
+            deadline = time.monotonic() + WAIT_SECONDS
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+                try:  # a file process 0 is still writing fails to decompress: read it again
+                    executable, _ = compilation_cache.get_executable_and_time(
+                        cache_key, compile_options, backend, executable_devices)
+                except Exception:
+                    executable = None
+                if executable is not None:
+                    return executable
+        return compile_and_write_cache(backend, computation, executable_devices, compile_options, host_callbacks,
+                                       module_name, cache_key)
+
+    compiler._compile_and_write_cache = compile_load_or_wait
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
@@ -84,7 +133,7 @@ def _profile(log: str):
     return listen
 
 
-_patches = {_MODULE: _patch}
+_patches = {_MODULE: _patch, _COMPILER: _patch_compiler}
 if os.environ.get("TRANSFORMER_JAX_TEST_PROCESS_LOG"):
     _patches[_MONITORING] = _profile(os.environ["TRANSFORMER_JAX_TEST_PROCESS_LOG"])
 sys.meta_path.insert(0, _PatchOnImport(_patches))
