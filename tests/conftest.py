@@ -5,7 +5,7 @@ train.py/eval.py subprocesses they start, share one persistent JAX compilation c
 made for that run and removed after it ($TRANSFORMER_JAX_TEST_CACHE, handed to JAX as
 $JAX_COMPILATION_CACHE_DIR): a program two tests compile alike is compiled once (the processes tests start cache
 every program, however small; the workers, as JAX does, those taking over a second). XLA:CPU compiles without LLVM's
-optimisation passes (runs.CPU_COMPILE_FLAGS: about 40% less compile time).
+optimisation passes and with its older fused-loop emitters (runs.CPU_COMPILE_FLAGS says how much time that saves).
 The trained tiny runs (trained_run, script_trained_run) are made once per test run, by whichever worker asks first,
 and copied for each worker (made_once). Tests that open a port take a free one (runs.free_port); tests that write
 take their own tmp_path, so the workers never share a directory.
@@ -71,7 +71,7 @@ if STARTUP not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
 # changes.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
-# Also before JAX starts: XLA:CPU compiles without LLVM's optimisation passes (runs.CPU_COMPILE_FLAGS says why).
+# Also before JAX starts: XLA:CPU's quicker compiles (runs.CPU_COMPILE_FLAGS says which and why).
 from runs import CPU_COMPILE_FLAGS, tiny_run_config  # noqa: E402
 
 if CPU_COMPILE_FLAGS not in os.environ.get("XLA_FLAGS", ""):

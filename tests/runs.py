@@ -25,21 +25,27 @@ TESTS = pathlib.Path(__file__).resolve().parent
 FALLBACK_COMPILE_CACHE = pathlib.Path(tempfile.gettempdir()) / f"transformer_jax_test_compile_cache_{os.getuid()}"
 
 
-# XLA:CPU compiles of the suite skip LLVM's optimisation passes: the same programs (XLA's own passes all run), compiled
-# in about 60% of the CPU time and run slower, which tests of a few steps do not feel (a test that runs many
-# updates passes XLA_FLAGS without them: test_readme's own-text run). Values may differ from an optimised build's in
-# the last bits (LLVM fuses multiply-adds when it optimises); every comparison in the suite is between programs
-# compiled alike. tests/conftest.py puts the flags in XLA_FLAGS before JAX starts; subprocesses inherit them
-# (script_env and cpu_xla_flags keep them next to a device count). libtpu's compiles for the preflight's TPU
-# topologies give the same memory, cost and cycle figures with them (compared 2026-11-28).
-CPU_COMPILE_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+# XLA:CPU compiles of the suite skip LLVM's optimisation passes and emit fused loops with XLA:CPU's older elemental
+# emitters instead of its MLIR fusion emitters: the same programs (XLA's own passes all run), compiled in about 40% of
+# the CPU time (the tiny run's train step, dev loss and search: 1.8 s of CPU against 4.4 s with the fusion emitters,
+# 2026-12-04) and run slower, which tests of a few steps do not feel (the tiny run's warm train.py takes as long
+# either way). Values may differ from XLA:CPU's defaults in the last bits (LLVM fuses multiply-adds when it optimises;
+# the two emitters order some operations differently); every comparison in the suite is between programs compiled
+# alike, and where a test asserts that two different programs give the same bits, or rests on the trajectory of many
+# updates, it compiles as XLA:CPU does by default (FUSION_EMITTERS, DEFAULT_EMITTER_FLAGS). tests/conftest.py puts
+# the flags in XLA_FLAGS before JAX starts; subprocesses inherit them (script_env and cpu_xla_flags keep them next to a
+# device count). libtpu's compiles for the preflight's TPU topologies give the same memory, cost and cycle figures
+# with them (compared 2026-11-28).
+DEFAULT_EMITTER_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+CPU_COMPILE_FLAGS = f"{DEFAULT_EMITTER_FLAGS} --xla_cpu_use_fusion_emitters=false"
+# One compile with XLA:CPU's own fused-loop emitters: `jitted.lower(...).compile(compiler_options=FUSION_EMITTERS)`.
+FUSION_EMITTERS = {"xla_cpu_use_fusion_emitters": True}
 
-
-def cpu_xla_flags(devices: int | None = None) -> str:
-    """XLA_FLAGS for a test's JAX process: the suite's compile flags, with `devices` CPU devices when given."""
+def cpu_xla_flags(devices: int | None = None, flags: str = CPU_COMPILE_FLAGS) -> str:
+    """XLA_FLAGS for a test's JAX process: the suite's compile `flags`, with `devices` CPU devices when given."""
     if devices is None:
-        return CPU_COMPILE_FLAGS
-    return f"{CPU_COMPILE_FLAGS} --xla_force_host_platform_device_count={devices}"
+        return flags
+    return f"{flags} --xla_force_host_platform_device_count={devices}"
 
 
 def compile_cache() -> str:
