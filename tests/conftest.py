@@ -14,28 +14,29 @@ Every Python process a test starts imports tests/startup/sitecustomize.py first 
 the other processes of a jax.distributed run load the programs process 0 stored, as TPU and GPU hosts do, instead of
 compiling each anew (about 10 s of CPU a process).
 
-The slowest tests, and why (2 cores, 2 workers, 2026-12-02: the suite 1,532 s and 1,385 s wall in two runs, 2,994 s
-and 2,692 s of test time, down from 1,808 s and 3,530 s the same day; on 2026-12-03 one machine of the same kind ran
-the same commit in 2,263 s wall at 13:40 UTC, every process 1.3-1.8x slower, and 109dda3 in 1,612 s at 17:04 UTC: its
-speed moves from hour to hour, so `.ci/run` prints a smoke training's time first, then the 25 slowest of the run;
-docs/benchmarks/test_suite.md; 2026-12-04: 2,083 s, 1,883 s, 1,856 s, 1,966 s). The suite is CPU-bound (both cores
->96% busy throughout), so more workers would not help; about two thirds of its CPU is in the processes tests start
-(68% on 2026-12-04: with $TRANSFORMER_JAX_TEST_PROCESS_LOG set each process and each test logs its CPU, and `python -m
-benchmarks.suite_cpu` sums them by test and module; the page shows the tables) (a warm-cache smoke train.py: ~9.5 s of
-CPU, of which imports 2.5 s, tracing, lowering and loading its cached programs 2.5 s, its six steps and four
-checkpoint saves 2.5 s, dev losses 1.3 s, the test translation, BLEU and plot the rest).
-- the README's pod preflight (tests/test_recipes.py, 90-150 s): the base model compiled for v5e-256 through
-  libtpu, the one full-size TPU case (libtpu's compile does not shrink with the topology; the train step alone is
-  67 s of libtpu compile on an idle machine); the big model on v5p:4x4x8 with one layer per stack 45-90 s;
-- the README's back-translation and own-text recipes (tests/test_readme.py, 50-125 s): each command as written,
-  in fresh processes, each training capped at 6 steps of 1,024-token batches (back-translation: two trainings,
-  translate-corpus and score); each tier-sized model compiles its own programs (~15 s a training);
-- the multi-process runs (tests/run/test_multiprocess.py, 30-120 s; tests/run/test_preemption.py, 45-75 s;
-  tests/evaluation/test_split_evaluation.py's 8-device fixture, 70-100 s: 20 compiles of the search): each launch
-  starts JAX in 1-2 fresh processes that join a jax.distributed cluster;
-- resumable bulk translation killed at random points (tests/evaluation/test_corpus_translation.py, 30-70 s);
-- the damaged-run catalogue (tests/cli/test_damaged_runs.py, 40-70 s): 27 command lines in one process;
-- the base install (tests/test_base_install.py, 30-60 s): a fresh virtualenv, installed without bytecode compiling.
+The slowest tests, and why (2 cores, 2 workers, 2026-12-04 evening: the suite 1,028 s and 967 s wall in two runs
+one after the other, all passing, 1,892 s and 1,775 s of the tests' CPU; the same tests took 1,234 s before the
+quicker XLA:CPU compiles and the loads from process 0 below, and 1,856-2,083 s that morning, when the machine ran
+slower: its speed moves from hour to hour, so `.ci/run` prints a smoke training's time first, then the 25 slowest of
+the run; docs/benchmarks/test_suite.md). The suite is CPU-bound (both cores >95% busy throughout), so more workers
+would not help; about two thirds of its CPU is in the processes tests start (70%: with
+$TRANSFORMER_JAX_TEST_PROCESS_LOG set each process and each test logs its CPU, and `python -m benchmarks.suite_cpu`
+sums them by test and module; the page shows the tables) (a warm-cache smoke train.py: ~7.5 s of CPU, of which
+imports about 2 s, tracing, lowering and loading its cached programs 2 s, its six steps and four checkpoint saves
+2 s, dev losses 1 s, the test translation, BLEU and plot the rest). CPU seconds of the 1,028-s run:
+- the README's pod preflight (tests/test_recipes.py, 90 s): the base model compiled for v5e-256 through libtpu, the
+  one full-size TPU case (libtpu's compile does not shrink with the topology, and compile-only TPU programs cannot
+  be cached; the train step alone is most of it); the big model on v5p:4x4x8 with one layer per stack 54 s;
+- the multi-process runs (tests/run/test_multiprocess.py 33-48 s, tests/run/test_preemption.py 27 s,
+  tests/evaluation/test_eval_multihost.py 30 s; tests/evaluation/test_split_evaluation.py's 8-device fixture 37 s:
+  20 compiles of the search): each launch starts JAX in 1-2 fresh processes that join a jax.distributed cluster;
+- the README's back-translation and own-text recipes (tests/test_readme.py, 37 s and 16 s): each command as
+  written, in fresh processes, each training capped at 6 steps of 1,024-token batches (back-translation: two
+  trainings, translate-corpus and score); each tier-sized model compiles its own programs;
+- resumable bulk translation killed at random points (tests/evaluation/test_corpus_translation.py, 30-37 s) and a
+  training killed at random points, then resumed (tests/run/test_crash_and_resume.py, 36 s);
+- the damaged-run catalogue (tests/cli/test_damaged_runs.py, 31 s): 27 command lines in one process;
+- the base install (tests/test_base_install.py, 25 s): a fresh virtualenv, installed without bytecode compiling.
 """
 
 from __future__ import annotations

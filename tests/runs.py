@@ -35,7 +35,8 @@ FALLBACK_COMPILE_CACHE = pathlib.Path(tempfile.gettempdir()) / f"transformer_jax
 # updates, it compiles as XLA:CPU does by default (FUSION_EMITTERS, DEFAULT_EMITTER_FLAGS). tests/conftest.py puts
 # the flags in XLA_FLAGS before JAX starts; subprocesses inherit them (script_env and cpu_xla_flags keep them next to a
 # device count). libtpu's compiles for the preflight's TPU topologies give the same memory, cost and cycle figures
-# with them (compared 2026-11-28).
+# with them (compared 2026-11-28; with the elemental emitters 2026-12-04: the base model with one layer on v5e-8, the
+# same report line for line).
 DEFAULT_EMITTER_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 CPU_COMPILE_FLAGS = f"{DEFAULT_EMITTER_FLAGS} --xla_cpu_use_fusion_emitters=false"
 # One compile with XLA:CPU's own fused-loop emitters: `jitted.lower(...).compile(compiler_options=FUSION_EMITTERS)`.
