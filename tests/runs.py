@@ -26,17 +26,17 @@ FALLBACK_COMPILE_CACHE = pathlib.Path(tempfile.gettempdir()) / f"transformer_jax
 
 
 # XLA:CPU compiles of the suite skip LLVM's optimisation passes and emit fused loops with XLA:CPU's older elemental
-# emitters instead of its MLIR fusion emitters: the same programs (XLA's own passes all run), compiled in a fraction
-# of the CPU time (the first flags: about 60%; the older emitters then take the tiny run's train step, dev loss and
-# search from 4.4 s of CPU to 1.8 s, 2026-12-04) and run slower, which tests of a few steps do not feel (the tiny run's warm train.py takes as long
-# either way). Values may differ from XLA:CPU's defaults in the last bits (LLVM fuses multiply-adds when it optimises;
-# the two emitters order some operations differently); every comparison in the suite is between programs compiled
-# alike, and where a test asserts that two different programs give the same bits, or rests on the trajectory of many
-# updates, it compiles as XLA:CPU does by default (FUSION_EMITTERS, DEFAULT_EMITTER_FLAGS). tests/conftest.py puts
-# the flags in XLA_FLAGS before JAX starts; subprocesses inherit them (script_env and cpu_xla_flags keep them next to a
-# device count). libtpu's compiles for the preflight's TPU topologies give the same memory, cost and cycle figures
-# with them (compared 2026-11-28; with the elemental emitters 2026-12-04: the base model with one layer on v5e-8, the
-# same report line for line).
+# emitters instead of its MLIR fusion emitters: the same programs (XLA's own passes all run), compiled in a fraction of
+# the CPU time (the first flags: about 60%; the older emitters then take the tiny run's train step, dev loss and search
+# from 4.4 s of CPU to 1.8 s, 2026-12-04) and run slower, which tests of a few steps do not feel (the tiny run's warm
+# train.py takes as long either way). Values may differ from XLA:CPU's defaults in the last bits (LLVM fuses
+# multiply-adds when it optimises; the two emitters order some operations differently); every comparison in the suite is
+# between programs compiled alike, and where a test asserts that two different programs give the same bits, or rests on
+# the trajectory of many updates, it compiles as XLA:CPU does by default (FUSION_EMITTERS, DEFAULT_EMITTER_FLAGS).
+# tests/conftest.py puts the flags in XLA_FLAGS before JAX starts; subprocesses inherit them (script_env and
+# cpu_xla_flags keep them next to a device count). libtpu's compiles for the preflight's TPU topologies give the same
+# memory, cost and cycle figures with them (compared 2026-11-28; with the elemental emitters 2026-12-04: the base model
+# with one layer on v5e-8, the same report line for line).
 DEFAULT_EMITTER_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
 CPU_COMPILE_FLAGS = f"{DEFAULT_EMITTER_FLAGS} --xla_cpu_use_fusion_emitters=false"
 # One compile with XLA:CPU's own fused-loop emitters: `jitted.lower(...).compile(compiler_options=FUSION_EMITTERS)`.
