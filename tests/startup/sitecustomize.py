@@ -54,18 +54,16 @@ def _patch_compiler(compiler) -> None:
 
         process, devices = distributed.global_state.process_id, list(executable_devices)
         processes = {device.process_index for device in devices}
-        if (process in (None, 0) or host_callbacks or any(device.platform != "cpu" for device in devices)
-                or compiler.config.persistent_cache_min_compile_time_secs.value != 0):
-            return compile_and_write_cache(backend, computation, executable_devices, compile_options, host_callbacks,
-                                           module_name, cache_key)
-        if processes == {process}:  # on this process's devices only: no other process compiles or stores it
+        shared = (process not in (None, 0) and not host_callbacks and all(d.platform == "cpu" for d in devices)
+                  and compiler.config.persistent_cache_min_compile_time_secs.value == 0)  # process 0 stores all
+        if shared and processes == {process}:  # on this process's devices only: no other process compiles or stores it
             started = time.monotonic()
             executable = compiler.backend_compile_and_load(backend, computation, executable_devices, compile_options,
                                                            host_callbacks)
             compilation_cache.put_executable_and_time(cache_key, module_name, executable, backend,
                                                       int(time.monotonic() - started))
             return executable
-        if 0 in processes:  # process 0 compiles it too, and stores it
+        if shared and 0 in processes:  # process 0 compiles it too, and stores it
             deadline = time.monotonic() + WAIT_SECONDS
             while time.monotonic() < deadline:
                 time.sleep(0.05)
