@@ -6,6 +6,8 @@ The loop's own handling (a checkpoint at a step boundary) is tested in tests/run
 across processes, in tests/run/test_multiprocess.py.
 """
 
+import json
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +17,19 @@ import pytest
 
 from runs import ROOT, run_script, script_env, write_config
 from transformer_jax.base import workdir as layout
+from transformer_jax.base.log_records import read_metrics
+
+# The loop's stop line: the step, the checkpoint, the seconds from the signal to it on disk, the step it arrived at.
+STOP_LINE = re.compile(r"stopped by signal 15 at step (\d+): checkpoint (\d+) saved ([\d.]+) s after the signal, which "
+                       r"arrived at step (\d+)(; .*)?; the same command resumes the run")
+
+
+def stop_line(stdout: str) -> tuple[int, int, float, int, str]:
+    """(step, checkpoint, seconds, step the signal arrived at, what else it says) of the loop's stop line."""
+    found = STOP_LINE.search(stdout)
+    assert found, stdout[-3000:]
+    step, checkpoint, seconds, arrived, rest = found.groups()
+    return int(step), int(checkpoint), float(seconds), int(arrived), rest or ""
 
 
 def signalled_run(config, workdir, point, *flags):
@@ -51,12 +66,16 @@ def test_sigterm_outside_the_loop_stops_cleanly_and_the_same_command_finishes(tm
         assert "resumed from" in rerun.stdout  # training was not redone
 
 
-def test_sigterm_during_a_periodic_evaluation_saves_a_checkpoint_and_the_same_command_finishes(tmp_path):
-    """Inside the loop the signal is the loop's: the evaluation ends, a checkpoint is saved at that step."""
+def test_sigterm_during_a_periodic_evaluation_abandons_it_and_the_restart_does_it(tmp_path):
+    """Inside the loop the signal is the loop's: the evaluation in progress is abandoned (not finished first), the
+    checkpoint of that step is saved, and the run that resumes from it evaluates that step before going on."""
     config, workdir = write_config(tmp_path), tmp_path / "run"
     stopped = signalled_run(config, workdir, "evaluation")
     assert stopped.returncode == 143 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
-    assert "stopped by signal 15 at step 3: checkpoint 3 saved; the same command resumes the run" in stopped.stdout
+    step, checkpoint, _, arrived, rest = stop_line(stopped.stdout)
+    assert step == checkpoint == arrived == 3
+    assert rest == "; its dev evaluation of step 3 was abandoned and is done when the run resumes"
+    assert not [r for r in read_metrics(str(workdir)) if r["split"] == "dev"]  # nothing of it was logged
     assert not (workdir / layout.LOCK).exists()
     assert sorted(int(p.name) for p in (workdir / layout.CHECKPOINTS).iterdir() if p.name.isdigit())[-1] == 3
     # Stopped again while the resumed run compiles: the line says what is on disk, not "nothing".
@@ -64,6 +83,7 @@ def test_sigterm_during_a_periodic_evaluation_saves_a_checkpoint_and_the_same_co
     rerun = run_script("train.py", f"--config={config}", f"--workdir={workdir}")
     assert rerun.returncode == 0 and "test SacreBLEU" in rerun.stdout, rerun.stderr[-3000:]
     assert "resumed from" in rerun.stdout
+    assert [r["step"] for r in read_metrics(str(workdir)) if r["split"] == "dev"] == [3, 6]  # step 3's done first
 
 
 @pytest.mark.parametrize("point, again", [("update", None), ("update twice", "SIGTERM"),
@@ -75,7 +95,11 @@ def test_a_stop_before_the_first_checkpoint_keeps_its_promise(tmp_path, point, a
     stopped = run_script("tests/signal_at.py", f"--config={config}", f"--workdir={workdir}",
                          env=script_env(SIGNAL_AT=point, SIGNAL_AGAIN=again or ""))
     assert stopped.returncode == 143 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
-    assert "stopped by signal 15 at step 2: checkpoint 2 saved; the same command resumes the run" in stopped.stdout
+    step, checkpoint, seconds, arrived, _ = stop_line(stopped.stdout)
+    assert step == checkpoint == 2 and arrived == 1  # sent while update 2 was being dispatched
+    timing = [json.loads(line) for line in (workdir / layout.TIMING).read_text().splitlines()]
+    (record,) = [t for t in timing if "stop_seconds" in t]
+    assert record["step"] == 2 and record["signal_step"] == 1 and abs(record["stop_seconds"] - seconds) <= 0.05
     if again:
         number = getattr(signal, again).value
         assert f"signal {number} again: stopping after the checkpoint is written" in stopped.stdout, stopped.stdout

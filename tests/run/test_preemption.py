@@ -43,22 +43,37 @@ def test_a_signal_sets_the_flag_and_later_ones_do_not_cut_the_stop_short(capsys)
     assert signal.getsignal(signal.SIGTERM) is previous  # given back once the loop has finished its saves
 
 
-def test_one_process_stops_at_the_first_step_after_its_signal():
+def test_one_process_stops_at_the_step_its_signal_arrives_in():
     flag = StopFlag()
     must_stop = StopAgreement(flag, make_mesh(devices=jax.devices()[:1]))
-    assert not must_stop()
-    flag.signal_number = signal.SIGINT
-    assert must_stop()
+    done = jax.numpy.zeros(())
+    assert not must_stop.after_update(done) and not must_stop.between_batches()
+    flag.step = 7  # the loop's step when the signal comes
+    flag.install()
+    try:
+        signal.raise_signal(signal.SIGINT)
+    finally:
+        flag.uninstall()
+    assert must_stop.after_update(done) and must_stop.between_batches()
+    assert flag.arrived_step == 7 and flag.arrived is not None
 
 
-def test_the_agreement_answers_one_step_after_the_flag_is_set():
-    """The multi-process path, run in one process: the answer read at a step is the previous step's."""
+def test_the_agreement_answers_in_flight_minus_one_steps_after_the_flag_is_set():
+    """The multi-process path, run in one process: the answer read after an update is the one started
+    `in_flight` - 1 updates before; an evaluation's check reads every pending one and one started now."""
+    done = jax.numpy.zeros(())
+    for in_flight in (1, 2, 3):
+        flag = StopFlag()
+        must_stop = StopAgreement(flag, make_mesh(), in_flight, collective=True)
+        assert [must_stop.after_update(done) for _ in range(3)] == [False] * 3
+        flag.signal_number = signal.SIGTERM
+        answers = [must_stop.after_update(done) for _ in range(in_flight)]
+        assert answers == [False] * (in_flight - 1) + [True], (in_flight, answers)
     flag = StopFlag()
-    must_stop = StopAgreement(flag, make_mesh(), collective=True)
-    assert [must_stop(), must_stop()] == [False, False]
+    must_stop = StopAgreement(flag, make_mesh(), 3, collective=True)
+    assert [must_stop.after_update(done) for _ in range(3)] + [must_stop.between_batches()] == [False] * 4
     flag.signal_number = signal.SIGTERM
-    assert not must_stop()  # starts the agreement on the raised flag, reads the previous one
-    assert must_stop()
+    assert must_stop.between_batches()
 
 
 def launch(config: str, workdir: pathlib.Path, counts: pathlib.Path, *extra: str) -> list[subprocess.Popen]:

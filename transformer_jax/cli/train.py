@@ -40,9 +40,9 @@ def train(config, workdir: str, stage: list[str]) -> None:
     translation = dict(batching=translation_batching(config), dtype=decoding_dtype(config),
                        target_lang=config.data.target_lang, mesh=trainer.mesh)
 
-    def dev_bleu(params):
+    def dev_bleu(params, interrupt):
         scores, _ = evaluate_split(params, model_config, data.dev, data.tokenizer, decode_options(config),
-                                   limit=config.training.dev_bleu_sentences, **translation)
+                                   limit=config.training.dev_bleu_sentences, interrupt=interrupt, **translation)
         return {"bleu": scores["bleu"], "chrf": scores["chrf"]}
 
     try:
@@ -50,7 +50,7 @@ def train(config, workdir: str, stage: list[str]) -> None:
     finally:
         trainer.close()
     stage[0] = f"training finished at step {int(state.step)} (checkpoint saved); the test translation was not"
-    if state.step < config.training.num_train_steps:  # stopped by a signal: the loop said where and what it saved
+    if trainer.stopped_by:  # by a signal, even at the last step: the loop said where and what it saved
         raise SystemExit(128 + trainer.stop_signal)
     scores, hypotheses = evaluate_split(state.params, model_config, data.test, data.tokenizer, decode_options(config),
                                         show_progress=True, **translation)

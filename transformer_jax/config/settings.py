@@ -172,6 +172,13 @@ SETTINGS: tuple[Setting, ...] = _model_settings() + (
     Setting("training.dev_bleu_sentences", 0, "dev sentences translated for dev BLEU (0 = all).", NON_NEGATIVE),
     Setting("training.checkpoint_every", 1_000, "steps between checkpoints (and one at the end).", POSITIVE,
             steps=True),
+    Setting("training.max_updates_in_flight", 2, "the most updates dispatched to the devices and not yet finished: "
+            "the host's lead over them, which a stop (SIGTERM) waits for before its checkpoint (1: the host waits for "
+            "each update before dispatching the next).", Bound(1, 1000, wording="an integer in [1, 1000]",
+                                                               short="[1, 1000]")),
+    Setting("training.stop_grace_seconds", 30.0, "seconds a scheduler gives a stopped run between SIGTERM and SIGKILL "
+            "(GKE's terminationGracePeriodSeconds): once a checkpoint write has been timed, one line says when the "
+            "updates in flight and a checkpoint write cannot fit (0 = no check).", NON_NEGATIVE),
     Setting("training.keep_checkpoints", 5, "newest checkpoints kept on disk (the best one is kept as well).",
             POSITIVE),
     Setting("training.max_skipped_updates", 20, "stop after this many consecutive non-finite updates.", POSITIVE),

@@ -37,25 +37,27 @@ def evaluate_split(
     params: Any, config: TransformerConfig, split: EvalSet, tokenizer: Tokenizer, options: DecodeOptions, *,
     batching: TranslationBatching = TranslationBatching(), dtype: str = "", target_lang: str = "de",
     loss_step: Callable | None = None, limit: int = 0, show_progress: bool = False, mesh: Mesh | None = None,
+    interrupt: Callable[[], None] | None = None,
 ) -> tuple[dict[str, Any], list[str]]:
     """Translate `split` (its first `limit` pairs when limit > 0) and score it against its references.
 
     Returns the scores (SacreBLEU and chrF with signatures, the paper-style BLEU; with `loss_step`
     (the run builder's dev-loss step), also loss, NLL, perplexity and accuracy over the same pairs) and
     the hypotheses.
-    With `mesh`, translating and the loss are split over its devices (see `translate_encoded`).
+    With `mesh`, translating and the loss are split over its devices (see `translate_encoded`). `interrupt`,
+    called before each batch, abandons the evaluation by raising (a training run's stop).
     """
     encoded = split.encoded if not limit else split.encoded.select(np.arange(min(limit, len(split.pairs))))
     references = [target for _, target in split.pairs[: len(encoded)]]
     if mesh is not None:
         params = replicate(nn.meta.unbox(params), mesh)  # once, for decoding and the loss
     hypotheses = translate_encoded(params, config, encoded, tokenizer, options, batching=batching, dtype=dtype,
-                                   show_progress=show_progress, mesh=mesh)
+                                   show_progress=show_progress, mesh=mesh, interrupt=interrupt)
     results: dict[str, Any] = {"sentences": len(encoded),
                                **translation_scores(hypotheses, references, target_lang)}
     if loss_step is not None:
         rows = min(batching.batch_size, len(encoded))  # more would be all padding (--batch_size=2**30: memory)
-        results.update(evaluate_loss(loss_step, params, encoded, rows, mesh))
+        results.update(evaluate_loss(loss_step, params, encoded, rows, mesh, interrupt=interrupt))
     return results, hypotheses
 
 

@@ -18,7 +18,7 @@ import queue
 import sys
 import threading
 import time
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import flax.linen as nn
 import jax
@@ -103,6 +103,7 @@ def translate_encoded(
     params: Any, config: TransformerConfig, encoded: EncodedPairs, tokenizer: Tokenizer,
     options: DecodeOptions = DecodeOptions(), *, batching: TranslationBatching = TranslationBatching(),
     dtype: str = "", show_progress: bool = True, mesh: Mesh | None = None, first_row_id: int = 0,
+    interrupt: Callable[[], None] | None = None,
 ) -> list[str]:
     """Detokenized translations of every source sentence, in corpus order; empty sources give ''.
 
@@ -112,6 +113,7 @@ def translate_encoded(
     its row id, `first_row_id` + its place in `encoded` (a block's first line in its stream), so the samples
     are the same in any batching, on any number of devices.
     The search runs in `dtype` ("" the model's own), its precision chosen once for the devices' platform.
+    `interrupt`, called before each batch, abandons the translation by raising (a training run's stop).
     """
     if mesh is not None:
         # Without logical-axis boxes nothing inside the shard_map asks for a sharding.
@@ -141,6 +143,8 @@ def translate_encoded(
         for batch in [*batches, None]:
             started = None
             if batch is not None:
+                if interrupt is not None:
+                    interrupt()
                 src = fit_to_model(batch["inputs"], config.max_len, batch["index"] >= 0)
                 row_ids = (first_row_id + np.maximum(batch["index"], 0)).astype(np.uint32)  # padding rows: -1
                 started = (_dispatch_batch(params, src, rng, config, options, mesh, row_ids), batch["index"])

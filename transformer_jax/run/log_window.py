@@ -31,7 +31,7 @@ def summarize_window(fetched: list[dict[str, Any]]) -> dict[str, float]:
 
 
 # The host's seconds per log window that the loop measures (window_timing).
-HOST_KEYS = ("input_seconds", "dispatch_seconds")
+HOST_KEYS = ("input_seconds", "dispatch_seconds", "lead_wait_seconds")
 
 
 # What every step's metrics hold (what summarize_window and window_timing read).
@@ -56,16 +56,18 @@ def window_timing(fetched: list[dict[str, Any]], seconds: float, host: dict[str,
     host spent the window.
 
     `host` holds the seconds the loop spent getting batches (`input_seconds`: building or waiting for them, and
-    placing them) and dispatching the steps (`dispatch_seconds`); `sync_seconds` is the wait for the window's
-    steps to finish when it closes. JAX dispatches asynchronously, so that wait is the only time the host stood
-    idle for the device: `host_share` = (window - wait) / window is the share of the window the host was busy.
+    placing them), dispatching the steps (`dispatch_seconds`) and waiting for the devices to bound its lead
+    (`lead_wait_seconds`: training.max_updates_in_flight); `sync_seconds` is the wait for the window's steps to
+    finish when it closes. JAX dispatches asynchronously, so those two waits are the only time the host stood idle
+    for the device: `host_share` = (window - waits) / window is the share of the window the host was busy.
     Near 1 the device waited for the host (input, Python, logging); near 0 the host waited for the device.
     """
     tokens = float(np.sum([float(m["tokens"]) for m in fetched]))
     timing = {"tokens_per_second": tokens / max(seconds, 1e-9), "seconds_per_step": seconds / max(len(fetched), 1)}
     if host is not None:
+        idle = sync_seconds + host.get("lead_wait_seconds", 0.0)
         timing.update({key: value for key, value in host.items()},
-                      sync_seconds=sync_seconds, host_share=min(1.0, max(0.0, 1.0 - sync_seconds / max(seconds, 1e-9))))
+                      sync_seconds=sync_seconds, host_share=min(1.0, max(0.0, 1.0 - idle / max(seconds, 1e-9))))
     return timing
 
 
@@ -100,6 +102,7 @@ class LogWindow:
         self.step_metrics = list(open_window)
         self.started = time.perf_counter()
         self.host = dict.fromkeys(HOST_KEYS, 0.0)  # the loop's own seconds in this window (see window_timing)
+        self.seconds_per_step: float | None = None  # of the last window closed (wall clock, its steps alone)
 
     def add(self, metrics: dict[str, jax.Array], input_seconds: float = 0.0, dispatch_seconds: float = 0.0) -> None:
         """Record the metrics of one more (dispatched) step and the host's seconds getting its batches and
@@ -108,6 +111,10 @@ class LogWindow:
         self.host["input_seconds"] += input_seconds
         self.host["dispatch_seconds"] += dispatch_seconds
         self.progress.dispatched(metrics["loss"])
+
+    def waited(self, seconds: float) -> None:
+        """Record the host's wait for the devices to bound its lead (`lead_wait_seconds`)."""
+        self.host["lead_wait_seconds"] += seconds
 
     def close(self, step: int, skipped_updates: jax.Array) -> None:
         """Write the window ending at `step` (train metrics, timing, progress bar) and start an empty one."""
@@ -122,6 +129,7 @@ class LogWindow:
         summary["learning_rate"] = float(jax.device_get(self.schedule(step - 1 - skipped)))
         self.log.write(step, "train", summary)
         self.log.write_timing(step, timing)
+        self.seconds_per_step = timing["seconds_per_step"]
         self.progress.set_postfix(loss=f"{summary['loss']:.3f}", lr=f"{summary['learning_rate']:.2e}",
                                   tok_s=f"{timing['tokens_per_second']:.0f}")
         self.step_metrics = []

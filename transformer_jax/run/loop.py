@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import errno
 import logging
+import os
 import signal
 import time
 from typing import Any, Callable
@@ -37,7 +38,7 @@ from transformer_jax.run.assembly import TrainingRun
 from transformer_jax.training.dev_loss import evaluate_loss
 from transformer_jax.run.log_window import LogWindow, open_window_problem
 from transformer_jax.run.periodic_eval import PeriodicEval
-from transformer_jax.run.preemption import StopAgreement, StopFlag
+from transformer_jax.run.preemption import EvaluationAbandoned, StopAgreement, StopFlag, grace_problem
 from transformer_jax.run.prefetch import Prefetcher
 from transformer_jax.run.profile import UpdateProfile
 from transformer_jax.run.setting_changes import CHANGES, describe, record_changes
@@ -199,6 +200,10 @@ class Trainer:
         self.stop_signal = 0  # its number (SIGTERM's for a signal to another process): the exit status is 128 + it
         self.running = ""  # what the loop last dispatched (a program, a restore): the one a device failure names
         self.start_step = self.start_applied = self.step_reached = 0  # where `run` started, and the step reached
+        self.must_stop: StopAgreement | None = None  # made by `run`: the stop agreement and the bound on the lead
+        self.abandoned_at: int | None = None  # the step whose dev evaluation a stop abandoned
+        self.write_seconds: float | None = None  # the first save of this start, from its call to its files on disk
+        self.grace_checked = False  # whether the stop was checked against training.stop_grace_seconds
 
     @property
     def state(self) -> TrainState:
@@ -212,11 +217,12 @@ class Trainer:
     def state(self, state: TrainState) -> None:
         self._state = state
 
-    def restore_latest(self) -> tuple[int, list[dict[str, Any]]]:
+    def restore_latest(self) -> tuple[int, dict[str, Any]]:
         """Resume from the newest checkpoint that restores intact (damaged newer ones are reported and set aside).
 
-        Returns the step to continue from and the per-step metrics of the log window that was open
-        when the checkpoint was saved, so the next log line covers the same steps as without a stop.
+        Returns the step to continue from and the checkpoint's meta record ({} for a fresh start): its
+        "open_window" holds the per-step metrics of the log window that was open when it was saved, so the next
+        log line covers the same steps as without a stop, and its "metrics" the dev metrics saved with it.
         """
         restored = self.checkpointer.restore_latest(self.programs.abstract_state, self._record_problem)
         if restored is None:
@@ -225,12 +231,12 @@ class Trainer:
                 params, step = initial_params(source, self.state.params, self.model_config.scan_layers)
                 self.state = self.state.replace(params=params)
                 say(f"starting from the parameters of {source} (its step {step})")
-            return 0, []
+            return 0, {}
         step, self.state, data_state, meta = restored
         self.stop_input()  # batches read ahead belong to the position being replaced
         self.data.train.set_state(data_state)
         say(f"resumed from {self.checkpointer.directory}/{step}")
-        return step, meta.get("open_window", [])
+        return step, meta
 
     def _record_problem(self, data_state: dict[str, Any], meta: dict[str, Any]) -> str | None:
         """What is malformed in a checkpoint's data position or open log window (a damaged checkpoint); None: fine."""
@@ -315,12 +321,14 @@ class Trainer:
                      ", ".join(f"{rows}x{length}" for rows, length in shapes), time.perf_counter() - start)
         return shapes
 
-    def dev_loss(self, params: Any = None) -> dict[str, float]:
-        """Loss, NLL, perplexity and token accuracy on the whole dev set (of the current state by default)."""
+    def dev_loss(self, params: Any = None, interrupt: Callable[[], None] | None = None) -> dict[str, float]:
+        """Loss, NLL, perplexity and token accuracy on the whole dev set (of the current state by default);
+        `interrupt` is called between batches (see evaluate_loss)."""
         params = self.state.params if params is None else params
         self.running = "dev_loss_step"
-        return evaluate_loss(self.programs.dev_loss_step, params, self.data.dev.encoded, self.config.data.eval_batch_size,
-                             self.mesh, row_width=self.data.train.row_width)
+        return evaluate_loss(self.programs.dev_loss_step, params, self.data.dev.encoded,
+                             self.config.data.eval_batch_size, self.mesh, row_width=self.data.train.row_width,
+                             interrupt=interrupt)
 
     def save(self, step: int, window: LogWindow, metrics: dict[str, float] | None = None) -> None:
         """Checkpoint the state, the data position, the open log window and what rebuilds the run; the seconds
@@ -333,8 +341,15 @@ class Trainer:
         """
         if step == self.last_saved_step:
             return
+        if self.write_seconds is None:  # timed from the state's being computed: not the updates still in flight
+            jax.block_until_ready(self.state)
         started = time.perf_counter()
         if self._save(step, window.step_metrics, metrics):
+            if self.write_seconds is None:  # the first of this start: waited for, timed (what a stop's save costs)
+                self.checkpointer.wait()
+                self.write_seconds = time.perf_counter() - started
+                window.log.write_timing(step, {"checkpoint_write_seconds": self.write_seconds})
+                self._check_grace(step, window)
             window.log.write_timing(step, {"checkpoint_stall_seconds": time.perf_counter() - started})
 
     def _save(self, step: int, window: list, metrics: dict[str, float] | None) -> bool:
@@ -377,7 +392,7 @@ class Trainer:
             f"{training.num_train_steps})")
         began = time.perf_counter()
         self.running = "restoring the newest checkpoint"
-        start, open_window = self.restore_latest()
+        start, resumed = self.restore_latest()
         self.start_step = self.step_reached = start  # the optimizer's count at the start: the updates applied
         self.start_applied = start - int(jax.device_get(self.state.skipped_updates))
         if start > training.num_train_steps:  # before config.json is rewritten with the smaller value
@@ -399,7 +414,8 @@ class Trainer:
                     f"{describe(changes)}")
             write_run_config(self.config, self.workdir)
         self.workdir_watch.note_names()
-        window = LogWindow(self.workdir, self.schedule, start, training.num_train_steps, open_window, is_writer,
+        window = LogWindow(self.workdir, self.schedule, start, training.num_train_steps,
+                           resumed.get("open_window", []), is_writer,
                            wandb_project=training.wandb_project, run_config=self.config.to_dict())
         if start < training.num_train_steps:  # where the start (or the resume) went, up to the first update
             window.log.write_timing(start, {"startup_seconds": time.perf_counter() - self.started,
@@ -408,55 +424,93 @@ class Trainer:
         evaluate = PeriodicEval(training.eval_every, training.bleu_every, self.dev_loss, self._named_search(dev_bleu))
         self.profile = UpdateProfile(layout.run_path(self.workdir, layout.PROFILE), start + training.profile_skip_steps,
                                      training.profile_steps, enabled=is_writer)
-        stop = StopFlag()
+        stop = StopFlag(step=start)
+        self.must_stop = StopAgreement(stop, self.mesh, training.max_updates_in_flight)
+        # A checkpoint saved at a step whose evaluation was due, without its metrics: a stop abandoned that evaluation.
+        owed = start > 0 and evaluate.due(start) and not resumed.get("metrics")
         stop.install()
         try:
-            step = self._train(start, window, evaluate, stop)
+            step = self._train(start, window, evaluate, stop, owed)
         except BaseException:
             self._wind_down(stop, window, quietly=True)
             raise
         self._wind_down(stop, window, quietly=False)
-        if self.stopped_by:  # what is on disk now that the saves are written
-            newest = self.checkpointer.latest_step()
-            kept = f"checkpoint {newest} saved" if newest == step else _kept(newest)
-            line = f"stopped by {self.stopped_by} at step {step}: {kept}; the same command resumes the run"
-            say(line) if jax.process_index() == 0 else logging.warning(line)  # one line from every process
         check_trained(self.state, step, self.mesh, self.newest_checkpoint, self.non_finite_advice)
         return self.state
 
-    def _train(self, start: int, window: LogWindow, evaluate: PeriodicEval, stop: StopFlag) -> int:
-        """The steps from `start` on, logged, evaluated and saved; returns the step reached (early on a signal)."""
+    def _train(self, start: int, window: LogWindow, evaluate: PeriodicEval, stop: StopFlag, owed: bool) -> int:
+        """The steps from `start` on, logged, evaluated and saved; returns the step reached (early on a signal).
+        `owed`: the evaluation due at `start` is done first (a stop abandoned it)."""
         training = self.config.training
-        must_stop = StopAgreement(stop, self.mesh)
+        stopping = owed and self._evaluate(start, window, evaluate)[1]
         step = start
-        while step < training.num_train_steps:
+        while step < training.num_train_steps and not stopping:
             with self.profile.update(step, lambda: self.state):
-                window.add(self.update(), *self.step_host)
+                metrics = self.update()
+                window.add(metrics, *self.step_host)
             step += 1
-            self.step_reached = step
+            self.step_reached = stop.step = step
+            # At most max_updates_in_flight updates unfinished from here; the same answer on every process.
+            stopping = self.must_stop.after_update(metrics["loss"])
+            window.waited(self.must_stop.take_wait())
             closes_window = step % training.log_every == 0 or step == training.num_train_steps
             if closes_window:
                 self._check_workdir()
                 window.close(step, self.state.skipped_updates)
                 check_skip_streak(self.state, training.max_skipped_updates, self.newest_checkpoint,
                                   self.non_finite_advice)
-            evaluating = time.perf_counter()
-            metrics = evaluate(step, self.state.params, window.log)
-            if metrics:
-                window.log.write_timing(step, {"eval_seconds": time.perf_counter() - evaluating})
-            saves = step % training.checkpoint_every == 0 or bool(metrics)
+                self._check_grace(step, window)
+            if stopping:  # an evaluation due here is left to the restart (the checkpoint has no metrics)
+                break
+            results, stopping = self._evaluate(step, window, evaluate)
+            saves = not stopping and (step % training.checkpoint_every == 0 or bool(results))
             if saves:
-                self.save(step, window, metrics)
+                self.save(step, window, results)
             if closes_window:
                 window.restart_clock()  # evaluating and saving are not training time
             if closes_window or saves:
                 window.resume_progress()
-            if must_stop():  # every step, the same answer on every process (see StopAgreement)
-                self.stopped_by = f"signal {stop.signal_number}" if stop.raised else "a signal to another process"
-                self.stop_signal = int(stop.signal_number or signal.SIGTERM)
-                break
+        # A signal after the last step's check, agreed like any other: the run stops instead of going on to score.
+        stopping = stopping or self.must_stop.between_batches()
+        if stopping:
+            stop.note_arrival()  # where another process's signal stopped this one: known here now
+            self.stopped_by = f"signal {stop.signal_number}" if stop.raised else "a signal to another process"
+            self.stop_signal = int(stop.signal_number or signal.SIGTERM)
         self.save(step, window)
         return step
+
+    def _evaluate(self, step: int, window: LogWindow, evaluate: PeriodicEval) -> tuple[dict[str, float] | None, bool]:
+        """The dev metrics due at `step` (None: none is), logged; and whether a stop abandoned them (then nothing
+        is logged, and the run's checkpoint of `step` is saved without them: the restart evaluates it)."""
+        started = time.perf_counter()
+        try:
+            results = evaluate(step, self.state.params, window.log, self._abandon_if_stopping)
+        except EvaluationAbandoned:
+            self.abandoned_at = step
+            return None, True
+        if results:
+            window.log.write_timing(step, {"eval_seconds": time.perf_counter() - started})
+        return results, False
+
+    def _abandon_if_stopping(self) -> None:
+        """Between an evaluation's batches: raise EvaluationAbandoned when the run stops (the same on every
+        process)."""
+        if self.must_stop.between_batches():
+            raise EvaluationAbandoned()
+
+    def _check_grace(self, step: int, window: LogWindow) -> None:
+        """Once the first save is timed and a window has closed: one line when a stop cannot fit
+        training.stop_grace_seconds (`grace_problem`), and the estimate in timing.jsonl."""
+        if self.grace_checked or self.write_seconds is None or window.seconds_per_step is None:
+            return
+        self.grace_checked = True
+        training = self.config.training
+        estimate, problem = grace_problem(training.stop_grace_seconds, training.max_updates_in_flight,
+                                          jax.process_count(), window.seconds_per_step, self.write_seconds,
+                                          self.checkpointer.directory)
+        window.log.write_timing(step, {"stop_estimate_seconds": estimate})
+        if problem:
+            say(problem)
 
     def non_finite_advice(self) -> str:
         """What to change for updates skipped as non-finite, from what this start applied (`non_finite_advice`)."""
@@ -470,9 +524,9 @@ class Trainer:
         if dev_bleu is None:
             return None
 
-        def named(params: Any) -> dict[str, float]:
+        def named(params: Any, interrupt: Callable[[], None]) -> dict[str, float]:
             self.running = "the dev BLEU search"
-            return dev_bleu(params)
+            return dev_bleu(params, interrupt)
         return named
 
     def _device_failure(self, error: Exception) -> DeviceError:
@@ -485,14 +539,15 @@ class Trainer:
                               self.checkpointer.latest_step())
 
     def _wind_down(self, stop: StopFlag, window: LogWindow, quietly: bool) -> None:
-        """Stop reading ahead, close the log, finish pending saves, then give the signals back.
+        """Stop reading ahead, finish pending saves, report a stop, close the log, then give the signals back.
 
         `quietly` when training failed: a failure here (the same full disk) would only hide that first one.
         """
         try:
             self.profile.stop()
             self.stop_input()
-            for finish in (window.finish, self.checkpointer.wait):
+            report = (lambda: None) if quietly else (lambda: self._report_stop(stop, window))
+            for finish in (self.checkpointer.wait, report, window.finish):
                 try:
                     finish()
                 except Exception:
@@ -500,6 +555,24 @@ class Trainer:
                         raise
         finally:
             stop.uninstall()  # after the saves: a signal while they are written does not cut them short
+            if not quietly and stop.raised and not self.stopped_by and jax.process_count() == 1:
+                os.kill(os.getpid(), stop.signal_number)  # it came as the run ended: the command's handler acts on it
+
+    def _report_stop(self, stop: StopFlag, window: LogWindow) -> None:
+        """After a stop's checkpoint is on disk: the stop line (every process) and, in timing.jsonl, the seconds
+        from the signal to it (`stop_seconds`) and the step the signal arrived at (`signal_step`)."""
+        if not self.stopped_by:
+            return
+        seconds = time.perf_counter() - stop.arrived
+        step, newest = self.step_reached, self.checkpointer.latest_step()
+        window.log.write_timing(step, {"stop_seconds": seconds, "signal_step": stop.arrived_step})
+        when = ("the signal, which arrived at step" if stop.raised else "the processes agreed to stop, at step")
+        kept = (f"checkpoint {newest} saved {seconds:.1f} s after {when} {stop.arrived_step}" if newest == step
+                else _kept(newest))
+        abandoned = (f"; its dev evaluation of step {self.abandoned_at} was abandoned and is done when the run resumes"
+                     if self.abandoned_at is not None else "")
+        line = f"stopped by {self.stopped_by} at step {step}: {kept}{abandoned}; the same command resumes the run"
+        say(line) if jax.process_index() == 0 else logging.warning(line)  # one line from every process
 
     def _check_workdir(self) -> None:
         """Raise FileNotFoundError when the workdir the run started in, or what it held then, is gone."""

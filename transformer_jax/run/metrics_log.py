@@ -92,7 +92,7 @@ class MetricsLog:
         """
         if not self.enabled:
             return
-        values = {key: float(value) for key, value in timing.items()}
+        values = {key: value if isinstance(value, int) else float(value) for key, value in timing.items()}  # a step
         _append_record(self.timing_path, {"step": int(step), **values, "time": round(time.time(), 3)})
         self._add_scalars("timing", values, step)
 

@@ -66,7 +66,8 @@ def dev_loss_step(model_config: TransformerConfig, smoothing: float, mesh: Mesh 
 
 
 def evaluate_loss(step_fn: Callable, params: Any, split: EncodedPairs, batch_size: int,
-                  mesh: Mesh | None = None, row_width: int | None = None) -> dict[str, float]:
+                  mesh: Mesh | None = None, row_width: int | None = None,
+                  interrupt: Callable[[], None] | None = None) -> dict[str, float]:
     """Token-weighted loss, NLL, perplexity and accuracy of `params` over every pair of `split`.
 
     `step_fn(params, batch)` returns a batch's metrics summed per row (training/step.py's eval_step) or in all.
@@ -74,11 +75,14 @@ def evaluate_loss(step_fn: Callable, params: Any, split: EncodedPairs, batch_siz
     `row_width`: the training row width).
     With `mesh`, each batch's rows (padded to a multiple of the mesh size with all-PAD rows, which
     weigh nothing) are split over its batch axes, so each device computes different rows; `params`
-    must be laid out on the same mesh.
+    must be laid out on the same mesh. `interrupt`, called before each batch, abandons the evaluation by raising
+    (a training run's stop).
     """
     row_multiple = 1 if mesh is None else mesh.size
     batch_sums = []
     for batch in loss_batches(split, batch_size, row_width, row_multiple):
+        if interrupt is not None:
+            interrupt()
         # Dispatched without waiting: the next batch is prepared while the devices compute this one.
         batch_sums.append(step_fn(params, batch if mesh is None else place_rows(batch, mesh)))
     # Each batch's sums per row (or one sum), added on the host in float64 in row order: the same totals on any mesh.
