@@ -142,6 +142,7 @@ def test_every_command_flag_in_the_docs_exists():
               "xla_force_host_platform_device_count", "xla_gpu_deterministic_ops",
               "xla_gpu_enable_command_buffer"}  # XLA_FLAGS
     others |= {"local", "max"}  # hf download --local-dir; fairseq-train --max-tokens
+    others |= {"server", "member", "role"}  # kubectl apply --server-side; gcloud storage buckets add-iam-policy-binding
     others |= {"build", "cluster", "project", "workload", "tpu", "device", "num", "docker", "termination"}  # docker
     # build --build-arg; xpk workload create --tpu-type, --device-type, --num-slices, --docker-image, --max-restarts, ...
     # python -m benchmarks.run: its argparse options.
