@@ -1,30 +1,15 @@
-"""Preemption: a signal to any one process stops every process at the same step, at any step.
+"""Preemption in-process: the flag and its handler, what the agreement decides and when, and the stop's estimate
+against its grace period.
 
-The flag, its handler and the agreement are tested in-process; the multi-process case runs train.py
-as 2 JAX processes on localhost (jax.distributed, gloo on CPU), through tests/run/
-train_counting_steps.py, which reports how many updates each process has made.
+The real command, one process and two, stopped at random points: tests/run/test_stop_latency.py.
 """
 
-import json
-import os
-import pathlib
-import re
 import signal
-import subprocess
-import time
 
 import jax
 
-from runs import finish_all, free_port, script_env, start_script, write_config
 from transformer_jax.base.sharding import make_mesh
-from transformer_jax.checkpoints.manager import Checkpointer
-from transformer_jax.base.log_records import read_metrics
-from transformer_jax.run.preemption import StopAgreement, StopFlag
-
-STEPS = 300  # also training.log_every: no log step (where flags were once compared) near the signal
-SIGNAL_AFTER = 5  # updates made by process 1 before it is sent SIGTERM
-SETTINGS = (f"--config.training.log_every={STEPS}", "--config.training.eval_every=0",
-            "--config.training.checkpoint_every=100000")
+from transformer_jax.run.preemption import StopAgreement, StopFlag, grace_problem, updates_at_stop
 
 
 def test_a_signal_sets_the_flag_and_later_ones_do_not_cut_the_stop_short(capsys):
@@ -76,55 +61,24 @@ def test_the_agreement_answers_in_flight_minus_one_steps_after_the_flag_is_set()
     assert must_stop.between_batches()
 
 
-def launch(config: str, workdir: pathlib.Path, counts: pathlib.Path, *extra: str) -> list[subprocess.Popen]:
-    """train.py as 2 processes of 1 CPU device each, reporting their update counts under `counts`."""
-    env = script_env(1, STEPS_TO=str(counts))
-    port = free_port()
-    return [start_script("tests/run/train_counting_steps.py", f"--config={config}", f"--workdir={workdir}",
-                         f"--coordinator_address=localhost:{port}", "--num_processes=2", f"--process_id={index}",
-                         "--multihost", *SETTINGS, *extra, env=env)
-            for index in range(2)]
+def test_a_stop_waits_for_the_updates_in_flight_and_with_several_processes_the_agreements_lag():
+    assert [updates_at_stop(k, 1) for k in (1, 2, 3)] == [1, 2, 3]
+    assert [updates_at_stop(k, 2) for k in (1, 2, 3)] == [1, 3, 5]
 
 
-def finish(processes: list[subprocess.Popen], timeout: float = 300) -> list[str]:
-    """Wait for every process; their stderr, after checking that each exited with status 0."""
-    return [stderr for _, stderr in finish_all(processes, timeout)]
-
-
-def updates_made(counts: pathlib.Path, index: int) -> int:
-    path = counts / f"process_{index}.txt"
-    lines = path.read_text().split() if path.exists() else []
-    return int(lines[-1]) if lines else 0
-
-
-def test_sigterm_to_one_process_stops_both_at_the_same_step_soon_after(tmp_path):
-    config = write_config(tmp_path)
-    workdir, counts = tmp_path / "workdir", tmp_path / "counts"
-    processes = launch(config, workdir, counts, f"--config.training.num_train_steps={STEPS}")
-    deadline = time.time() + 240
-    while updates_made(counts, 1) < SIGNAL_AFTER and time.time() < deadline:
-        assert all(process.poll() is None for process in processes), "a process ended before the signal"
-        time.sleep(0.005)
-    signalled_at = updates_made(counts, 1)
-    assert signalled_at >= SIGNAL_AFTER, "process 1 made no progress"
-    os.kill(processes[1].pid, signal.SIGTERM)  # process 1 only
-    # Both exit 143 (stopped before the last step: a scheduler restarts them); process 0 says it on stdout.
-    stderrs = [stdout + stderr for stdout, stderr in finish_all(processes, 300, status=143)]
-
-    stopped = [re.findall(r"stopped by (.*) at step (\d+): checkpoint \d+ saved", stderr) for stderr in stderrs]
-    assert [len(found) for found in stopped] == [1, 1], stderrs[0][-2000:] + stderrs[1][-2000:]
-    stop_step = int(stopped[1][0][1])
-    assert int(stopped[0][0][1]) == stop_step  # the same step on both processes
-    # One step to start the agreement, one to read it, one more for the step in progress.
-    assert signalled_at <= stop_step <= signalled_at + 3, (signalled_at, stop_step)
-    assert stopped[0][0][0] == "a signal to another process" and stopped[1][0][0] == f"signal {signal.SIGTERM}"
-    assert updates_made(counts, 0) == updates_made(counts, 1) == stop_step
-    checkpointer = Checkpointer(str(workdir / "checkpoints"), read_only=True)
-    assert checkpointer.steps() == [stop_step]
-    assert len(checkpointer.meta(stop_step)["open_window"]) == stop_step  # no log line yet: all steps open
-    assert not (workdir / "metrics.jsonl").exists()
-
-    finish(launch(config, workdir, tmp_path / "resumed_counts", f"--config.training.num_train_steps={stop_step + 2}"))
-    assert Checkpointer(str(workdir / "checkpoints"), read_only=True).latest_step() == stop_step + 2
-    assert [(r["step"], r["split"]) for r in read_metrics(str(workdir))] == [(stop_step + 2, "train")]
-    assert json.loads((workdir / "test_final.json").read_text())["step"] == stop_step + 2
+def test_the_grace_check_says_what_to_change_only_when_the_stop_cannot_fit():
+    # 2 updates of 1.6 s and a 5-s write: 8.2 s, inside 30 s; 0 turns the check off.
+    assert grace_problem(30, 2, 1, 1.6, 5.0, "/runs/a/checkpoints") == (3.2 + 5.0, None)
+    assert grace_problem(0, 2, 1, 60.0, 500.0, "/runs/a/checkpoints")[1] is None
+    # Updates too slow for K = 2 with 2 processes (3 updates of 8 s and 4 s: 28 s > 25 s), not for K = 1.
+    estimate, line = grace_problem(25, 2, 2, 8.0, 4.0, "gs://b/run/checkpoints")
+    assert estimate == 28.0
+    assert line.startswith("a stop may not fit its grace period: after SIGTERM the run waits for up to 3 updates in "
+                           "flight (8.00 s each) and writes a checkpoint (4.0 s to gs://b/run/checkpoints): about 28 s, "
+                           "more than training.stop_grace_seconds=25; lower --config.training.max_updates_in_flight "
+                           "(1 would stop in about 12 s)")
+    assert "faster storage" not in line and line.count("\n") == 0
+    # A write longer than the grace period: no setting fits it, and the line says so.
+    _, line = grace_problem(30, 1, 1, 0.1, 45.0, "gs://b/run/checkpoints")
+    assert "max_updates_in_flight" not in line and "no setting of this run fits it" in line
+    assert line.endswith("set --config.training.stop_grace_seconds to it")
