@@ -66,6 +66,27 @@ def test_run_logs_checkpoints_and_keeps_the_last_k(run_config, tmp_path):
     assert json.load(open(tmp_path / "config.json"))["model"]["d_model"] == 32
 
 
+def test_a_stop_that_cannot_fit_its_grace_period_is_said_once_with_the_measured_figures(run_config, tmp_path, capfd):
+    """The first save of a start is waited for and timed; with the first window's seconds per update, the stop's
+    estimate goes to timing.jsonl, and a budget it exceeds gets one line naming the setting to change."""
+    run_config.training.stop_grace_seconds = 1e-4
+    Trainer(assemble_run(run_config, str(tmp_path))).run()
+    lines = [line for line in capfd.readouterr().out.splitlines() if "may not fit its grace period" in line]
+    assert len(lines) == 1 and "training.stop_grace_seconds=0.0001" in lines[0], lines
+    assert "lower --config.training.max_updates_in_flight" in lines[0]
+    timing = [json.loads(line) for line in (tmp_path / "timing.jsonl").read_text().splitlines()]
+    (write,) = [t for t in timing if "checkpoint_write_seconds" in t]  # the first save only (step 2 of the tiny run)
+    (estimate,) = [t for t in timing if "stop_estimate_seconds" in t]
+    (window,) = [t for t in timing if "seconds_per_step" in t and t["step"] == 2]  # the last closed before
+    assert write["step"] == 2 and estimate["step"] == 2
+    assert estimate["stop_estimate_seconds"] == pytest.approx(
+        2 * window["seconds_per_step"] + write["checkpoint_write_seconds"])
+    run_config.training.stop_grace_seconds = 30.0  # the default: a tiny run's stop fits, nothing is said
+    run_config.training.num_train_steps = 8
+    Trainer(assemble_run(run_config, str(tmp_path))).run()
+    assert "grace period" not in capfd.readouterr().out
+
+
 def test_resume_continues_exactly_like_an_uninterrupted_run(run_config, tmp_path):
     uninterrupted = Trainer(assemble_run(run_config, str(tmp_path / "a")))
     uninterrupted.run()
