@@ -234,7 +234,7 @@ def test_every_batch_shape_is_compiled_once_before_the_first_step(run_config, tm
 
 def test_a_run_with_every_update_skipped_or_parameters_not_finite_is_not_scored():
     """What train.py checks before the test translation (check_trained, after the loop)."""
-    from transformer_jax.run.loop import check_trained
+    from transformer_jax.run.failures import check_trained
 
     state = type("State", (), {"skipped_updates": np.int32(4), "consecutive_skipped": np.int32(4),
                                "params": {"w": np.ones(2)}})()
@@ -307,7 +307,7 @@ def test_a_step_that_fails_on_the_device_is_one_line_naming_it_exit_3_and_the_ch
 
 
 def test_out_of_memory_and_a_failed_capture_name_their_own_remedy():
-    from transformer_jax.run.loop import device_failure
+    from transformer_jax.run.failures import device_failure
     from runs import tiny_run_config
 
     config = tiny_run_config()
@@ -358,7 +358,7 @@ def test_updates_non_finite_from_the_first_blame_the_forward_or_backward_pass_no
 
 
 def test_the_non_finite_advice_is_the_learning_rate_only_once_updates_moved_the_parameters(run_config):
-    from transformer_jax.run.loop import non_finite_advice
+    from transformer_jax.run.failures import non_finite_advice
     from transformer_jax.training.optimizer import paper_learning_rate
 
     base = paper_learning_rate(512, 4000)  # the paper's warm-up: ~1.7e-7 a step at first

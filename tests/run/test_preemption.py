@@ -73,10 +73,10 @@ def test_the_grace_check_says_what_to_change_only_when_the_stop_cannot_fit():
     # Updates too slow for K = 2 with 2 processes (3 updates of 8 s and 4 s: 28 s > 25 s), not for K = 1.
     estimate, line = grace_problem(25, 2, 2, 8.0, 4.0, "gs://b/run/checkpoints")
     assert estimate == 28.0
-    assert line.startswith("a stop may not fit its grace period: after SIGTERM the run waits for up to 3 updates in "
-                           "flight (8.00 s each) and writes a checkpoint (4.0 s to gs://b/run/checkpoints): about 28 s, "
-                           "more than training.stop_grace_seconds=25; lower --config.training.max_updates_in_flight "
-                           "(1 would stop in about 12 s)")
+    assert line.startswith("a stop may not fit its grace period: after SIGTERM the run waits for up to 3 updates "
+                           "in flight (8.00 s each) and writes a checkpoint (4.0 s to gs://b/run/checkpoints): about "
+                           "28 s, more than training.stop_grace_seconds=25; lower "
+                           "--config.training.max_updates_in_flight (1 would stop in about 12 s)")
     assert "faster storage" not in line and line.count("\n") == 0
     # A write longer than the grace period: no setting fits it, and the line says so.
     _, line = grace_problem(30, 1, 1, 0.1, 45.0, "gs://b/run/checkpoints")

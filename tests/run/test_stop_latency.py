@@ -41,8 +41,8 @@ STOP_LINE = re.compile(r"stopped by (signal 15|a signal to another process) at s
 def launch(config: str, workdir: pathlib.Path, processes: int, steps: int, counts: pathlib.Path
            ) -> list[subprocess.Popen]:
     """train.py as `processes` processes of one CPU device each, counting their updates under `counts`."""
-    flags = [f"--config={config}", f"--workdir={workdir}", *SIZES, f"--config.data.tokens_per_batch={TOKENS[processes]}",
-             f"--config.training.num_train_steps={steps}"]
+    flags = [f"--config={config}", f"--workdir={workdir}", *SIZES, f"--config.training.num_train_steps={steps}",
+             f"--config.data.tokens_per_batch={TOKENS[processes]}"]
     if processes == 1:
         return [start_script("tests/run/train_counting_steps.py", *flags, env=script_env(1, STEPS_TO=str(counts)))]
     port = free_port()

@@ -4,7 +4,8 @@
 jitted programs on its mesh, shared by the Trainer, the preflight and the benchmarks) ->
 `metrics_log`, `progress`, `log_window` (metrics.jsonl, TensorBoard, the log line and progress bar) ->
 `periodic_eval` (dev loss and BLEU on a step schedule) -> `preemption`
-(StopFlag, StopAgreement) -> `prefetch` (batches built ahead in the background) -> `profile` (a jax.profiler
+(StopFlag; StopAgreement: the stop agreed by every process, and the bound on the host's lead; the stop's grace
+check) -> `failures` (non-finite updates, device faults: the line saying what to change) -> `prefetch` (batches built ahead in the background) -> `profile` (a jax.profiler
 trace of a few updates) -> `trace_summary` (what the trace says per update) -> `assembly` (`assemble_run`:
 the config and workdir checked, then mesh, data, programs and checkpointer) -> `loop` (`Trainer`: trains an
 assembled run, resuming from `transformer_jax.checkpoints`).
@@ -17,7 +18,8 @@ translates (decoding/, evaluation/, export/) imports this folder.
 
 from transformer_jax.run.assembly import TrainingRun, assemble_run
 from transformer_jax.run.log_window import LogWindow
-from transformer_jax.run.loop import Trainer, check_trained
+from transformer_jax.run.failures import check_trained
+from transformer_jax.run.loop import Trainer
 from transformer_jax.run.metrics_log import MetricsLog
 from transformer_jax.run.periodic_eval import PeriodicEval
 from transformer_jax.run.preemption import StopAgreement, StopFlag

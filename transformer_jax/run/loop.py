@@ -21,9 +21,6 @@ import time
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
-import ml_collections
-import numpy as np
 
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.console import say
@@ -31,150 +28,18 @@ from transformer_jax.base.files import storage_errno, storage_error, storage_rem
 from transformer_jax.base.sharding import global_batch
 from transformer_jax.checkpoints.initial import initial_params
 from transformer_jax.config.schema import write_run_config
-from transformer_jax.errors import ConfigError, DeviceError, StorageError, TrainingError
-from transformer_jax.model.attention_kernels import resolve_backend
-from transformer_jax.model.config import TransformerConfig
+from transformer_jax.errors import ConfigError, DeviceError, StorageError
 from transformer_jax.run.assembly import TrainingRun
+from transformer_jax.run.failures import (attention_in_use, check_skip_streak, check_trained, device_failure,
+                                          is_device_fault, kept_checkpoint, non_finite_advice)
 from transformer_jax.training.dev_loss import evaluate_loss
 from transformer_jax.run.log_window import LogWindow, open_window_problem
-from transformer_jax.run.periodic_eval import PeriodicEval
+from transformer_jax.run.periodic_eval import MetricsOf, PeriodicEval
 from transformer_jax.run.preemption import EvaluationAbandoned, StopAgreement, StopFlag, grace_problem
 from transformer_jax.run.prefetch import Prefetcher
 from transformer_jax.run.profile import UpdateProfile
 from transformer_jax.run.setting_changes import CHANGES, describe, record_changes
 from transformer_jax.training.state import TrainState
-
-# What to lower when updates go non-finite: the learning-rate setting the run uses (see rate_advice).
-DEFAULT_RATE_ADVICE = "lower training.learning_rate_scale or set training.grad_clip_norm"
-
-
-def rate_advice(training: ml_collections.ConfigDict) -> str:
-    """What to lower for non-finite updates: the run's own learning-rate setting, with its value."""
-    if training.peak_learning_rate:
-        return (f"lower training.peak_learning_rate (it is {training.peak_learning_rate:g}) or set "
-                "training.grad_clip_norm")
-    return (f"lower training.learning_rate_scale (it is {training.learning_rate_scale:g}) or set "
-            "training.grad_clip_norm")
-
-
-# Updates that moved each parameter by at most about this much since the run started (Adam's step is bounded by
-# about the learning rate) cannot be what made the loss non-finite: the forward or backward pass is.
-STILL_PARAMETERS = 1e-3
-# The XLA statuses of a program that failed on the device (a kernel's error, out of memory, a lost device), not of
-# a program the code got wrong (INVALID_ARGUMENT, FAILED_PRECONDITION, ...: bugs, which keep their traceback).
-DEVICE_FAULTS = ("INTERNAL", "RESOURCE_EXHAUSTED", "UNAVAILABLE", "ABORTED", "DATA_LOSS", "UNKNOWN",
-                 "DEADLINE_EXCEEDED")
-# What to try when a program fails, or gives non-finite values, with an attention backend: another implementation.
-OTHER_ATTENTION = {"cudnn": "fused", "fused": "einsum", "splash": "einsum", "einsum": "fused"}
-
-
-def non_finite_advice(training: ml_collections.ConfigDict, schedule: Callable[[jax.Array], jax.Array],
-                      applied_at_start: int, applied: int, start_step: int, attention: str, dtype: str) -> str:
-    """What to change when updates are skipped as non-finite: the learning rate (`rate_advice`) only where the
-    updates applied since this start (optimizer counts `applied_at_start` to `applied`, at `schedule`'s rates)
-    moved the parameters; else the forward or backward pass is at fault (at learning rate 0 or in the first
-    updates): `attention` names the attention backend it runs, with another to try."""
-    counts = np.arange(applied_at_start, max(applied, applied_at_start))
-    moved = float(np.sum(np.asarray(schedule(counts)))) if counts.size else 0.0
-    if moved > STILL_PARAMETERS:
-        return rate_advice(training)
-    origin = f"the checkpoint of step {start_step}" if start_step else "the initialization"
-    how_far = (f"no update since {origin} changed the parameters" if not moved else
-               f"the updates since {origin} moved each parameter by at most about {moved:.1g}")
-    precision = ", or --config.model.dtype=float32" if dtype != "float32" else ""
-    return (f"{how_far}, so the forward or backward pass gives non-finite values, not the learning rate: the "
-            f"attention runs on {attention}; try --config.model.attention_backend={OTHER_ATTENTION[attention]}"
-            f"{precision}")
-
-
-def check_skip_streak(state: TrainState, max_skipped_updates: int,
-                      newest_checkpoint: Callable[[], int | None] = lambda: None,
-                      advice: str | Callable[[], str] = DEFAULT_RATE_ADVICE) -> None:
-    """Raise TrainingError once `max_skipped_updates` updates in a row were skipped as non-finite.
-
-    The message names the newest checkpoint on disk, `newest_checkpoint()` (None: there is none), and `advice`
-    (or what it returns: computed only for the message).
-    """
-    streak = int(jax.device_get(state.longest_skip_streak))
-    if streak >= max_skipped_updates:
-        raise TrainingError(
-            f"{streak} updates in a row had a non-finite loss or gradient and were skipped; "
-            f"{advice() if callable(advice) else advice} ({_kept(newest_checkpoint())})"
-        )
-
-
-def _kept(kept_step: int | None) -> str:
-    """What a stopped run keeps: its newest checkpoint on disk (None: there is none)."""
-    return (f"the last good checkpoint, step {kept_step}, is kept" if kept_step is not None
-            else "no checkpoint was written")
-
-
-def check_trained(state: TrainState, step: int, mesh: jax.sharding.Mesh | None = None,
-                  newest_checkpoint: Callable[[], int | None] = lambda: None,
-                  advice: str | Callable[[], str] = DEFAULT_RATE_ADVICE) -> None:
-    """Raise TrainingError when the run has nothing trained to score: every update skipped, parameters
-    that are not finite, or final updates skipped (the state they end in is not saved); a test BLEU of such a
-    model would be reported as if it meant something. The message names `newest_checkpoint()`.
-
-    With several processes every one of them calls this: the finiteness is one jitted reduction whose
-    replicated result each process reads from its own devices (no process waits alone in a collective).
-    """
-    replicated = None if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    all_finite = jax.jit(lambda params: jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(params)])),
-                         out_shardings=replicated)(state.params)
-    skipped = int(np.asarray(_local(state.skipped_updates)))
-    advice = advice() if callable(advice) else advice
-    if step > 0 and skipped >= step:
-        raise TrainingError(f"all {step} updates had a non-finite loss or gradient and were skipped, so the model is "
-                            f"untrained; {advice}, and check "
-                            "the model settings (e.g. model.layer_norm_epsilon)")
-    if not bool(np.asarray(_local(all_finite))):
-        raise TrainingError(f"the parameters at step {step} are not finite; the run cannot be scored: restart from an "
-                            f"earlier checkpoint and {advice}")
-    trailing = int(np.asarray(_local(state.consecutive_skipped)))
-    if trailing:  # the state is not saved while updates are skipped (Trainer.save): nothing to resume or score
-        raise TrainingError(
-            f"the last {trailing} of {step} updates had a non-finite loss or gradient and were skipped, so step {step} "
-            f"was not saved and the run cannot be scored ({_kept(newest_checkpoint())}); {advice}"
-        )
-
-
-def attention_in_use(model: TransformerConfig, mesh: jax.sharding.Mesh) -> str:
-    """The attention backend the run's programs use on `mesh` ("auto" resolved for its platform)."""
-    with jax.set_mesh(mesh):
-        return resolve_backend(model.attention_backend, model.attention_dropout_rate, model.compute_dtype)
-
-
-def is_device_fault(error: BaseException) -> bool:
-    """Whether `error` is a program's failure on the device (a JaxRuntimeError of one of DEVICE_FAULTS)."""
-    return isinstance(error, jax.errors.JaxRuntimeError) and str(error).split(":", 1)[0].strip() in DEVICE_FAULTS
-
-
-def device_failure(error: Exception, program: str, attention: str, config: ml_collections.ConfigDict,
-                   kept_step: int | None) -> DeviceError:
-    """The one line for `program` failing on the device with `error` (a JaxRuntimeError): what failed, the attention
-    backend it ran, the setting to try (a smaller batch for out of memory), and the checkpoint kept."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
-    detail = lines[0].removesuffix("Traceback (most recent call last):").rstrip(": ")
-    detail = (detail + (f" ... {lines[-1]}" if len(lines) > 1 else ""))[:300]
-    text, switch = str(error), f"--config.model.attention_backend={OTHER_ATTENTION.get(attention, 'fused')}"
-    if "RESOURCE_EXHAUSTED" in text or "out of memory" in text.lower():
-        what, fix = "ran out of device memory", (
-            f"lower --config.data.tokens_per_batch (it is {config.data.tokens_per_batch}) and reach the same batch "
-            "with --config.training.accumulation_steps, or set --config.model.remat=dots")
-    elif "capture" in text and ("cuda_graph" in text or "command buffer" in text.lower()):
-        what, fix = "failed on the device capturing a CUDA graph (XLA's command buffers)", (
-            f"try {switch}, or XLA_FLAGS=--xla_gpu_enable_command_buffer= (command buffers off)")
-    else:
-        what, fix = "failed on the device", f"try {switch}"
-    resumes = "; the same command resumes from it" if kept_step is not None else ""
-    return DeviceError(f"{program} {what} (attention: {attention}): {detail}; {fix} ({_kept(kept_step)}{resumes})")
-
-
-def _local(value: Any) -> Any:
-    """This process's copy of a replicated value (a NumPy value as it is)."""
-    return value.addressable_data(0) if isinstance(value, jax.Array) else value
-
 
 class Trainer:
     """Trains an assembled run (`assemble_run`): `run()` trains to `num_train_steps`, resuming if checkpoints exist."""
@@ -369,7 +234,7 @@ class Trainer:
         self.checkpointer.wait()
         return self.checkpointer.latest_step()
 
-    def run(self, dev_bleu: Callable[[Any], dict[str, float]] | None = None) -> TrainState:
+    def run(self, dev_bleu: MetricsOf | None = None) -> TrainState:
         """Train to `num_train_steps`, resuming where the workdir's checkpoints left off.
 
         Raises StorageError when the storage refuses a write or the workdir vanishes (see the module docstring), and
@@ -386,7 +251,7 @@ class Trainer:
                 raise
             raise failure from None
 
-    def _run(self, dev_bleu: Callable[[Any], dict[str, float]] | None) -> TrainState:
+    def _run(self, dev_bleu: MetricsOf | None) -> TrainState:
         training = self.config.training
         say(f"run directory {self.workdir}: metrics.jsonl, checkpoints/, tensorboard/ (training to step "
             f"{training.num_train_steps})")
@@ -461,6 +326,7 @@ class Trainer:
                                   self.non_finite_advice)
                 self._check_grace(step, window)
             if stopping:  # an evaluation due here is left to the restart (the checkpoint has no metrics)
+                self.abandoned_at = step if evaluate.due(step) else None
                 break
             results, stopping = self._evaluate(step, window, evaluate)
             saves = not stopping and (step % training.checkpoint_every == 0 or bool(results))
@@ -518,8 +384,8 @@ class Trainer:
         return non_finite_advice(self.config.training, self.schedule, self.start_applied, applied, self.start_step,
                                  attention_in_use(self.model_config, self.mesh), self.model_config.dtype)
 
-    def _named_search(self, dev_bleu: Callable[[Any], dict[str, float]] | None
-                      ) -> Callable[[Any], dict[str, float]] | None:
+    def _named_search(self, dev_bleu: MetricsOf | None
+                      ) -> MetricsOf | None:
         """`dev_bleu`, recorded as the program running while it runs (a device failure names it)."""
         if dev_bleu is None:
             return None
@@ -568,7 +434,7 @@ class Trainer:
         window.log.write_timing(step, {"stop_seconds": seconds, "signal_step": stop.arrived_step})
         when = ("the signal, which arrived at step" if stop.raised else "the processes agreed to stop, at step")
         kept = (f"checkpoint {newest} saved {seconds:.1f} s after {when} {stop.arrived_step}" if newest == step
-                else _kept(newest))
+                else kept_checkpoint(newest))
         abandoned = (f"; its dev evaluation of step {self.abandoned_at} was abandoned and is done when the run resumes"
                      if self.abandoned_at is not None else "")
         line = f"stopped by {self.stopped_by} at step {step}: {kept}{abandoned}; the same command resumes the run"

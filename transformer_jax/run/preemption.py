@@ -184,8 +184,8 @@ def grace_problem(grace_seconds: float, in_flight: int, processes: int, seconds_
         fewer = updates_at_stop(1, processes) * seconds_per_update + write_seconds
         fixes.append(f"lower --config.training.max_updates_in_flight (1 would stop in about {fewer:.0f} s)")
     if write_seconds >= grace_seconds:
-        fixes.append(f"the checkpoint write alone took longer than the grace period, so no setting of this run fits "
-                     f"it: write the run to faster storage (a bucket in the hosts' region, a local disk)")
+        fixes.append("the checkpoint write alone took longer than the grace period, so no setting of this run fits "
+                     "it: write the run to faster storage (a bucket in the hosts' region, a local disk)")
     elif write_seconds > seconds_per_update * updates:
         fixes.append("write the run to faster storage (a bucket in the hosts' region, a local disk)")
     fixes.append("or give the run a longer grace period (the scheduler's, e.g. terminationGracePeriodSeconds) and "
