@@ -41,7 +41,9 @@ SECTIONS = {
     "aot": "the paper's models compiled for TPU topologies and H100s on this host: memory, FLOPs, rooflines",
     "loop": "host time of train.py's loop on real batches against the compiled step alone, part by part "
             "(--loop_corpus DIR: train/dev/test.en/.de files; default the built-in corpus)",
-    "preemption": "what the per-step stop agreement costs a 2-process run, ms per update with and without it",
+    "preemption": "the bound on the host's lead (training.max_updates_in_flight): tokens/s with and without it (1 and "
+                  "2 processes), train.py's SIGTERM-to-checkpoint seconds at updates of 0.1-2 s against no bound, and "
+                  "the train step compiled for TPU/GPU (no host transfer inside)",
     "opus_mt": "an OPUS-MT-sized Marian model translating 1,000 sentences: ours (float32, bfloat16) against transformers' "
                "generate and CTranslate2 on the same weights; the compiled search's roofline on v5e-8 and an H100",
     "time_to_bleu": "the same model and recipe trained for the same wall time by fairseq 0.12 (its own venv: "

@@ -3,9 +3,10 @@
     python -m benchmarks.run --sections loop [--loop_corpus DIR] [--loop_steps N]
 
 Runs `Trainer.run`, train.py's loop (prefetched input, the log window and its progress bar, the per-step
-stop check, checkpoints, the workdir watch), for `--loop_steps` updates on a corpus: the built-in one, or
-DIR with train/dev/test.en and .de files (Multi30k for the BENCHMARKS.md figures). Then the same compiled
-step alone over the same batches, already on the devices, back to back, once before the loop and once after.
+stop check and the bound on the host's lead, checkpoints, the workdir watch), for `--loop_steps` updates on a
+corpus: the built-in one, or DIR with train/dev/test.en and .de files (Multi30k for the BENCHMARKS.md figures).
+Then the same compiled step alone over the same batches, already on the devices, back to back, once before the
+loop and once after.
 **host overhead** = the loop's time per update / the step alone's − 1 (issue 31's target: at most 5%).
 
 Each part of the loop is timed by wrapping its method for this section only (the package is not changed):
@@ -54,7 +55,7 @@ PARTS = (
     (Trainer, "_place", "copy it to the devices (prefetch thread)"),
     (LogWindow, "add", "log window: add a step (progress bar)"),
     (LogWindow, "close", "log window: close (waits for its steps; logs)"),
-    (StopAgreement, "__call__", "stop check"),
+    (StopAgreement, "after_update", "stop check and the bound on the lead (waits for an earlier update)"),
     (Trainer, "_check_workdir", "workdir check"),
     (LOOP_MODULE, "check_skip_streak", "skipped-update check"),
     (PeriodicEval, "__call__", "periodic evaluation (none due)"),
