@@ -61,7 +61,7 @@ def window_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Medians over a phase's log windows (the first left out: it holds the first steps' warm-up); the host's
     seconds per update are each window's seconds over its updates."""
     windows = [r for r in records if "tokens_per_second" in r]
-    per_update = {key: [] for key in ("input_seconds", "dispatch_seconds", "sync_seconds")}
+    per_update = {key: [] for key in ("input_seconds", "dispatch_seconds", "lead_wait_seconds", "sync_seconds")}
     for before, window in zip(windows, windows[1:]):
         updates = max(window["step"] - before["step"], 1)
         for key, values in per_update.items():
@@ -74,6 +74,9 @@ def window_figures(records: list[dict[str, Any]]) -> dict[str, Any]:
                                   if "checkpoint_stall_seconds" in r],
             "eval_seconds": [round(r["eval_seconds"], 2) for r in records if "eval_seconds" in r],
             "start": next((r for r in records if "startup_seconds" in r), {}),
+            "stop": next((r for r in records if "stop_seconds" in r), {}),
+            "stop_estimate_seconds": next((r["stop_estimate_seconds"] for r in records
+                                           if "stop_estimate_seconds" in r), None),
             "last_step": windows[-1]["step"] if windows else 0}
 
 
@@ -126,6 +129,13 @@ def _programs(seconds: dict[str, float]) -> str:
                      if value >= 0.1)
 
 
+def _stop(record: dict[str, Any]) -> str:
+    """A stop's timing.jsonl record: seconds from the signal to the checkpoint, and the steps between."""
+    if "stop_seconds" not in record:
+        return "-"
+    return f"{record['stop_seconds']:.1f} s (signal at step {record['signal_step']}, checkpoint {record['step']})"
+
+
 def table(s: dict[str, Any]) -> str:
     """The main run's figures as one Markdown table (a phase not run shows "-")."""
     t, r, e, tr = (s.get(phase) or {} for phase in ("train", "resume", "eval", "translate"))
@@ -147,8 +157,8 @@ def table(s: dict[str, Any]) -> str:
         ("MFU of real target tokens", _f(t.get("mfu") and 100 * t["mfu"], 1, "%")
          + f" (FLOPs per token at rows {int(p.get('width', 256))} wide: the prediction's width, else 256)"),
         ("host share of a window (median)", _f(t.get("host_share"), 2)),
-        ("host s per update: input / dispatch / wait for device",
-         " / ".join(_ms(t.get(f"{k}_seconds_per_update")) + " ms" for k in ("input", "dispatch", "sync"))),
+        ("host ms per update: input / dispatch / bound's wait (K=2) / window's wait",
+         " / ".join(_ms(t.get(f"{k}_seconds_per_update")) for k in ("input", "dispatch", "lead_wait", "sync"))),
         ("GPU memory in use, peak (nvidia-smi)", _f(s.get("gpu_memory_peak_mb"), 0, " MB")),
         ("preflight's peak memory", _f(p.get("peak_gb"), 2, " GB")),
         ("checkpoint stalls", ", ".join(f"{x:.2f}" for x in t.get("checkpoint_stalls", []) + r.get(
@@ -158,10 +168,14 @@ def table(s: dict[str, Any]) -> str:
         ("compile, train.py (programs over 0.1 s)", _programs(compiled.get("train", {}))),
         ("compile, eval.py (programs over 0.1 s)", _programs(compiled.get("eval", {}))),
         ("SIGTERM to exit / exit status", f"{_f(t.get('stop_s'), 1, ' s')} / {t.get('exit', '-')}"),
+        ("SIGTERM to checkpoint on disk: K=2 (train) / no bound (resume)",
+         " / ".join(_stop(phase.get("stop", {})) for phase in (t, r))),
+        ("the run's stop estimate (K=2, its first checkpoint write)", _f(t.get("stop_estimate_seconds"), 1, " s")),
         ("resume: launch to first update", _f(r.get("first_update_s"), 1, " s")),
         ("resume: start-up / restore / compile",
          " / ".join(_f(start.get(k), 1, " s") for k in ("startup_seconds", "restore_seconds", "compile_seconds"))),
-        ("resume: updates, tokens/s", f"to step {r.get('last_step', '-')}, {_f(r.get('tokens_per_second'), 0)}"),
+        ("resume with no bound (K=1000): updates, tokens/s",
+         f"to step {r.get('last_step', '-')}, {_f(r.get('tokens_per_second'), 0)}"),
         ("eval.py test split: wall / compile / exit",
          f"{_f(e.get('wall_s'), 1, ' s')} / {_f(eval_compile, 1, ' s')} / {e.get('exit', '-')}"),
         ("eval sentences/s (wall; without compile)", per_sentence),

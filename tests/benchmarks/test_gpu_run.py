@@ -22,8 +22,12 @@ def test_window_figures_take_medians_per_update_and_leave_out_the_first_window()
         {"step": 125, "tokens_per_second": 200.0, "seconds_per_step": 0.01, "input_seconds": 0.025,
          "dispatch_seconds": 0.05, "sync_seconds": 0.0, "host_share": 0.9},
     ]
+    records += [{"step": 125, "checkpoint_write_seconds": 0.5}, {"step": 125, "stop_estimate_seconds": 0.52},
+                {"step": 127, "stop_seconds": 0.6, "signal_step": 126}]
     figures = window_figures(records)
     assert figures["windows"] == 2 and figures["last_step"] == 125
+    assert figures["stop"] == {"step": 127, "stop_seconds": 0.6, "signal_step": 126}
+    assert figures["stop_estimate_seconds"] == 0.52
     assert figures["tokens_per_second"] == 200.0 and figures["host_share"] == 0.9  # the upper median of two
     assert figures["input_seconds_per_update"] == pytest.approx(0.001)  # 0.05 / 50 and 0.025 / 25
     assert figures["sync_seconds_per_update"] == pytest.approx(0.01)  # 0.5 / 50 (0 / 25 is the lower)
@@ -56,7 +60,10 @@ def test_the_table_shows_each_phase_and_sources_are_the_test_split(tmp_path):
              "sync_seconds_per_update": 0.011, "checkpoint_stalls": [0.4], "eval_seconds": [2.0],
              "start": {"startup_seconds": 20.0, "restore_seconds": 2.0, "compile_seconds": 9.0}}
     summary = {"device": "NVIDIA H100 80GB HBM3", "versions": {"platform": "gpu", "jax": "0.11.2"}, "rehearsal": False,
-               "train": phase, "resume": {**phase, "last_step": 600}, "gpu_memory_peak_mb": 3000.0,
+               "train": {**phase, "stop": {"step": 401, "stop_seconds": 2.5, "signal_step": 400},
+                         "stop_estimate_seconds": 3.25, "lead_wait_seconds_per_update": 0.009},
+               "resume": {**phase, "last_step": 600, "stop": {"step": 650, "stop_seconds": 1.04, "signal_step": 601}},
+               "gpu_memory_peak_mb": 3000.0,
                "eval": {"wall_s": 40.0, "exit": 0, "bleu": 31.25, "sentences": 1000},
                "translate": {"wall_s": 20.0, "exit": 0, "lines": 500},
                "compile_seconds": {"train": {"jit(train_step)": 30.0}, "resume": {}, "eval": {"jit(search)": 20.0},
@@ -69,6 +76,12 @@ def test_the_table_shows_each_phase_and_sources_are_the_test_split(tmp_path):
     assert "| eval sentences/s (wall; without compile) | 25.0; 50.0 |" in text
     assert "| test SacreBLEU of the short run | 31.25 |" in text
     assert "| resume: start-up / restore / compile | 20.0 s / 2.0 s / 9.0 s |" in text
+    assert ("| SIGTERM to checkpoint on disk: K=2 (train) / no bound (resume) | 2.5 s (signal at step 400, checkpoint "
+            "401) / 1.0 s (signal at step 601, checkpoint 650) |") in text
+    assert "| the run's stop estimate (K=2, its first checkpoint write) | 3.2 s |" in text
+    assert ("| host ms per update: input / dispatch / bound's wait (K=2) / window's wait | 1.00 / 2.00 / 9.00 / "
+            "11.00 |") in text
+    assert "| resume with no bound (K=1000): updates, tokens/s | to step 600, 150,000 |" in text
 
 
 def test_a_non_empty_out_is_refused_in_one_line_before_anything_runs(tmp_path, capsys):
