@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -193,8 +194,11 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
     process.send_signal(signal.SIGTERM)
     stdout, stderr = process.communicate(timeout=240)
     assert process.returncode == 143, stderr[-3000:]  # stopped before its last step: a scheduler restarts it
-    assert "stopped by signal 15 at step" in stdout and "saved; the same command resumes the run" in stdout
+    stop = re.search(r"stopped by signal 15 at step (\d+): checkpoint (\d+) saved [\d.]+ s after the signal, which "
+                     r"arrived at step \d+(; its dev evaluation .*)?; the same command resumes the run", stdout)
+    assert stop and stop.group(1) == stop.group(2), stdout[-3000:]
     saved = Checkpointer(str(workdir / "checkpoints"), asynchronous=False).latest_step()
+    assert saved == int(stop.group(2))
     logged = max(json.loads(line)["step"] for line in metrics.read_text().splitlines())
     assert saved is not None and saved >= logged >= 3
     resumed = run("train.py", *args, f"--config.training.num_train_steps={saved + 2}")
