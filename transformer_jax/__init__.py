@@ -2,6 +2,7 @@
 
 The package, by what a reader comes for (floors, lowest first: a folder imports only folders below it):
   errors.py    UserError, the root of every error a user can cause
+  early_signals.py  stop signals that arrive while a command imports its modules, kept for it
   base/        files, console, device mesh and shardings, a run directory's layout, lock and logs, compilation cache
   model/       the paper's modules (attention, masks, embeddings, positions, layers, stacks, Transformer)
   decoding/    search settings, the key/value cache, greedy, sampling and beam search, decoding precision
@@ -17,6 +18,12 @@ The package, by what a reader comes for (floors, lowest first: a folder imports 
 
 Importing this package loads only JAX and Flax: the training and evaluation stacks load when used.
 """
+
+# First: when this process is the transformer-jax command, a stop signal during the imports below is kept for it.
+from transformer_jax import early_signals as _early_signals
+
+_early_signals.record_if_command()
+
 
 from transformer_jax.decoding.beam_search import beam_search
 from transformer_jax.decoding.options import DecodeOptions

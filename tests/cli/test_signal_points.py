@@ -7,6 +7,7 @@ across processes, in tests/run/test_multiprocess.py.
 """
 
 import json
+import pathlib
 import re
 import signal
 import subprocess
@@ -140,6 +141,33 @@ def test_sigterm_during_the_imports_stops_with_one_line_and_leaves_no_workdir(tm
     assert process.returncode == 143 and "Traceback" not in stderr, stderr[-3000:]
     assert stderr.strip().splitlines()[-1].startswith("stopped by SIGTERM: nothing; training had not started")
     assert not workdir.exists()
+
+
+@pytest.mark.parametrize("entry", ["console script", "python -m"])
+def test_sigterm_during_the_commands_imports_is_one_line_from_every_entry_point(tmp_path, entry):
+    """The transformer-jax command records a signal from its package's first line, before JAX is imported."""
+    command = ([str(pathlib.Path(sys.executable).parent / "transformer-jax")] if entry == "console script"
+               else [sys.executable, "-m", "transformer_jax"])
+    process = subprocess.Popen([*command, "score", f"--workdir={tmp_path / 'run'}"], cwd=tmp_path,
+                               env=script_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(0.5)  # past the interpreter's start, long before the command's imports finish
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143 and "Traceback" not in stderr, stderr[-3000:]
+    assert stderr.strip().splitlines()[-1] == "stopped by SIGTERM: nothing was written"
+
+
+def test_a_library_importing_the_package_keeps_its_signal_handlers():
+    """Only the command records early signals: a program that imports transformer_jax dies of SIGTERM as before."""
+    from transformer_jax.early_signals import is_command
+
+    assert is_command(["/venv/bin/transformer-jax", "score"], [])
+    assert is_command(["-m"], ["python3", "-m", "transformer_jax", "score"])
+    assert not is_command(["train.py"], ["python3", "train.py"])
+    assert not is_command(["-m"], ["python3", "-m", "my_project.main"])
+    program = "import os, signal, time, transformer_jax; os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)"
+    result = subprocess.run([sys.executable, "-c", program], env=script_env(), capture_output=True, timeout=120)
+    assert result.returncode == -signal.SIGTERM
 
 
 SWALLOWED = """

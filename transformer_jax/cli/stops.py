@@ -20,6 +20,7 @@ import threading
 import types
 from typing import Callable, Iterator, NoReturn
 
+from transformer_jax import early_signals as arrived_early
 from transformer_jax.cli.flag_parsing import parse_flags
 from transformer_jax.cli.user_errors import INTERRUPTED_EXIT, TERMINATED_EXIT
 
@@ -43,17 +44,15 @@ _unanswered: list[int] = []
 RESEND_AFTER_S = 1.0
 
 # SIGTERM/SIGINT that arrived before the command's work began (while its imports ran, which take seconds),
-# recorded by the entry point's first lines (`early_signals`); `interrupts_reported` acts on them.
-_arrived_early: list[int] = []
+# recorded from the entry point's first instruction (transformer_jax/early_signals.py); `interrupts_reported` acts
+# on them.
+_arrived_early = arrived_early.ARRIVED
 
 
 def early_signals() -> list[int]:
     """Record SIGTERM and SIGINT from now until `interrupts_reported` starts (a signal the process was
     started ignoring stays ignored: a shell's background job ignores SIGINT); returns the list they go to."""
-    for number in STOP_SIGNALS:
-        if signal.getsignal(number) is not signal.SIG_IGN:
-            signal.signal(number, lambda number, frame: _arrived_early.append(number))
-    return _arrived_early
+    return arrived_early.record()
 
 
 def _resend_if_unanswered(signal_number: int) -> None:
