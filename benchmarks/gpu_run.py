@@ -97,8 +97,11 @@ def prepare(args: argparse.Namespace) -> None:
     corpus = os.path.join(args.out, layout.CORPUS)
     flags = [f"--config={CONFIG}", "--config.data.source=text", f"--config.data.path={args.text}",
              "--config.data.vocab_size=8000"]
-    subprocess.run([sys.executable, "-m", "transformer_jax.cli.prepare", *flags, f"--output={corpus}"],
-                   check=True, cwd=REPO)
+    done = subprocess.run([sys.executable, "-m", "transformer_jax.cli.prepare", *flags, f"--output={corpus}"],
+                          cwd=REPO)
+    if done.returncode:  # the command said why on stderr, in its own line
+        print(f"error: transformer-jax prepare exited {done.returncode} (its line above says why)", file=sys.stderr)
+        sys.exit(done.returncode)
     for kind in args.predict.split(","):
         report = subprocess.run([sys.executable, "-m", "transformer_jax.aot", f"--config={CONFIG}",
                                  f"--topology={kind}", *corpus_flags(args.out)], capture_output=True, text=True,
@@ -377,6 +380,33 @@ def check_out(path: str) -> None:
                           "e.g. --out $(mktemp -d)/r")
 
 
+def run_problem(args: argparse.Namespace) -> str | None:
+    """What makes `run`'s flags unusable, checked before anything is written (None: fine): --out not empty, a
+    --lease folder without the corpus `prepare` writes, an attention backend that does not exist."""
+    try:
+        check_out(args.out)
+    except OutNotEmpty as error:
+        return str(error)
+    manifest = os.path.join(args.lease, layout.CORPUS, "manifest.json")
+    if not os.path.isfile(manifest):
+        return (f"--lease {args.lease} holds no prepared corpus ({manifest} is missing); make it here first with "
+                f"python -m benchmarks.gpu_run prepare --text DIR --out {args.lease}, and carry it to the lease")
+    unknown = [name for name in args.backends.split(",") if name and name not in BACKENDS]
+    if unknown:
+        return f"--backends names {', '.join(unknown)}, not attention backends; choose among {','.join(BACKENDS)}"
+    return None
+
+
+def prepare_problem(args: argparse.Namespace) -> str | None:
+    """What makes `prepare`'s --text unusable (None: fine): not a folder, or without train.en and train.de."""
+    if not os.path.isdir(args.text):
+        return f"--text {args.text} is not a folder; pass the folder of {{train,dev,test}}.{{en,de}}"
+    missing = [name for name in ("train.en", "train.de") if not os.path.isfile(os.path.join(args.text, name))]
+    if missing:
+        return f"--text {args.text} has no {' or '.join(missing)}; it must hold {{train,dev,test}}.{{en,de}}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -410,14 +440,13 @@ def main(argv: list[str] | None = None) -> None:
     unknown = [flag for flag in extra if not flag.startswith("--config.") or "=" not in flag]
     if unknown or (extra and args.command != "run"):
         parser.error(f"unrecognized arguments: {' '.join(unknown or extra)} (only run takes --config.KEY=VALUE)")
+    problem = prepare_problem(args) if args.command == "prepare" else run_problem(args)
+    if problem:  # before anything is written: the same command, corrected, starts clean
+        print(f"error: {problem}", file=sys.stderr)
+        sys.exit(2)
     if args.command == "prepare":
         prepare(args)
         return
-    try:
-        check_out(args.out)
-    except OutNotEmpty as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
     args.deadline = time.time() + args.budget
     run(args, extra)
 

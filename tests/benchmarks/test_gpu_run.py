@@ -143,3 +143,26 @@ def test_the_table_names_the_phases_left_out():
     assert "| phases not run (out of the call's time) | eval, translate |" in text
     assert "| extra flags | --config.model.attention_backend=fused |" in text
     assert "| eval.py test split: wall / compile / exit | - / 0.0 s / - |" in text
+
+
+def test_the_lease_scripts_inputs_are_checked_first_and_a_refusal_leaves_nothing(tmp_path, capsys):
+    """A missing lease folder, an unknown backend, a --text folder that is missing or holds no training text: one
+    line each, exit 2, before any phase runs; --out stays absent, so the corrected command is not refused."""
+    lease, out, text = tmp_path / "lease", tmp_path / "out", tmp_path / "text"
+
+    def refused(argv: list[str], fragment: str) -> None:
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.count("\n") == 1 and err.startswith("error: ") and fragment in err, err
+
+    refused(["run", "--lease", str(lease), "--out", str(out), "--rehearse"], "holds no prepared corpus")
+    refused(["prepare", "--text", str(text), "--out", str(lease)], "is not a folder")
+    text.mkdir()
+    (text / "train.en").write_text("a\n")
+    refused(["prepare", "--text", str(text), "--out", str(lease)], "has no train.de")
+    (lease / "corpus").mkdir(parents=True)
+    (lease / "corpus" / "manifest.json").write_text("{}")
+    refused(["run", "--lease", str(lease), "--out", str(out), "--backends", "fused,flash"],
+            "--backends names flash, not attention backends; choose among auto,fused,cudnn,einsum")
+    assert not out.exists() and sorted(p.name for p in lease.rglob("*")) == ["corpus", "manifest.json"]
