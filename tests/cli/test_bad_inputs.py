@@ -279,6 +279,9 @@ TRAIN_ROWS = [
     ("coordinator address without a port",
      lambda s: ["--multihost", "--coordinator_address=localhost", "--num_processes=1", "--process_id=0"],
      ["--coordinator_address=localhost has no port", "pass HOST:PORT of process 0"]),
+    ("coordinator port beyond 65535",  # named at once, not waited for until --cluster_timeout
+     lambda s: ["--multihost", "--coordinator_address=127.0.0.1:70000", "--num_processes=2", "--process_id=1"],
+     ["--coordinator_address=127.0.0.1:70000: port 70000 is not a TCP port (1 to 65535)"]),
     ("data directory flag left empty", fresh("--config.data.source=text"),
      ["data source 'text' needs a data directory and data.path is empty", "--config.data.path=DIR"]),
     ("a directory in place of a data file", on_fresh(text_source("dir_as_file")),

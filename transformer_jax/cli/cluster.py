@@ -64,6 +64,10 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
     if coordinator_address is not None and not coordinator_address.rpartition(":")[2].isdigit():
         raise ConfigError(f"--coordinator_address={coordinator_address} has no port; pass HOST:PORT of process 0 "
                           "(e.g. --coordinator_address=10.0.0.2:8476), the same on every process")
+    if coordinator_address is not None and not 0 < int(coordinator_address.rpartition(":")[2]) < 65536:
+        raise ConfigError(f"--coordinator_address={coordinator_address}: port {coordinator_address.rpartition(':')[2]} "
+                          "is not a TCP port (1 to 65535); pass the port process 0 listens on, the same on every "
+                          "process")
     if coordinator_address is not None and process_id not in (None, 0):
         wait_for_coordinator(coordinator_address, timeout)
     try:
