@@ -113,8 +113,9 @@ def trained(tmp_path_factory) -> pathlib.Path:
     """The tiny run trained to step 200 on one device; checkpoints at steps 100 and 200."""
     directory = tmp_path_factory.mktemp("eval_multihost")
     workdir = directory / "run"
-    # Compiled as XLA:CPU does by default (runs.DEFAULT_EMITTER_FLAGS): this model's sentences rest on the trajectory
-    # of its 200 updates, which the suite's quicker emitters change in the last bits (to a model of empty lines).
+    # Compiled with XLA:CPU's own fused-loop emitters, at the suite's optimisation level 0 (runs.DEFAULT_EMITTER_FLAGS,
+    # not what a user's run compiles): this model's sentences rest on the trajectory of its 200 updates, which the
+    # suite's older emitters change in the last bits (to a model of empty lines).
     result = run_script("train.py", f"--config={write_config(directory)}", f"--workdir={workdir}", *TRAINING,
                         env=script_env(1, XLA_FLAGS=cpu_xla_flags(1, DEFAULT_EMITTER_FLAGS)))
     assert result.returncode == 0, result.stderr[-3000:]

@@ -18,6 +18,10 @@ process 0's binary; it compiles after all only where process 0 stores nothing (h
 program after WAIT_SECONDS. The programs a process runs on its own devices alone (the eager operations on its rows:
 hundreds of small compiles a launch) it stores itself, which JAX leaves to process 0 only, for its own programs too:
 the next run's process 1 loads them.
+
+The hook replaces private names of JAX (REPLACED). It was written for JAX WRITTEN_FOR; a JAX without one of those
+names ends the process at once with one line naming the version and the name, instead of an AttributeError later in
+every process the suite starts.
 """
 
 import importlib.abc
@@ -30,9 +34,36 @@ _MODULE = "jax._src.cache_key"
 _COMPILER = "jax._src.compiler"
 _MONITORING = "jax._src.monitoring"
 WAIT_SECONDS = 120.0  # at most, for process 0's copy of a program (a tiny run's compile: seconds)
+WRITTEN_FOR = "0.10.2"  # the JAX release this hook was written and measured for
+# The names it replaces or calls, by module.
+REPLACED = {_MODULE: ("_hash_accelerator_config",), _COMPILER: ("_compile_and_write_cache", "backend_compile_and_load"),
+            "jax._src.compilation_cache": ("put_executable_and_time", "get_executable_and_time"),
+            "jax._src.distributed": ("global_state",)}
+
+
+def missing_names(module) -> str | None:
+    """The line for a JAX whose `module` lacks a name this hook needs (None: all are there)."""
+    absent = [name for name in REPLACED[module.__name__] if not hasattr(module, name)]
+    if not absent:
+        return None
+    from importlib.metadata import version
+
+    return (f"tests/startup/sitecustomize.py was written for JAX {WRITTEN_FOR}; JAX {version('jax')}'s "
+            f"{module.__name__} has no {', '.join(absent)}: update the hook for this JAX (or take it off the "
+            "suite's PYTHONPATH in tests/conftest.py, at the cost of compiling in every process)")
+
+
+def _check(module) -> None:
+    """End the process with `missing_names`'s line when `module` lacks a name the hook needs."""
+    problem = missing_names(module)
+    if problem:
+        sys.stderr.write(f"error: {problem}\n")
+        sys.stderr.flush()
+        os._exit(2)
 
 
 def _patch(cache_key) -> None:
+    _check(cache_key)
     topology_hash = cache_key._hash_accelerator_config
 
     def hash_accelerator_config(hash_obj, accelerators) -> None:
@@ -46,12 +77,15 @@ def _patch(cache_key) -> None:
 
 
 def _patch_compiler(compiler) -> None:
+    _check(compiler)
     compile_and_write_cache = compiler._compile_and_write_cache
 
     def compile_load_or_wait(backend, computation, executable_devices, compile_options, host_callbacks, module_name,
                              cache_key):
         from jax._src import compilation_cache, distributed
 
+        for module in (compilation_cache, distributed):
+            _check(module)
         process, devices = distributed.global_state.process_id, list(executable_devices)
         processes = {device.process_index for device in devices}
         shared = (process not in (None, 0) and not host_callbacks and all(d.platform == "cpu" for d in devices)

@@ -153,8 +153,10 @@ def test_the_gradient_norm_by_shape_groups_equals_the_norm_by_leaves():
 @pytest.mark.parametrize("skip_by,norm_by", [("cond", "leaves"), ("select", "leaves"), ("select", "shape_groups")])
 def test_non_finite_gradients_skip_the_update(small_state, skip_by, norm_by):  # CPUs, TPUs, GPUs (SkipBy, NormBy)
     batch = copy_task_batch(np.random.default_rng(0))
-    # Compiled as XLA:CPU compiles by default (not the suite's quicker emitters, runs.CPU_COMPILE_FLAGS): the healthy
-    # update must give the default step's bits, and two programs give the same bits only where they are emitted alike.
+    # Compiled with XLA:CPU's own fused-loop emitters (FUSION_EMITTERS), not the suite's older ones; the suite's
+    # XLA_FLAGS still skip LLVM's optimisation passes (runs.DEFAULT_EMITTER_FLAGS), so this is not the program a user's
+    # run compiles: the healthy update must give the default step's bits, and two programs give the same bits only
+    # where they are emitted alike.
     step = jax.jit(functools.partial(train_step, skip_by=skip_by, norm_by=norm_by), static_argnums=2).lower(
         small_state, batch, 0.1).compile(compiler_options=FUSION_EMITTERS)
     poisoned = small_state.replace(
