@@ -6,11 +6,12 @@ import subprocess
 import sys
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "transformer_jax"
-# Lowest first. `errors.py` is the root of user errors; the top-level __init__ re-exports the modules.
+# Lowest first. `errors.py` is the root of user errors, `early_signals.py` keeps a command's stop signals from its
+# first instruction (standard library only); the top-level __init__ re-exports the modules.
 # `run` (the training loop and its parts) stands above what translates (decoding, evaluation, export): inference
 # does not carry the trainer. `cli` (flags, one-line errors) serves the entry points: train.py, eval.py and `aot`'s
 # __main__.
-FLOORS = ("errors", "base", "model", "decoding", "data", "config", "checkpoints", "training", "evaluation", "export",
+FLOORS = ("errors", "early_signals", "base", "model", "decoding", "data", "config", "checkpoints", "training", "evaluation", "export",
           "run", "cli", "aot")
 
 
@@ -31,12 +32,12 @@ def imported_floors(path: pathlib.Path) -> set[str]:
 
 def test_every_folder_imports_only_folders_below_it():
     floors = {path.name for path in PACKAGE.iterdir() if path.is_dir() and (path / "__init__.py").exists()}
-    assert floors | {"errors"} == set(FLOORS), "a new folder needs its place in FLOORS"
+    assert floors | {"errors", "early_signals"} == set(FLOORS), "a new folder needs its place in FLOORS"
     upward = []
     for path in PACKAGE.rglob("*.py"):
         parts = path.relative_to(PACKAGE).parts
         if len(parts) == 1:
-            continue  # the top-level __init__ and errors.py
+            continue  # the top-level __init__, errors.py and early_signals.py
         floor = parts[0]
         for other in imported_floors(path) - {floor}:
             if FLOORS.index(other) > FLOORS.index(floor):

@@ -13,6 +13,8 @@ import os
 import signal
 import sys
 
+__all__ = ["ARRIVED", "is_command", "record", "record_if_command"]
+
 ARRIVED: list[int] = []  # the signals, in the order they came
 COMMAND = "transformer-jax"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)

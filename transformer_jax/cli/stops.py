@@ -20,9 +20,9 @@ import threading
 import types
 from typing import Callable, Iterator, NoReturn
 
-from transformer_jax import early_signals as arrived_early
 from transformer_jax.cli.flag_parsing import parse_flags
 from transformer_jax.cli.user_errors import INTERRUPTED_EXIT, TERMINATED_EXIT
+from transformer_jax.early_signals import ARRIVED, record
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -46,13 +46,13 @@ RESEND_AFTER_S = 1.0
 # SIGTERM/SIGINT that arrived before the command's work began (while its imports ran, which take seconds),
 # recorded from the entry point's first instruction (transformer_jax/early_signals.py); `interrupts_reported` acts
 # on them.
-_arrived_early = arrived_early.ARRIVED
+_arrived_early = ARRIVED
 
 
 def early_signals() -> list[int]:
     """Record SIGTERM and SIGINT from now until `interrupts_reported` starts (a signal the process was
     started ignoring stays ignored: a shell's background job ignores SIGINT); returns the list they go to."""
-    return arrived_early.record()
+    return record()
 
 
 def _resend_if_unanswered(signal_number: int) -> None:
