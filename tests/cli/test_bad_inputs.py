@@ -133,7 +133,8 @@ def on_fresh(flags):
 # (row, train.py flags given the setup (after --config and --workdir of the trained run), fragments of the
 # error line: the problem, then the fix)
 TRAIN_ROWS = [
-    ("unknown config key", lambda s: ["--config.model.num_hedas=2"], ["num_hedas", 'Did you mean "num_heads"']),
+    ("unknown config key", lambda s: ["--config.model.num_hedas=2"],
+     ["unknown key --config.model.num_hedas", "did you mean --config.model.num_heads=2?"]),
     ("unknown flag", lambda s: ["--num_steps=3"], ["Unknown command line flag num_steps", "see --help"]),
     ("value of the wrong type", lambda s: ["--config.training.num_train_steps=ten"],
      ["--config.training.num_train_steps=ten", "invalid literal for int()"]),
@@ -205,7 +206,8 @@ TRAIN_ROWS = [
     ("built-in test size changed on resume", lambda s: ["--config.data.builtin_test_size=300"],
      ["data.builtin_test_size=300 differs from the 16 that", "--config.data.builtin_test_size=16"]),
     ("shapes differ from the checkpoint", lambda s: ["--config.model.d_ff=128"],
-     ["does not match the config", "(128,) in the model", "use the config the run was started with"]),
+     ["model.d_ff 64 -> 128 would change the parameters that the checkpoints in", "pass --config.model.d_ff=64 to "
+      "resume"]),
     ("model vocabulary disagrees with the tokenizer", lambda s: ["--config.model.vocab_size=123"],
      ["model.vocab_size=123 disagrees with the tokenizer's", "set model.vocab_size=0"]),
     ("tokenizer settings changed on resume", lambda s: ["--config.data.vocab_size=300"],
@@ -271,7 +273,7 @@ TRAIN_ROWS = [
     ("cuDNN attention without a GPU", lambda s: ["--config.model.attention_backend=cudnn"],
      ["model.attention_backend='cudnn' needs NVIDIA GPUs, but this run's devices are cpu",
       "--config.model.attention_backend=fused"]),
-    ("parameters larger than the device", lambda s: ["--config.model.d_ff=2000000000"],
+    ("parameters larger than the device", fresh("--config.model.d_ff=2000000000"),
      ["the train state (parameters and Adam moments of d_model=32, d_ff=2000000000", "GB per device, but a cpu",
       "lower the model's sizes", "--config.mesh.fsdp"]),
     ("compilation cache that is a file", lambda s: [f"--compilation_cache={s['dir'] / 'a_file'}"],

@@ -206,9 +206,9 @@ def test_prepare_cli_given_a_file_or_a_path_under_one_refuses_with_one_line(tmp_
     (tmp_path / "a_file").write_text("not a directory")
     before = snapshot(tmp_path)
     for output, fragments in [("a_file", ["a_file is a file, not the directory a prepared corpus is",
-                                          "choose another directory"]),
+                                          "move it away or choose another --output"]),
                               ("a_file/corpus", ["a_file is a file, so the prepared corpus cannot be made at",
-                                                 "choose a directory that is not under a file"])]:
+                                                 "choose another --output that is not under a file"])]:
         result = subprocess.run([sys.executable, "-m", "transformer_jax.cli.prepare", "--config=configs/smoke.py",
                                  f"--output={tmp_path / output}"], cwd=ROOT, env=script_env(), capture_output=True,
                                 text=True, timeout=300)

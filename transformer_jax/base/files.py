@@ -242,10 +242,15 @@ def directory_written_whole(directory: str) -> Iterator[str]:
 # OSError numbers that are the machine's storage, not a bug: a full disk or quota, a file-size limit, a
 # read-only file system.
 STORAGE_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
-                  errno.EFBIG: "file too large for the file system or its limit", errno.EROFS: "read-only file system"}
+                  errno.EFBIG: "file too large for the file system or its limit", errno.EROFS: "read-only file system",
+                  errno.EACCES: "permission denied", errno.EPERM: "operation not permitted (an immutable file or "
+                  "directory, or another user's)"}
 # What the user does about each, before running the same command again.
 STORAGE_REMEDIES = {errno.ENOSPC: "free space", errno.EDQUOT: "free space or raise the quota",
-                    errno.EFBIG: "raise the file-size limit (ulimit -f)", errno.EROFS: "make the file system writable"}
+                    errno.EFBIG: "raise the file-size limit (ulimit -f)", errno.EROFS: "make the file system writable",
+                    errno.EACCES: "make the folder writable for this user", errno.EPERM: "make the folder writable"}
+# The faults whose remedy names the folder of the file refused, when the error names the file.
+_FOLDER_REMEDIES = {errno.EROFS, errno.EACCES, errno.EPERM}
 # How TensorStore (Orbax's array writer) reports the OSError under a failed write, in its message.
 _TENSORSTORE_ERRNO = re.compile(r"os_error_code='?(\d+)")
 
@@ -272,8 +277,8 @@ def storage_remedy(error: BaseException) -> str:
     """What to do about the storage fault behind `error` ("free space"; see STORAGE_REMEDIES); a read-only
     file system with the file named: "make <its folder> writable"."""
     code, filename = storage_errno(error), getattr(error, "filename", None)
-    if code == errno.EROFS and filename:
-        return f"make {os.path.dirname(filename)} writable"
+    if code in _FOLDER_REMEDIES and filename:
+        return f"make {os.path.dirname(os.path.abspath(filename))} writable"
     return STORAGE_REMEDIES.get(code, "free space")
 
 

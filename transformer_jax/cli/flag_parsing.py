@@ -156,6 +156,9 @@ def parse_flags(argv: list[str], module: types.ModuleType | None = None) -> list
     argv = _with_packaged_configs(argv)
 
     path = _config_path(argv)
+    if path == "":
+        print(f"error: --config is empty; pass {_config_needed()}", file=sys.stderr)
+        sys.exit(USER_ERROR_EXIT)
     if path and not path.endswith(".json") and "://" not in path and not os.path.exists(path):
         named = os.path.dirname(path) in ("", "configs")  # a name, as a packaged config's would be
         shipped = (f", and no config of that name ships with the package; pass a config file's path, or one of "
@@ -189,9 +192,8 @@ def parse_flags(argv: list[str], module: types.ModuleType | None = None) -> list
             sys.exit(USER_ERROR_EXIT)
         # ml_collections re-raises a TypeError/ValueError of the config file as a new one holding the traceback,
         # which absl wraps again: the config file's own error is the innermost of the chain.
-        required = re.search(r"Flag (--\w+) must have a value other than None", str(error))
-        if required and required.group(1) != "--config":
-            print(f"error: {required.group(1)} is required; see --help", file=sys.stderr)
+        if missing := _missing_flags(error):
+            print(f"error: {missing}", file=sys.stderr)
             sys.exit(USER_ERROR_EXIT)
         original = _config_file_error(error, path) if "Error whilst parsing config file" in str(error) else error
         if isinstance(original, TypeError) and "get_config()" in str(original):
@@ -200,6 +202,8 @@ def parse_flags(argv: list[str], module: types.ModuleType | None = None) -> list
             detail = str(original).splitlines()[0]
         elif isinstance(original, SyntaxError) or _raised_in(original, path):
             detail = f"{_config_file_failure(path, original)}; a config is a Python file defining get_config()"
+        elif "config" in flags.FLAGS and (override := _override_fault(argv, path)):
+            detail = override
         elif isinstance(error, (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError)):
             # ml_collections writes "'key'\nDid you mean ..." and multi-line file errors: keep one line.
             lines = [line.strip() for line in str(error).replace("\\n", "\n").splitlines() if line.strip()]
@@ -217,6 +221,74 @@ def parse_flags(argv: list[str], module: types.ModuleType | None = None) -> list
 
 # The flag that lists the run config's keys (parse_flags); named in --config's help.
 CONFIG_HELP = "--config_help"
+
+
+def _config_needed() -> str:
+    """What --config takes, for the line refusing it missing or empty."""
+    names = packaged_config_names()
+    return "a config file, or the name of one that ships with the package" + (f" ({', '.join(names)})" if names else "")
+
+
+def _missing_flags(error: Exception) -> str | None:
+    """The line for required flags the command line lacks ("--config and --workdir are required"), else None."""
+    missing = list(dict.fromkeys(re.findall(r"Flag (--\w+) must have a value other than None", str(error))))
+    if not missing:
+        return None
+    if missing == ["--config"]:
+        return f"--config is required: {_config_needed()}; see --help"
+    names = " and ".join([", ".join(missing[:-1]), missing[-1]] if len(missing) > 1 else missing)
+    config = f" (--config: {_config_needed()})" if "--config" in missing else ""
+    return f"{names} {'is' if len(missing) == 1 else 'are'} required{config}; see --help"
+
+
+def _override_fault(argv: list[str], path: str | None) -> str | None:
+    """The line for `--config.KEY` overrides without a --config, or for the first naming no run setting: "unknown
+    key", with the nearest key (`_nearest_key`); None when every override names one."""
+    from transformer_jax.config import SETTINGS
+
+    overrides = [arg for arg in argv[1:] if arg.startswith("--config.")]
+    if overrides and path is None:
+        return f"--config is required: the --config.KEY overrides change its settings; pass {_config_needed()}"
+    keys = [setting.key for setting in SETTINGS]
+    for arg in overrides:
+        given, equals, value = arg.removeprefix("--config.").partition("=")
+        if given in keys:
+            continue
+        setting = next((key for key in keys if given.startswith(f"{key}.")), None)
+        if setting is not None:
+            return (f"--config.{given}: {setting} is a setting, not a section of settings; pass "
+                    f"--config.{setting}=VALUE ({CONFIG_HELP} lists every key)")
+        nearest = _nearest_key(given)
+        hint = f" (did you mean --config.{nearest}{equals}{value}?)" if nearest else ""
+        return f"unknown key --config.{given}{hint}; {CONFIG_HELP} lists every key"
+    return None
+
+
+def _nearest_key(given: str) -> str | None:
+    """The run setting `given` ("training.warmup", "trainin.seed", "warmup_steps") most likely meant: its name in
+    another section (or with none given), else a close name in its section (its name misspelt, too), else one
+    holding its name, else a close name anywhere."""
+    import difflib
+
+    from transformer_jax.config import SETTINGS
+
+    sections = list(dict.fromkeys(setting.section for setting in SETTINGS))
+    section, dot, name = given.partition(".")
+    section, name = (section, name) if dot else ("", given)
+    if section and section not in sections:
+        section = next(iter(difflib.get_close_matches(section, sections, n=1)), "")
+    exact = [setting.key for setting in SETTINGS if setting.name == name]
+    if exact:
+        return exact[0]
+    mine = {setting.name: setting.key for setting in SETTINGS if setting.section == section}
+    close = difflib.get_close_matches(name, list(mine), n=1)
+    if close:
+        return mine[close[0]]
+    holding = [key for other, key in mine.items() if name and name in other]
+    if holding:
+        return holding[0]
+    close = difflib.get_close_matches(name, [setting.name for setting in SETTINGS], n=1)
+    return next(setting.key for setting in SETTINGS if setting.name == close[0]) if close else None
 
 
 def _config_file_error(error: BaseException, path: str | None) -> BaseException:

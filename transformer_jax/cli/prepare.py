@@ -7,11 +7,15 @@ process of the run reads only the pairs of its own rows:
 
   transformer-jax train --config=CONFIG --workdir=RUN --config.data.prepared=DIR
 
-(Also `python -m transformer_jax.cli.prepare`, the same flags.)
+One job prepares an output at a time (`<DIR>.lock`, as a run owns its workdir): another is refused in one line
+naming it. A failed first attempt leaves no directory behind; a stop keeps what was made, and the same command
+prepares the corpus anew. (Also `python -m transformer_jax.cli.prepare`, the same flags.)
 """
 
+import contextlib
 import os
 import time
+from typing import Iterator
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # preparing is host work: no accelerator is started
 
@@ -19,7 +23,6 @@ from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from transformer_jax.cli.flag_parsing import refuse_blank  # noqa: E402
-from transformer_jax.cli.run_directory import removed_on_failure  # noqa: E402
 from transformer_jax.cli.user_errors import user_errors  # noqa: E402
 from transformer_jax.cli.stops import interrupts_reported, run_command  # noqa: E402
 
@@ -40,19 +43,42 @@ def main(argv: list[str]) -> None:
         # The environment default above comes too late when the package (and so jax) was imported first.
         jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS") or "cpu")
         from transformer_jax.config import check_run_config
-        from transformer_jax.data import MANIFEST, prepare_corpus
+        from transformer_jax.data import prepare_corpus
         from transformer_jax.errors import ConfigError
 
-        config = _CONFIG.value
+        config, output = _CONFIG.value, _OUTPUT.value
         check_run_config(config)
         if _WORKERS.value < 1:
             raise ConfigError(f"--workers={_WORKERS.value} must be at least 1")
         start = time.perf_counter()
-        with removed_on_failure(_OUTPUT.value, MANIFEST):  # a failed first attempt (a full disk) leaves no directory
-            corpus = prepare_corpus(config, _OUTPUT.value, workers=_WORKERS.value, workers_flag="--workers")
+        with writes_permitted(output):  # claimed while prepared; a failed first attempt leaves no directory
+            corpus = prepare_corpus(config, output, workers=_WORKERS.value, workers_flag="--workers",
+                                    output_flag="--output")
         seconds = time.perf_counter() - start
         print(f"prepared {len(corpus)} training pairs in {len(corpus.manifest['shards'])} shard(s) at "
-              f"{_OUTPUT.value} ({seconds:.1f} s); train with --config.data.prepared={_OUTPUT.value}")
+              f"{output} ({seconds:.1f} s); train with --config.data.prepared={output}")
+
+
+@contextlib.contextmanager
+def writes_permitted(output: str) -> Iterator[None]:
+    """A write for `output` (into it, its lock beside it, or a folder made for it) that the file system does not
+    permit (EPERM: an immutable directory; EACCES: another user's) becomes one StorageError line naming the folder
+    and the fix; any other PermissionError keeps its traceback."""
+    from transformer_jax.errors import StorageError
+
+    try:
+        yield
+    except PermissionError as error:
+        target = os.path.abspath(output.rstrip("/")) if "://" not in output else None
+        name = os.path.abspath(error.filename) if isinstance(error.filename, str) else None
+        if target is None or name is None or not (name == target or name.startswith((target + os.sep,
+                                                                                     target + ".lock"))
+                                                  or target.startswith(name + os.sep)):
+            raise
+        folder = os.path.dirname(name)
+        raise StorageError(f"preparing the corpus at {output} failed: {(error.strerror or 'not permitted').lower()} "
+                           f"in {folder} (an immutable directory, or another user's); make {folder} writable or "
+                           "choose another --output, and run the same command again") from None
 
 
 if __name__ == "__main__":

@@ -166,12 +166,14 @@ SETTINGS: tuple[Setting, ...] = _model_settings() + (
     Setting("training.seed", 0, "parameters, dropout and data order.",
             Bound(0, MAX_SEED, wording="an integer in [0, 2**63 - 1]", short="[0, 2**63 - 1]")),
     Setting("training.log_every", 100, "steps between training-metric logs.", POSITIVE, steps=True),
-    Setting("training.eval_every", 1_000, "steps between dev-loss evaluations.", NON_NEGATIVE, steps=True),
+    Setting("training.eval_every", 1_000, "steps between dev-loss evaluations (logged; one at a checkpoint's step "
+            "goes with that checkpoint and ranks it).", NON_NEGATIVE, steps=True),
     Setting("training.bleu_every", 5_000, "steps between dev-BLEU evaluations (0 = never during training).",
             NON_NEGATIVE, steps=True),
     Setting("training.dev_bleu_sentences", 0, "dev sentences translated for dev BLEU (0 = all).", NON_NEGATIVE),
-    Setting("training.checkpoint_every", 1_000, "steps between checkpoints (and one at the end).", POSITIVE,
-            steps=True),
+    Setting("training.checkpoint_every", 1_000, "steps between checkpoints (and one at the end); they alone decide "
+            "when a checkpoint is saved: an evaluation at a checkpoint's step goes with it, and the best checkpoint "
+            "is chosen among those that carry one.", POSITIVE, steps=True),
     Setting("training.max_updates_in_flight", 2, "the most updates dispatched to the devices and not yet finished: "
             "the host's lead over them, which a stop (SIGTERM) waits for before its checkpoint (1: the host waits for "
             "each update before dispatching the next).", Bound(1, 1000, wording="an integer in [1, 1000]",
@@ -179,7 +181,8 @@ SETTINGS: tuple[Setting, ...] = _model_settings() + (
     Setting("training.stop_grace_seconds", 30.0, "seconds a scheduler gives a stopped run between SIGTERM and SIGKILL "
             "(GKE's terminationGracePeriodSeconds): once a checkpoint write has been timed, one line says when the "
             "updates in flight and a checkpoint write cannot fit (0 = no check).", NON_NEGATIVE),
-    Setting("training.keep_checkpoints", 5, "newest checkpoints kept on disk (the best one is kept as well).",
+    Setting("training.keep_checkpoints", 5, "newest checkpoints kept on disk (the best one by the dev metric, "
+            "among those saved at an evaluated step, is kept as well).",
             POSITIVE),
     Setting("training.max_skipped_updates", 20, "stop after this many consecutive non-finite updates.", POSITIVE),
     Setting("training.wandb_project", "", "also log the metrics to this Weights & Biases project (the wandb extra; "

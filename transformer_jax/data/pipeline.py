@@ -6,6 +6,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import shutil
 from typing import Any
 
 import ml_collections
@@ -39,6 +40,7 @@ from transformer_jax.errors import DataError
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.base.files import exists, is_file, is_local, read_bytes, write_atomically
 from transformer_jax.base import workdir as layout
+from transformer_jax.base.lock import Claim, WorkdirLockedError
 
 
 @dataclasses.dataclass
@@ -161,13 +163,15 @@ BUILTIN_SETTINGS = ("builtin_train_size", "builtin_dev_size", "builtin_test_size
 LOCATION_SETTINGS = ("path", "tfds_data_dir", "files")
 
 
-def check_corpus_key(corpus: PreparedCorpus, key: dict[str, Any], own: bool) -> None:
+def check_corpus_key(corpus: PreparedCorpus, key: dict[str, Any], own: bool, output_flag: str = "") -> None:
     """Fail when `corpus` was prepared from other data settings than `key` (`own`: the run's own corpus in
-    its workdir, which also checks where the data lies and whether its files changed)."""
+    its workdir, or the output of a command whose flag `output_flag` names it, which also checks where the data
+    lies and whether its files changed)."""
     saved = dict(corpus.manifest["key"])
     if saved.get("path") and is_local(saved["path"]):  # corpora prepared before paths were kept absolute
         saved["path"] = os.path.abspath(saved["path"])
-    fix = "or use a new workdir" if own else "or prepare the corpus again into a new directory"
+    fix = (f"or choose another {output_flag}" if output_flag else "or use a new workdir" if own
+           else "or prepare the corpus again into a new directory")
     if "files" in saved and "files" in key and (own and saved.get("path") == key.get("path") or (
             not own and all(len(entry) > 3 for entry in saved["files"]))):
         # Its own corpus: the files it was prepared from, edited since. Another (data.prepared) with a local
@@ -189,19 +193,42 @@ def check_corpus_key(corpus: PreparedCorpus, key: dict[str, Any], own: bool) -> 
 
 def prepare_corpus(config: ml_collections.ConfigDict, directory: str, workers: int = 1,
                    tokenizer_model: str | None = None,
-                   workers_flag: str = "--config.data.prepare_workers") -> PreparedCorpus:
+                   workers_flag: str = "--config.data.prepare_workers", output_flag: str = "") -> PreparedCorpus:
     """Prepare the configured training corpus into `directory` (or open it, when prepared from these settings).
 
     Reads the splits, trains the tokenizer (or uses `tokenizer_model`), encodes the training pairs with
     `workers` processes and writes the shards, the length index and the dev/test text (prepared.py).
     `workers_flag` is the calling command's flag that sets `workers`, for the advice when one is killed.
+    `output_flag` (prepare's --output) makes `directory` a command's own output: one job prepares it at a time
+    (`<directory>.lock`, as a run owns its workdir; another is refused naming it, before anything is written), and
+    what a failed attempt made for it is removed (a stop keeps it: the same command prepares it anew).
     """
     key = corpus_key(config.data, config.training.seed)
     if is_file(os.path.join(directory, MANIFEST)):
         corpus = PreparedCorpus.open(directory)
-        check_corpus_key(corpus, key, own=True)
+        check_corpus_key(corpus, key, own=True, output_flag=output_flag)
         return corpus
-    check_can_write(directory)
+    created = check_can_write(directory, output_flag)
+    if not output_flag:  # the run's own corpus: its workdir's lock and lifecycle cover it
+        return _prepare_corpus(config, directory, workers, tokenizer_model, workers_flag, key)
+    claim = Claim(f"{directory.rstrip('/')}.lock", f"output {directory}", "job preparing a corpus", output_flag)
+    try:
+        claim.acquire()  # refused: another job prepares it, and nothing of it is touched here
+        if is_file(os.path.join(directory, MANIFEST)):  # prepared by the job that held it until now
+            return prepare_corpus(config, directory, workers, tokenizer_model, workers_flag, output_flag)
+        return _prepare_corpus(config, directory, workers, tokenizer_model, workers_flag, key)
+    except WorkdirLockedError:
+        raise
+    except Exception:
+        if created and not exists(os.path.join(directory, MANIFEST)):
+            shutil.rmtree(created[-1], ignore_errors=True)  # the outermost folder this attempt made
+        raise
+    finally:
+        claim.release()
+
+
+def _prepare_corpus(config: ml_collections.ConfigDict, directory: str, workers: int, tokenizer_model: str | None,
+                    workers_flag: str, key: dict[str, Any]) -> PreparedCorpus:
     data = config.data
     splits = load_run_splits(data, config.training.seed, ("train", "dev", "test"))
     train_pairs, dropped = drop_empty_pairs(splits.pop("train"))

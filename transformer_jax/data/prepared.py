@@ -431,25 +431,30 @@ def finish_prepared(directory: str, key: dict[str, Any], tokenizer: Tokenizer, n
     return PreparedCorpus.open(directory)
 
 
-def check_can_write(directory: str) -> None:
+def check_can_write(directory: str, flag: str = "") -> list[str]:
     """Refuse to prepare into a directory holding files that are not a prepared corpus's (nothing is overwritten),
-    or one that cannot be made (a file stands where it or a folder above it belongs)."""
+    or one that cannot be made (a file stands where it or a folder above it belongs); `flag` is the command's flag
+    naming it (prepare's --output), for the advice. Returns the local directories preparing makes, deepest first."""
+    elsewhere = f"another {flag}" if flag else "another directory"
     if not exists(directory):
+        missing = [os.path.abspath(directory)] if is_local(directory) else []
         parent = os.path.dirname(directory.rstrip("/"))
         while is_local(directory) and parent and not exists(parent) and parent != os.path.dirname(parent):
+            missing.append(os.path.abspath(parent))
             parent = os.path.dirname(parent)
         if is_local(directory) and parent and exists(parent) and not is_dir(parent):
             raise DataError(f"{parent} is a file, so the prepared corpus cannot be made at {directory}; choose "
-                            f"a directory that is not under a file")
-        return
+                            f"{elsewhere if flag else 'a directory'} that is not under a file")
+        return missing
     if not is_dir(directory):
         raise DataError(f"{directory} is a file, not the directory a prepared corpus is; move it away or choose "
-                        f"another directory")
+                        f"{elsewhere}")
     others = sorted(name for name in list_names(directory) if not owned_name(name.rstrip("/")))
     if others:
         raise DataError(f"{directory} holds other files ({', '.join(others[:3])}); prepare the corpus into an "
-                        f"empty or new directory")
+                        f"empty or new directory{f' ({elsewhere})' if flag else ''}")
     _check_owned_names(directory)
+    return []
 
 
 def _check_owned_names(directory: str) -> None:

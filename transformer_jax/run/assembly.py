@@ -23,6 +23,7 @@ from transformer_jax.config.schema import check_run_config
 from transformer_jax.data.pipeline import RunData, prepare_data
 from transformer_jax.base.log_records import check_logs
 from transformer_jax.run.programs import RunPrograms, build_run_for
+from transformer_jax.run.setting_changes import check_state_settings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,16 +47,17 @@ def assemble_run(config: ml_collections.ConfigDict, workdir: str, data: RunData 
     """Check `config` and `workdir`, then build the mesh, the data (`data`, or the corpus the config names,
     prepared in or read from the workdir), the programs for its batch shapes and the checkpointer.
 
-    The config, the workdir's layout and its logs are checked before anything is written (a refused start leaves
-    the workdir as it was); the corpus and the tokenizer are then prepared in the workdir (or read), and the
-    programs built for them, which may still refuse the settings (ConfigError). The checkpoints folder is made
-    last, once the train state is known to fit the devices.
+    The config, the workdir's layout, the settings a resume could not restore its checkpoints with and the logs are
+    checked before anything is written (a refused start leaves the workdir as it was); the corpus and the tokenizer
+    are then prepared in the workdir (or read), and the programs built for them, which may still refuse the
+    settings (ConfigError). The checkpoints folder is made last, once the train state is known to fit the devices.
     """
     started = time.perf_counter()
     check_run_config(config)
     if (sizing := sizing_line(config)) is not None:  # the sizes chosen for the user, after their overrides
         say(sizing)
     layout.check_layout(workdir)
+    check_state_settings(workdir, config)  # a resume whose settings could not restore the checkpoints
     mesh = make_mesh(config.mesh.data, config.mesh.fsdp)
     check_logs(workdir)
     data = data or prepare_data(

@@ -291,7 +291,8 @@ class Trainer:
                                      training.profile_steps, enabled=is_writer)
         stop = StopFlag(step=start)
         self.must_stop = StopAgreement(stop, self.mesh, training.max_updates_in_flight)
-        # A checkpoint saved at a step whose evaluation was due, without its metrics: a stop abandoned that evaluation.
+        # A checkpoint saved at a step whose evaluation was due, without its metrics: a stop abandoned that evaluation
+        # (a checkpoint of such a step otherwise carries them; one between evaluations is never owed any).
         owed = start > 0 and evaluate.due(start) and not resumed.get("metrics")
         stop.install()
         try:
@@ -329,12 +330,14 @@ class Trainer:
                 self.abandoned_at = step if evaluate.due(step) else None
                 break
             results, stopping = self._evaluate(step, window, evaluate)
-            saves = not stopping and (step % training.checkpoint_every == 0 or bool(results))
+            # training.checkpoint_every alone decides the checkpoints (and the last step has one); an evaluation of
+            # the same step goes with its checkpoint, whose metrics rank it among the best (checkpoints/manager.py).
+            saves = not stopping and (step % training.checkpoint_every == 0 or step == training.num_train_steps)
             if saves:
                 self.save(step, window, results)
             if closes_window:
                 window.restart_clock()  # evaluating and saving are not training time
-            if closes_window or saves:
+            if closes_window or saves or results:
                 window.resume_progress()
         # A signal after the last step's check, agreed like any other: the run stops instead of going on to score.
         stopping = stopping or self.must_stop.between_batches()

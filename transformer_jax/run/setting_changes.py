@@ -7,19 +7,25 @@ means is appended to the change log first, as one JSON line (the time, the step 
 and each setting's old and new value), and printed once. Settings that only say how far the run goes, how
 often it logs, checkpoints or evaluates, how it decodes, or how the same arithmetic is laid out on the
 devices change nothing that earlier steps meant; they are not recorded.
+
+Some settings decide which arrays a checkpoint's train state holds, or their shapes or dtypes (`STATE_SETTINGS`:
+the model's sizes, form and parameter dtype, clipping turned on or off). A resume with another value could not
+restore the checkpoints: it is refused at start-up (`check_state_settings`), before anything is written, naming
+each such setting, the value the checkpoints were saved with and the flag that resumes.
 """
 
 from __future__ import annotations
 
 import datetime
 import json
-from typing import Any
+from typing import Any, Callable
 
 import ml_collections
 
 from transformer_jax.base import workdir as layout
-from transformer_jax.base.files import append_text, exists, read_text
+from transformer_jax.base.files import append_text, exists, is_dir, list_names, read_text
 from transformer_jax.config.schema import flat_settings
+from transformer_jax.errors import ConfigError
 
 CHANGES = layout.CONFIG_CHANGES
 
@@ -64,3 +70,59 @@ def record_changes(workdir: str, step: int, config: ml_collections.ConfigDict) -
 def describe(changes: dict[str, list[Any]]) -> str:
     """`changes` for one line: "training.warmup_steps 4000 -> 100, model.dropout_rate 0.1 -> 0.3"."""
     return ", ".join(f"{key} {json.dumps(old)} -> {json.dumps(new)}" for key, (old, new) in changes.items())
+
+
+def _itself(key: str) -> Callable[[dict[str, Any]], Any]:
+    return lambda settings: settings[key]
+
+
+# The settings that shape the train state (its arrays' names, shapes and dtypes), each with what of a run's flat
+# settings its part in it is: where that differs from the checkpoints', they cannot be restored (a dtype would be
+# cast, and then fail its checksum). tests/run/test_setting_changes.py checks the list against the state each value
+# of every model and training setting builds.
+STATE_SETTINGS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    **{f"model.{name}": _itself(f"model.{name}") for name in (
+        "num_layers", "d_model", "d_ff", "num_heads", "norm_position", "positional_encoding", "share_embeddings",
+        "tie_output_embedding", "output_bias", "scan_layers", "param_dtype")},
+    # A learned position table has max_len rows; sinusoidal positions are computed, not kept.
+    "model.max_len": lambda settings: settings["model.max_len"] if settings["model.positional_encoding"] == "learned"
+    else None,
+    # Clipping is a step of the optimizer's chain with a state of its own: on or off, not its norm, shapes the state.
+    "training.grad_clip_norm": lambda settings: settings["training.grad_clip_norm"] > 0,
+}
+
+
+def state_changes(saved: dict[str, Any], config: ml_collections.ConfigDict) -> dict[str, list[Any]]:
+    """{"section.key": [old, new]} of the STATE_SETTINGS whose value in `config` gives the train state other arrays
+    than the `saved` config.json's did (a setting the saved file lacks is left out: its value is not known)."""
+    before, after = flat_settings(saved), flat_settings(json.loads(config.to_json_best_effort()))
+    changes = {}
+    for key, part in STATE_SETTINGS.items():
+        try:
+            if before[key] != after[key] and part(before) != part(after):
+                changes[key] = [before[key], after[key]]
+        except (KeyError, TypeError):  # a config.json of an older version (a setting missing), or hand-edited
+            continue
+    return changes
+
+
+def check_state_settings(workdir: str, config: ml_collections.ConfigDict) -> None:
+    """Refuse (ConfigError) to resume the checkpoints in `workdir` with settings that give the train state other
+    arrays than those they hold (`state_changes` against the saved config.json): one line naming each setting, its
+    saved and new value, and the flags that resume. Nothing to check without checkpoints or a readable config.json."""
+    checkpoints, path = layout.run_path(workdir, layout.CHECKPOINTS), layout.run_path(workdir, layout.CONFIG)
+    if not (is_dir(checkpoints) and any(name.isdigit() for name in list_names(checkpoints)) and exists(path)):
+        return
+    try:
+        saved = json.loads(read_text(path))
+    except ValueError:
+        return  # damaged: the checkpoints' own shapes are checked when they are restored
+    if not isinstance(saved, dict) or not (changes := state_changes(saved, config)):
+        return
+    what = "optimizer state" if all(key.startswith("training.") for key in changes) else "parameters"
+    why = (" (turning clipping on or off adds or removes a step of the optimizer, with a state of its own)"
+           if "training.grad_clip_norm" in changes else "")
+    resume = " ".join(f"--config.{key}={old}" for key, (old, _) in changes.items())
+    raise ConfigError(f"{describe(changes)} would change the {what} that the checkpoints in {workdir} hold{why}, so "
+                      f"the run cannot resume with {'it' if len(changes) == 1 else 'them'}; pass {resume} to resume, "
+                      "or start a new run in another --workdir")
