@@ -1,5 +1,6 @@
 """Bulk translation (`transformer-jax translate-corpus`): an output the same bytes after SIGKILLs at random points as
-without them, with one process and with two; bad input named in one line, nothing overwritten."""
+without them, with one process and with two; bad input named in one line, nothing overwritten. Inputs edited during
+a job: test_corpus_translation_edits.py; what stands at an output's places: test_corpus_translation_places.py."""
 
 import json
 import os
@@ -122,6 +123,8 @@ def test_bad_input_is_one_line_and_nothing_is_overwritten(trained_run, tmp_path)
     theirs.mkdir()
     (theirs / "mono.en.de").write_text("someone's file\n")
     mono = write_corpus(tmp_path / "mono.en", 5)
+    (tmp_path / "x").mkdir()
+    write_corpus(tmp_path / "x" / "mono.en", 5, seed=1)
     rows = [
         ([f"--input={bad}", f"--output_dir={tmp_path / 'out'}"], [f"{bad} line 3 is not valid UTF-8"]),
         ([f"--input={mono}", f"--output_dir={theirs}"], ["mono.en.de exists and is not this job's output",
@@ -153,8 +156,9 @@ def test_a_finished_output_is_kept_and_other_settings_are_refused(trained_run, t
 
 
 def test_a_glob_in_a_bucket_is_translated_into_the_bucket_and_resumed(trained_run, gcs_emulator, tmp_path):
-    """gs:// inputs (a glob) and --output_dir, on a local GCS emulator: a killed job goes on to the bytes of a whole
-    one, and the bucket holds only the outputs and their records."""
+    """gs:// inputs (a glob) and --output_dir, on a local GCS emulator: a killed job, its glob then gaining a file that
+    comes first, goes on to the bytes of a whole one (sampling seeds follow each file's name, not its place in the
+    glob), and the bucket holds only the outputs and their records."""
     import uuid
 
     import fsspec
@@ -179,136 +183,19 @@ def test_a_glob_in_a_bucket_is_translated_into_the_bucket_and_resumed(trained_ru
     time.sleep(12)  # start-up and a shard or two
     stopped.send_signal(signal.SIGKILL)
     stopped.wait()
+    with emulator_in_this_process(gcs_emulator):
+        bucket = fsspec.filesystem("gs", skip_instance_cache=True, use_listings_cache=False)
+        bucket.pipe_file(f"{root}/in/added.en", write_corpus(tmp_path / "added.en", 5, seed=7).read_bytes())
     resumed = job(f"{root}/resumed")
     assert resumed.wait(timeout=600) == 0, resumed.stderr.read()[-3000:]
     with emulator_in_this_process(gcs_emulator):
         bucket = fsspec.filesystem("gs", skip_instance_cache=True, use_listings_cache=False)
         names = sorted(path.rsplit("/", 1)[-1] for path in bucket.find(f"{root}/resumed".removeprefix("gs://")))
-        assert names == ["part0.en.de", "part0.en.de.json", "part1.en.de", "part1.en.de.json"]
+        assert names == ["added.en.de", "added.en.de.json", "part0.en.de", "part0.en.de.json", "part1.en.de",
+                         "part1.en.de.json"]
         for name in ("part0.en.de", "part1.en.de"):
             output = bucket.cat_file(f"{root}/resumed/{name}")
             assert output == bucket.cat_file(f"{root}/whole/{name}") and output.count(b"\n") > 3 * SHARD_LINES - 1
-
-
-class Stopped(Exception):
-    """A stop in the middle of a job (as SIGKILL leaves it: the shards written so far)."""
-
-
-class StoppingTranslator:
-    """A Translator that stops the job after `shards` translate calls (None: never)."""
-
-    def __init__(self, translator, shards: int | None):
-        self.translator, self.left = translator, shards
-
-    def __getattr__(self, name):
-        return getattr(self.translator, name)
-
-    def translate(self, lines, **search):
-        if self.left is not None:
-            if self.left == 0:
-                raise Stopped
-            self.left -= 1
-        return self.translator.translate(lines, **search)
-
-
-def edit_input(rng: random.Random, path: pathlib.Path, other: pathlib.Path) -> str:
-    """One random edit of the input file between attempts; returns what it did."""
-    lines = path.read_text().splitlines()
-    kind = rng.choice(["change", "insert", "delete", "append", "swap", "none"])
-    at = rng.randrange(len(lines))
-    if kind == "change":
-        lines[at] = lines[at] + " big"
-    elif kind == "insert":
-        lines.insert(at, "the red dog")
-    elif kind == "delete":
-        del lines[at]
-    elif kind == "append":
-        lines.append("a small cat")
-    elif kind == "swap":  # another file of the same name in its place
-        lines = other.read_text().splitlines()
-    path.write_text("".join(line + "\n" for line in lines))
-    return f"{kind} at {at}"
-
-
-def damage_parts(rng: random.Random, parts: pathlib.Path) -> str:
-    """One random damage to a parts folder's shard files; returns what it did."""
-    files = sorted(parts.glob("0*")) if parts.is_dir() else []
-    if not files:
-        return "no parts"
-    victim = rng.choice(files)
-    kind = rng.choice(["truncate", "delete", "garbage", "empty", "none"])
-    if kind == "truncate":
-        victim.write_bytes(victim.read_bytes()[: len(victim.read_bytes()) // 2])
-    elif kind == "delete":
-        victim.unlink()
-    elif kind == "garbage":
-        victim.write_bytes(victim.read_bytes() + b"spam\n")
-    elif kind == "empty":
-        victim.write_bytes(b"")
-    return f"{kind} {victim.name}"
-
-
-def test_any_edit_of_the_input_or_damage_to_the_parts_ends_in_a_clean_jobs_output_or_a_refusal(trained_run, tmp_path):
-    """Property: a job stopped after some shards, its input then edited at random (a line changed, inserted, deleted
-    or appended; another file of the same name) and its parts damaged at random (a shard file cut, removed, added to
-    or emptied), then run again, ends with the bytes of a clean job on the input as it now is; or, where the first
-    attempt had finished, the output is refused as no longer its input's, and nothing of the user's changes."""
-    from transformer_jax.errors import ConfigError
-    from transformer_jax.evaluation import Translator
-    from transformer_jax.evaluation.corpus_translation import plan_files, translate_corpus
-
-    seed = random.randrange(1 << 30)
-    rng = random.Random(seed)
-    search = {"mode": "sample", "top_k": 5, "seed": 1}
-    settings = {"job": "property", "search": search}
-    with Translator(str(trained_run["workdir"])) as translator:
-        def job(inputs: pathlib.Path, out: pathlib.Path, stop_after: int | None = None) -> list[dict]:
-            files = plan_files([str(inputs)], str(out), "de")
-            return translate_corpus(StoppingTranslator(translator, stop_after), files, settings, search,
-                                    shard_lines=16, say=lambda line: None)
-
-        other = write_corpus(tmp_path / "other.en", 48, seed=99)
-        for trial in range(6):
-            work = tmp_path / f"trial{trial}"
-            work.mkdir()
-            # Whole shards of 16 lines before the edit: the search compiles few shapes (rows of 16, 15 or 1).
-            mono = write_corpus(work / "mono.en", 16 * rng.randint(2, 5), seed=trial)
-            out, parts = work / "out", work / "out" / "mono.en.de.parts"
-            stop_after = rng.choice([0, 1, 2, 3, None])  # shards before the stop (None: none)
-            completed = True
-            try:
-                job(mono, out, stop_after)
-            except Stopped:
-                completed = False
-                assert stop_after == 0 or parts.is_dir()
-                if stop_after == 0:  # stopped before its first shard: it left nothing to pin its settings
-                    assert not out.exists() or not os.listdir(out), f"seed {seed}, trial {trial}"
-            edit, damage = edit_input(rng, mono, other), damage_parts(rng, parts)
-            first = "finished" if completed else f"stopped after {stop_after}"
-            what = f"seed {seed}, trial {trial}: {first}, {edit}, {damage}"
-            kept = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} if out.is_dir() else {}
-            try:
-                job(mono, out)
-            except ConfigError as error:
-                assert completed and edit.split()[0] != "none", f"{what}: refused ({error})"
-                assert "changed since" in str(error), what
-                assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == kept, what
-                continue
-            assert not (completed and edit.split()[0] != "none"), f"{what}: kept a finished output of a changed input"
-            job(mono, work / "clean")
-            assert (out / "mono.en.de").read_bytes() == (work / "clean" / "mono.en.de").read_bytes(), what
-            assert (out / "mono.en.de").read_bytes().count(b"\n") == len(mono.read_text().splitlines()), what
-            assert not parts.exists(), what
-
-        # A finished output cut by hand is not taken for its input's translation either.
-        mono = write_corpus(tmp_path / "finished.en", 16)
-        job(mono, tmp_path / "finished")
-        output = tmp_path / "finished" / "finished.en.de"
-        cut = output.read_bytes()[:-7]
-        output.write_bytes(cut)
-        with pytest.raises(ConfigError, match="is not the text its .json records"):
-            job(mono, tmp_path / "finished")
-        assert output.read_bytes() == cut
 
 
 def test_the_model_is_named_by_its_parameters_and_tokenizer(trained_run):

@@ -6,10 +6,12 @@ in --output_dir, line for line with its input, and `<output>.json` records the s
 lines, lines cut to the model's max_len). Each file is read in shards of --shard_lines lines; each finished shard
 is kept in `<output>.parts/`, so the same command, run again after a stop of any kind (SIGTERM, SIGKILL, a
 preempted VM), goes on from the first unfinished shard, and the output is the same bytes as an uninterrupted
-run's; a shard whose input lines changed since (an edited input, another file of the same name) or whose file is
-damaged is translated again, and a checkpoint replaced in --workdir is refused. One job owns an output at a time
-(`<output>.lock`, as a run owns its workdir). With --multihost every process takes its own shards (on storage they
-all reach: gs://, or a shared file system) and translates them on its own devices.
+run's over the input as it is at the end; a shard whose input lines changed since (an edited input, another file of
+the same name), whose file is damaged, or that another job or place wrote is translated again, an input edited while
+the job runs stops it before the join (the same command goes on), and a checkpoint replaced in --workdir is refused.
+Nothing at an output's place that the job did not make (a file, a link, a folder) is replaced. One job owns an output
+at a time (`<output>.lock`, as a run owns its workdir). With --multihost every process takes its own shards (on
+storage they all reach: gs://, or a shared file system) and translates them on its own devices.
 """
 
 import os
@@ -29,13 +31,14 @@ _INPUT = flags.DEFINE_multi_string("input", None, "Text files to translate, or g
                                    "flag or separate them by commas.")
 _OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "Write the outputs here (default: beside each input).")
 _SUFFIX = flags.DEFINE_string("suffix", None, "The outputs' suffix: <input name>.<suffix> (default: the run's "
-                              "target language).")
+                              "target language; an empty one is refused).")
 _SHARD_LINES = flags.DEFINE_integer("shard_lines", 10_000, "Lines a shard: the unit of work that is kept, shared "
                                     "out among processes, and redone at most after a stop.")
 _SEARCH = define_search_flags()
 flags.mark_flag_as_required("input")
 refuse_blank(_INPUT, "the files (or globs) to translate")
 refuse_blank(_OUTPUT_DIR, "a directory, or leave it out to write beside each input")
+refuse_blank(_SUFFIX, "a name such as de, or leave it out for the run's target language")
 # The flag a bare word on the command line was probably meant for (flag_parsing.unexpected_argument names it).
 BARE_WORD_FLAG = _INPUT
 
@@ -64,7 +67,7 @@ def main(argv: list[str]) -> None:
             options = _SEARCH.options(run_config)
             translator.batching = _SEARCH.translation(run_config)["batching"]  # None: sized for the devices
             batching = translator.batching_for(options)
-            suffix = _SUFFIX.value or run_config.data.target_lang
+            suffix = run_config.data.target_lang if _SUFFIX.value is None else _SUFFIX.value
             files = corpus_translation.plan_files(corpus_translation.expand_inputs(patterns), _OUTPUT_DIR.value,
                                                   suffix)
             workdir = _RUN.workdir.value
@@ -74,9 +77,11 @@ def main(argv: list[str]) -> None:
                         "dtype": translator.dtype, "batching": dataclasses.asdict(batching),
                         "shard_lines": _SHARD_LINES.value}
             say = (lambda line: print(line, file=sys.stderr, flush=True)) if _RUN.lead else (lambda line: None)
-            claims = [Claim(item.output + ".lock", item.output, "translate-corpus job", "--output_dir")
+            claims = [Claim(item.output + corpus_translation.LOCK, item.output, "translate-corpus job", "--output_dir")
                       for item in files]
-            with holding(claims, "an output is in use by another translate-corpus job (process 0 names it)"):
+            refused = "an output is in use by another translate-corpus job (process 0 names it)"
+            # A place that takes no file (faults_of) is one line on every process, before an output is claimed.
+            with corpus_translation.faults_of(files), holding(claims, refused):
                 records = corpus_translation.translate_corpus(
                     translator, files, settings, dataclasses.asdict(options), shard_lines=_SHARD_LINES.value,
                     process_index=jax.process_index(), process_count=jax.process_count(), say=say)

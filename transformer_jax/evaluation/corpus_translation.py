@@ -1,30 +1,37 @@
 """Translating whole corpora (millions of lines) resumably, over every process of a job.
 
-Each input file is read a line at a time, in shards of `shard_lines` lines; shard k of a file goes to process
-k mod (processes), which translates it with its own devices (`Translator`: sorted by length, token-budget
-batches) and writes it whole into `<output>.parts/` (write-then-rename): its translations, and beside them a
-record of its counts, of a digest of the input lines it translated and of a digest of its own text. A job stopped
-anywhere (SIGTERM, SIGKILL, a preempted VM) and started again with the same command keeps every shard whose record
-matches both its input lines as they are now and its text, and translates the others again: an input edited
-between attempts, another file of the same name, a damaged or missing shard file are redone, never joined. The
-process that finds every shard of a file intact joins them into `<output>` (written whole; each shard checked
-against its digest on the way), records the settings, counts and digests of input and output in `<output>.json`
-and removes the parts it wrote; the result is the same bytes as an uninterrupted job's.
+Each input file is read once a pass, a line at a time, in shards of `shard_lines` lines; shard k of a file goes to
+process k mod (processes), which translates it with its own devices (`Translator`: sorted by length, token-budget
+batches) and writes it whole into `<output>.parts/` (write-then-rename): its text, and beside it a record of what it
+is: the job (a digest of its settings, which name the model, and of its search), the file, the shard, its sampling
+seed, a digest of the input lines it translated and one of its own text. A job stopped anywhere (SIGTERM, SIGKILL,
+a preempted VM) and started again with the same command keeps every shard whose record names all of these as this
+pass finds them, and translates the others again: an input edited between attempts, another file of the same name,
+a shard copied from another job or another place, a damaged or missing shard file are redone, never joined.
 
-The settings a job records name the model (its tokenizer and parameters, `Translator.fingerprint`), so a
-checkpoint replaced between attempts is refused, not joined to the old one's shards. The parts folder is made
-with its settings in one step, when the first shard is written: a first attempt that fails before that leaves
-nothing behind. A folder at `<output>.parts` that holds no such settings is someone else's: it is refused, and
-nothing in it is read or removed.
+The process that finds every shard of a file intact reads the input once more: when it no longer holds the lines the
+shards translate (edited while the job ran), nothing is joined and the job stops in one line (the same command then
+redoes the shards whose lines changed). Else it writes `<output>.json` (the settings, counts, the digest of the
+input lines translated and that of the output), then `<output>` from its shards (written whole; each shard checked
+against its digest on the way), and removes the parts it wrote; the result is the same bytes as an uninterrupted
+job's over the input as it is at the end. A fault of a place (a directory where a file goes, no permission, an
+immutable or read-only folder) is one line naming it and the fix (`faults_of`); what was written stays.
 
-Sampling draws from a seed derived from (--seed, the file's place, the shard), each line from that seed folded with
-its place in the shard: the same shards give the same samples whichever process, or which attempt, translates
-them, on however many devices. Nothing is overwritten: an output that exists and is not this job's (no matching
-`.json` or `.parts/` settings), or whose input or text changed since it was written, stops the job before any work.
+Nothing at `<output>` (or `.json`, `.parts`) is replaced unless this job made it: a file there is this job's only when
+a record of this job's settings names its digest, and a link, a folder or anything else there is refused in one line,
+before any work and again before the join. The parts folder is made with its settings in one step, when the first
+shard is written: a first attempt that fails before that leaves nothing behind; a folder at `<output>.parts` that
+holds no such settings is someone else's, and nothing in it is read or removed. A finished output whose input or
+text changed since it was written is refused, not answered "already translated".
+
+Sampling draws from a seed derived from (--seed, the input file's name, the shard), each line from that seed folded
+with its place in the shard: the same shards give the same samples whichever process, attempt or position in a glob
+translates them, on however many devices.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import hashlib
@@ -41,13 +48,16 @@ from transformer_jax.base.files import (exists, is_dir, is_file, is_local, list_
 from transformer_jax.data.sources import check_text_file, stream_lines
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.evaluation.outputs import check_output_dir, check_writable, faults_named, file_identity, resolved
 from transformer_jax.evaluation.translator import Translator
 
 PARTS = ".parts"  # <output>.parts/: the shards written so far, and the job's settings
 SETTINGS = "settings.json"
 RECORD = ".json"  # <output>.json: the settings, counts and digests of a finished output
+LOCK = ".lock"  # <output>.lock: the job that owns the output (base.lock.Claim)
 # The names a job writes into a parts folder (its temporaries included): the only ones a join removes.
 WRITTEN_HERE = re.compile(r"(settings\.json|\d{9}\.(txt|json))(\.tmp\..+)?")
+KEPT = "run the same command again (the shards finished so far are kept in each output's .parts folder)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +74,12 @@ class CorpusFile:
     @property
     def record(self) -> str:
         return self.output + RECORD
+
+    @property
+    def name(self) -> str:
+        """What the file is in its job (its shards' records and sampling seeds name it): the input's file name, the same
+        whatever else a glob matches, in whatever order, and wherever the job is started from."""
+        return os.path.basename(self.input.rstrip("/"))
 
 
 def expand_inputs(patterns: list[str]) -> list[str]:
@@ -88,31 +104,47 @@ def expand_inputs(patterns: list[str]) -> list[str]:
 def plan_files(inputs: list[str], output_dir: str | None, suffix: str) -> list[CorpusFile]:
     """Each input with its output: `<input>.<suffix>` beside it, or `<output_dir>/<input's name>.<suffix>`.
 
-    Each input must be a file that can be read more than once (it is, to check what was translated); an
-    `output_dir` that is a file, or a suffix that is not a plain name, is refused."""
-    if not suffix or "/" in suffix or suffix in (".", ".."):
+    Each input must be a file that can be read more than once (it is, to check what was translated), named once (one
+    file under two names is refused); an `output_dir` that cannot be a directory, a suffix that is not a plain name,
+    two inputs for one output or an output at an input's place are refused."""
+    if not suffix or suffix != suffix.strip() or "/" in suffix or suffix in (".", ".."):
         raise ConfigError(f"--suffix={suffix!r} must be a plain name (the outputs are <input name>.<suffix>), "
-                          "without a /; choose a name such as de")
-    if output_dir is not None and exists(output_dir) and not is_dir(output_dir):
-        raise ConfigError(f"--output_dir {output_dir} is a file; pass a directory (it is created if missing)")
-    planned = []
-    for path in inputs:
-        name = os.path.basename(path.rstrip("/")) + f".{suffix}"
-        planned.append(CorpusFile(path, path + f".{suffix}" if output_dir is None else os.path.join(output_dir, name)))
-    outputs = [item.output for item in planned]
-    for item in planned:
-        if outputs.count(item.output) > 1:
-            raise ConfigError(f"two inputs would write {item.output} (the same file name in --output_dir); "
-                              "translate them in two jobs, or leave --output_dir out to write beside each input")
-        if item.output in inputs:
-            raise ConfigError(f"the output {item.output} of {item.input} is an input too; choose another "
-                              "--output_dir")
+                          "without a / or surrounding spaces; choose a name such as de")
+    if output_dir is not None:
+        check_output_dir(output_dir, "--output_dir")
+    named: dict[Any, str] = {}
     for path in inputs:
         if is_local(path):
             check_text_file(path)
         elif not is_file(path):
             raise DataError(f"{path} does not exist or is not a file; check the path")
+        first = named.setdefault(file_identity(path), path)
+        if first != path:
+            raise ConfigError(f"{first} and {path} are one file, named twice in this job; name it once")
+    planned = [CorpusFile(path, path + f".{suffix}" if output_dir is None else
+                          os.path.join(output_dir, os.path.basename(path.rstrip("/")) + f".{suffix}"))
+               for path in inputs]
+    writers: dict[str, CorpusFile] = {}
+    for item in planned:
+        if writers.setdefault(resolved(item.output), item) is not item:
+            raise ConfigError(f"two inputs would write {item.output} (the same file name in --output_dir); "
+                              "translate them in two jobs, or leave --output_dir out to write beside each input")
+    places = {resolved(path) for path in inputs} | {os.path.realpath(path) for path in inputs if is_local(path)}
+    for item in planned:
+        for path in (item.output, item.record, item.parts, item.output + LOCK):
+            if resolved(path) in places:
+                raise ConfigError(f"the output {path} of {item.input} is an input too; choose another --output_dir")
     return planned
+
+
+@contextlib.contextmanager
+def faults_of(files: list[CorpusFile]) -> Iterator[None]:
+    """A fault of the place of a job's input or output (or of what it writes beside them) as one line saying what to
+    do and that nothing is lost (outputs.faults_named); each output's folder is first made if missing and made to
+    take a file (outputs.check_writable), so that every process of a job finds a folder that takes none."""
+    with faults_named([path for item in files for path in (item.input, item.output)], KEPT):
+        check_writable(os.path.dirname(item.output) for item in files)
+        yield
 
 
 def _read_json(path: str) -> dict | None:
@@ -136,74 +168,110 @@ def _file_digest(path: str) -> str:
     return digest.hexdigest()
 
 
-def _lines_digest(lines: list[str]) -> str:
-    return _digest("".join(line + "\n" for line in lines).encode("utf-8"))
+def _lines_bytes(lines: list[str]) -> bytes:
+    return "".join(line + "\n" for line in lines).encode("utf-8")
+
+
+def _input_digest(path: str) -> str:
+    """sha256 of an input's lines as a pass reads them (each ended by "\\n"): what a record says was translated."""
+    digest = hashlib.sha256()
+    for _, line, _ in stream_lines(path):
+        digest.update((line + "\n").encode("utf-8"))
+    return digest.hexdigest()
+
+
+def _linked(path: str) -> bool:
+    """Whether a symbolic link is at `path` (dangling or not): no place this job writes holds one that it made."""
+    return is_local(path) and os.path.islink(path)
 
 
 def finished(item: CorpusFile, settings: dict) -> bool:
-    """Whether `item`'s output is this job's: it exists with a record of the same settings."""
+    """Whether `item`'s output is there, a regular file, with a record of the same settings (check_outputs has
+    checked, before any work, that the record names its digest)."""
     record = _read_json(item.record)
-    return exists(item.output) and record is not None and record.get("settings") == settings
+    regular = is_file(item.output) and not _linked(item.output)
+    return regular and record is not None and record.get("settings") == settings
 
 
 def _changed(old: dict, new: dict) -> str:
     return ", ".join(sorted(key for key in set(old) | set(new) if old.get(key) != new.get(key)))
 
 
-def _check_finished(item: CorpusFile) -> None:
+def _check_finished(item: CorpusFile, record: dict) -> None:
     """A finished output still is its input's translation, whole: else a ConfigError naming what changed."""
-    record = _read_json(item.record) or {}
-    if record.get("input_sha256") != _file_digest(item.input):
+    if record.get("output_sha256") != _file_digest(item.output):
+        raise ConfigError(f"{item.output} is not the text its .json records (edited, cut or put there since it was "
+                          "written); nothing is overwritten: remove it and its .json to translate the input again")
+    if record.get("input_sha256") != _input_digest(item.input):
         raise ConfigError(f"{item.input} changed since {item.output} was translated from it; nothing is "
                           f"overwritten: remove {item.output} and its .json to translate it again, or choose another "
                           "--output_dir")
-    if record.get("output_sha256") != _file_digest(item.output):
-        raise ConfigError(f"{item.output} is not the text its .json records (edited or cut since it was written); "
-                          "remove it and its .json to translate the input again")
 
 
 def parts_settings(item: CorpusFile) -> dict | None:
     """The settings of the job that began `item`'s parts folder; None when there is none. Anything else at that
-    place (a file, a folder without a job's settings) is a ConfigError: it is not this command's, and nothing in it
-    is read or removed."""
-    if not exists(item.parts):
+    place (a file, a link, a folder without a job's settings) is a ConfigError: it is not this command's, and
+    nothing in it is read or removed."""
+    if not (_linked(item.parts) or exists(item.parts)):
         return None
     settings = _read_json(os.path.join(item.parts, SETTINGS)) if is_dir(item.parts) else None
-    if settings is None:
+    if settings is None or _linked(item.parts):
         raise ConfigError(f"{item.parts} exists but is not a translate-corpus parts folder (no {SETTINGS} of a job "
                           "in it); nothing in it is read or removed: move it away, or choose another --output_dir")
     return settings
 
 
 def check_outputs(files: list[CorpusFile], settings: dict) -> None:
-    """Before any work: each output is absent, finished by this job (its input and text unchanged since), or begun
-    by it (same settings); anything else is a ConfigError naming it."""
+    """Each output is absent, finished by this job (its input and text unchanged since), or begun by it (same
+    settings); anything else at `<output>` or `<output>.json` (a file, a link, a folder this job did not make) is a
+    ConfigError naming it, parts folder or not. Before any work, and again before a join."""
     for item in files:
-        if finished(item, settings):
-            _check_finished(item)
-            continue
         begun = parts_settings(item)
         if begun is not None and begun != settings:
             raise ConfigError(f"{item.parts} holds a translation begun with other settings "
                               f"({_changed(begun, settings)}); run the same command as before to finish it, or remove "
                               "that folder to start anew")
+        for path in (item.output, item.record):
+            if _linked(path):
+                raise ConfigError(f"{path} is a symbolic link (to {os.readlink(path)}), where this job writes; "
+                                  "nothing is replaced that the job did not make: move it away, or choose another "
+                                  "--output_dir")
         record = _read_json(item.record)
-        if begun is None and record is not None and exists(item.output) and isinstance(record.get("settings"), dict):
+        ours = record is not None and record.get("settings") == settings
+        if exists(item.output) and not is_file(item.output):
+            raise ConfigError(f"{item.output} is a directory (or not a regular file), where this job writes its "
+                              "output; nothing is replaced that the job did not make: move it away, or choose "
+                              "another --output_dir")
+        if exists(item.output) and ours:
+            _check_finished(item, record)
+        elif exists(item.output) and record is not None and isinstance(record.get("settings"), dict):
             raise ConfigError(f"{item.output} was translated with other settings "
                               f"({_changed(record['settings'], settings)}); nothing is overwritten: remove it and its "
                               ".json, or choose another --output_dir")
-        if begun is None and (exists(item.output) or exists(item.record)):
-            raise ConfigError(f"{item.output} exists and is not this job's output; nothing is overwritten: remove "
-                              "it, or choose another --output_dir")
+        elif exists(item.output) or (exists(item.record) and not ours):
+            raise ConfigError(f"{item.output if exists(item.output) else item.record} exists and is not this job's "
+                              "output; nothing is overwritten: move it away, or choose another --output_dir")
 
 
-def shard_seed(seed: int, file_index: int, shard: int) -> int:
-    """The sampling seed of one shard: fixed by (seed, file, shard), whichever process translates it."""
-    return int(np.random.SeedSequence([seed, file_index, shard]).generate_state(1)[0] % 2**31)
+def shard_seed(seed: int, name: str, shard: int) -> int:
+    """The sampling seed of one shard: fixed by (seed, the input file's name, shard), whichever process translates
+    it and wherever the file comes in the job's list.
+
+    The name, not the place in the expanded list: a glob over a folder that gains files (new monolingual text
+    arriving) moves the others in the list, and a seed of the place would join their kept shards with differently
+    seeded new ones; pinning the list in the settings instead would refuse the resumed job, or redo every file."""
+    name_number = int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "little")
+    return int(np.random.SeedSequence([seed, name_number, shard]).generate_state(1)[0] % 2**31)
 
 
 def _shard_path(item: CorpusFile, shard: int, suffix: str) -> str:
     return os.path.join(item.parts, f"{shard:09d}{suffix}")
+
+
+def _shard_identity(job: str, item: CorpusFile, shard: int, search: dict[str, Any]) -> dict[str, Any]:
+    """What a shard's record names besides its input and text: the job, the file, the shard and its seed."""
+    seed = shard_seed(search.get("seed") or 0, item.name, shard) if search.get("mode") == "sample" else None
+    return {"job": job, "file": item.name, "shard": shard, "seed": seed}
 
 
 def _shards(item: CorpusFile, shard_lines: int) -> Iterator[tuple[int, list[str], int, int]]:
@@ -220,14 +288,17 @@ def _shards(item: CorpusFile, shard_lines: int) -> Iterator[tuple[int, list[str]
         yield shard, lines, position, size
 
 
-def _intact_shard(item: CorpusFile, shard: int, input_digest: str) -> dict | None:
-    """The record of `shard` when its text is there, is what the record says, and translates the input lines of
-    digest `input_digest`; else None (missing, damaged, or of other input: to be translated again)."""
-    record = _read_json(_shard_path(item, shard, ".json"))
+def _intact_shard(item: CorpusFile, identity: dict[str, Any], input_digest: str) -> dict | None:
+    """The record of a shard when its text is there, is what the record says, and translates the input lines of
+    digest `input_digest` as this job's shard `identity`; else None (missing, damaged, of other input, or another
+    job's or place's: to be translated again)."""
+    record = _read_json(_shard_path(item, identity["shard"], ".json"))
     if record is None or record.get("input_sha256") != input_digest:
         return None
+    if any(record.get(key) != value for key, value in identity.items()):
+        return None
     try:
-        text = read_bytes(_shard_path(item, shard, ".txt"))
+        text = read_bytes(_shard_path(item, identity["shard"], ".txt"))
     except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
         return None
     if _digest(text) != record.get("output_sha256") or text.count(b"\n") != record.get("lines"):
@@ -246,13 +317,13 @@ def _begin_parts(item: CorpusFile, settings: dict) -> None:
         return
     make_dirs(os.path.dirname(os.path.abspath(item.parts)))
     staging = unique_name(f"{item.parts}.new")
-    os.mkdir(staging)
     try:
+        os.mkdir(staging)
         write_atomically(os.path.join(staging, SETTINGS), content)
         os.rename(staging, item.parts)  # fails when another process of the job made it first: theirs is kept
-    except OSError:
+    except OSError as error:
         if not exists(os.path.join(item.parts, SETTINGS)):
-            raise
+            raise OSError(error.errno, error.strerror, item.parts) from error  # the folder, not its staging name
     finally:
         for name in os.listdir(staging) if os.path.isdir(staging) else []:
             os.remove(os.path.join(staging, name))
@@ -260,44 +331,50 @@ def _begin_parts(item: CorpusFile, settings: dict) -> None:
             os.rmdir(staging)
 
 
-def _write_shard(item: CorpusFile, shard: int, lines: list[str], outputs: list[str], truncated: int) -> None:
+def _write_shard(item: CorpusFile, identity: dict[str, Any], lines: list[str], outputs: list[str],
+                 truncated: int) -> None:
     text = "".join(output + "\n" for output in outputs).encode("utf-8")
-    record = {"lines": len(lines), "empty": sum(not line.strip() for line in lines), "truncated": truncated,
-              "input_sha256": _lines_digest(lines), "output_sha256": _digest(text)}
-    write_atomically(_shard_path(item, shard, ".json"), json.dumps(record) + "\n")
-    write_atomically(_shard_path(item, shard, ".txt"), text)
+    record = {**identity, "lines": len(lines), "empty": sum(not line.strip() for line in lines),
+              "truncated": truncated, "input_sha256": _digest(_lines_bytes(lines)), "output_sha256": _digest(text)}
+    write_atomically(_shard_path(item, identity["shard"], ".json"), json.dumps(record) + "\n")
+    write_atomically(_shard_path(item, identity["shard"], ".txt"), text)
 
 
-def _join(item: CorpusFile, records: list[dict], settings: dict) -> dict:
-    """Write `<output>` from its shards (each checked against its record on the way), then its record; remove
-    the parts this command wrote. Returns the record."""
+def _remove_parts(item: CorpusFile) -> None:
+    """Remove what this command wrote into `item`'s parts folder (its settings last: a cut removal leaves a resumable
+    record), then the folder when nothing else is in it."""
+    ours = [name for name in (list_names(item.parts) if is_dir(item.parts) else []) if WRITTEN_HERE.fullmatch(name)]
+    for name in sorted(ours, key=lambda n: n == SETTINGS):
+        with contextlib.suppress(FileNotFoundError):  # another process joining the same file removed it
+            remove(os.path.join(item.parts, name))
+    if is_local(item.parts):  # an object store has no folders to remove
+        with contextlib.suppress(FileNotFoundError, OSError):  # removed by another process, or not ours left in it
+            os.rmdir(item.parts)
+
+
+def _join(item: CorpusFile, records: list[dict], settings: dict, input_digest: str) -> dict:
+    """Write `<output>.json`, then `<output>` from its shards (each checked against its record on the way); remove
+    the parts this command wrote. Returns the record. The record comes first: a file at `<output>` is this job's only
+    when this job's record names its digest, so a join cut between the two is done again, never taken for the user's
+    file (nor the user's file for it)."""
     totals = {key: sum(record[key] for record in records) for key in ("lines", "empty", "truncated")}
-    output_digest = hashlib.sha256()
 
-    def chunks() -> Iterator[bytes]:
+    def texts() -> Iterator[bytes]:
         for shard, record in enumerate(records):
             text = read_bytes(_shard_path(item, shard, ".txt"))
             if _digest(text) != record["output_sha256"]:  # changed since it was checked: join nothing
                 raise DataError(f"{_shard_path(item, shard, '.txt')} changed while {item.output} was being joined; "
                                 "run the same command again (it translates that shard again)")
-            output_digest.update(text)
             yield text
 
-    write_streamed(item.output, chunks())
-    record = {"input": item.input, "settings": settings, **totals, "input_sha256": _file_digest(item.input),
+    output_digest = hashlib.sha256()
+    for text in texts():
+        output_digest.update(text)
+    record = {"input": item.input, "file": item.name, "settings": settings, **totals, "input_sha256": input_digest,
               "output_sha256": output_digest.hexdigest()}
     write_atomically(item.record, json.dumps(record, indent=2) + "\n")
-    ours = [name for name in (list_names(item.parts) if is_dir(item.parts) else []) if WRITTEN_HERE.fullmatch(name)]
-    for name in sorted(ours, key=lambda n: n == SETTINGS):
-        try:
-            remove(os.path.join(item.parts, name))  # the settings last: a cut removal leaves a resumable record
-        except FileNotFoundError:
-            pass  # another process joining the same file removed it
-    if is_local(item.parts):  # an object store has no folders to remove
-        try:
-            os.rmdir(item.parts)
-        except OSError:
-            pass  # another process joining the same file removed it, or something not ours is left in it
+    write_streamed(item.output, texts())
+    _remove_parts(item)
     return record
 
 
@@ -308,7 +385,7 @@ class Progress:
     say: Callable[[str], None]
     sentences: int = 0
     seconds: float = 0.0
-    file_seconds: float = 0.0  # of the file being read (reset by translate_corpus)
+    file_seconds: float = 0.0  # of the file being read (reset for each file)
 
     def shard_done(self, item: CorpusFile, shard: int, lines: int, seconds: float, position: int, size: int) -> None:
         self.sentences += lines
@@ -324,50 +401,79 @@ class Progress:
                  f"{100 * share:.0f}% of the file read{eta}")
 
 
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """What a process translates with: the recorded settings, the search (DecodeOptions fields), the shards' size
+    and this process's share of them."""
+
+    settings: dict
+    search: dict[str, Any]
+    shard_lines: int
+    process_index: int = 0
+    process_count: int = 1
+
+    @property
+    def digest(self) -> str:
+        """Names the job in each shard's record: its settings (the model's fingerprint among them) and its search."""
+        named = json.dumps({"settings": self.settings, "search": self.search}, sort_keys=True, default=str)
+        return _digest(named.encode("utf-8"))[:16]
+
+
+def _translate_file(translator: Translator, item: CorpusFile, job: Job, progress: Progress) -> dict | None:
+    """Translate this process's shards of `item` that are not intact; join them when all are. Returns the output's
+    record when it is finished."""
+    if finished(item, job.settings):
+        _remove_parts(item)  # what a join cut after its output left
+        progress.say(f"{item.output}: already translated")
+        return _read_json(item.record)
+    identities, digests, read = [], [], hashlib.sha256()  # of every shard as this pass reads the input
+    progress.file_seconds, job_digest = 0.0, job.digest
+    for shard, lines, position, size in _shards(item, job.shard_lines):
+        text = _lines_bytes(lines)
+        read.update(text)
+        identities.append(_shard_identity(job_digest, item, shard, job.search))
+        digests.append(_digest(text))
+        if shard % job.process_count != job.process_index or _intact_shard(item, identities[-1], digests[-1]):
+            continue
+        start = time.perf_counter()
+        truncated_before = translator.truncated
+        search = job.search if identities[-1]["seed"] is None else {**job.search, "seed": identities[-1]["seed"]}
+        outputs = translator.translate(lines, **DecodeOptions(**search).settings())  # its mode's alone
+        _begin_parts(item, job.settings)
+        _write_shard(item, identities[-1], lines, outputs, translator.truncated - truncated_before)
+        progress.shard_done(item, shard, len(lines), time.perf_counter() - start, position, size)
+    intact = [_intact_shard(item, identity, digest) for identity, digest in zip(identities, digests)]
+    if finished(item, job.settings):  # another process joined it meanwhile
+        return _read_json(item.record)
+    if not all(record is not None for record in intact):
+        progress.say(f"{item.input}: this process's shards are done; the other processes' are not all written yet "
+                     "(the last to finish writes the output)")
+        return None
+    if _input_digest(item.input) != read.hexdigest():
+        raise DataError(f"{item.input} changed while it was being translated, so {item.output} is not written; "
+                        f"{KEPT}: it translates again the shards whose lines changed")
+    check_outputs([item], job.settings)  # nothing of the user's came to <output> while the job ran
+    try:
+        record = _join(item, intact, job.settings, read.hexdigest())
+    except OSError:  # another process joined it first and removed the shards under this one
+        if not finished(item, job.settings):
+            raise
+        record = _read_json(item.record)
+    progress.say(f"{item.output}: {record['lines']} lines ({record['empty']} empty, {record['truncated']} cut to the "
+                 "model's max_len)")
+    return record
+
+
 def translate_corpus(translator: Translator, files: list[CorpusFile], settings: dict, search: dict[str, Any], *,
                      shard_lines: int, process_index: int = 0, process_count: int = 1,
                      say: Callable[[str], None] = print) -> list[dict]:
     """Translate every file's shards that are this process's and not yet intact; join each file whose shards are
     all intact. `settings` (recorded; the same for a resumed job) describes the job; `search` holds the
     DecodeOptions fields to translate with (its seed is varied by shard for sampling). Returns the records of
-    the outputs this process found finished."""
-    check_outputs(files, settings)
+    the outputs this process found finished. A fault of a file's place is one StorageError line (faults_named)."""
+    job = Job(settings, search, shard_lines, process_index, process_count)
     progress = Progress(say)
-    settings_seed = search.get("seed") or 0
-    records = []
-    for file_index, item in enumerate(files):
-        if finished(item, settings):
-            say(f"{item.output}: already translated")
-            records.append(_read_json(item.record))
-            continue
-        digests: list[str] = []  # of every shard's input lines, as the input is now
-        progress.file_seconds = 0.0
-        for shard, lines, position, size in _shards(item, shard_lines):
-            digests.append(_lines_digest(lines))
-            if shard % process_count != process_index or _intact_shard(item, shard, digests[-1]):
-                continue
-            start = time.perf_counter()
-            truncated_before = translator.truncated
-            if search.get("mode") == "sample":  # the draws of a shard fixed by its place, whoever translates it
-                search = {**search, "seed": shard_seed(settings_seed, file_index, shard)}
-            outputs = translator.translate(lines, **DecodeOptions(**search).settings())  # its mode's alone
-            _begin_parts(item, settings)
-            _write_shard(item, shard, lines, outputs, translator.truncated - truncated_before)
-            progress.shard_done(item, shard, len(lines), time.perf_counter() - start, position, size)
-        intact = [_intact_shard(item, shard, digest) for shard, digest in enumerate(digests)]
-        if finished(item, settings):  # another process joined it meanwhile
-            records.append(_read_json(item.record))
-        elif all(record is not None for record in intact):
-            try:
-                record = _join(item, intact, settings)
-            except OSError:  # another process joined it first and removed the shards under this one
-                if not finished(item, settings):
-                    raise
-                record = _read_json(item.record)
-            records.append(record)
-            say(f"{item.output}: {record['lines']} lines ({record['empty']} empty, {record['truncated']} cut to the "
-                f"model's max_len)")
-        else:
-            say(f"{item.input}: this process's shards are done; the other processes' are not all written yet (the "
-                "last to finish writes the output)")
-    return records
+    with faults_of(files):
+        check_outputs(files, settings)
+        records = [_translate_file(translator, item, job, progress) for item in files]
+    return [record for record in records if record is not None]
