@@ -147,6 +147,85 @@ def test_a_step_rotated_away_while_a_reader_reads_it_is_named_as_rotated(finishe
     gc.collect()
 
 
+def test_a_step_whose_removal_is_under_way_while_it_is_read_is_named_as_rotated(finished, tmp_path, monkeypatch,
+                                                                                  caplog):
+    """The writer removes a rotated step's files one by one, then its folder: a read that meets a missing file while
+    the folder is still listed waits for it to vanish, then says it was rotated away (not that it is damaged)."""
+    import threading
+
+    import orbax.checkpoint as ocp
+
+    checkpoints = tmp_path / "run" / "checkpoints"
+    shutil.copytree(finished, tmp_path / "run")
+    original = ocp.CheckpointManager.restore
+
+    def restore(self, step, *args, **kwargs):  # its arrays and metadata already removed, its folder a moment later
+        shutil.rmtree(checkpoints / str(step) / "state")
+        (checkpoints / str(step) / "_CHECKPOINT_METADATA").unlink()
+        threading.Timer(0.3, shutil.rmtree, args=(checkpoints / str(step),)).start()
+        return original(self, step, *args, **kwargs)
+
+    reader = Checkpointer(str(checkpoints), read_only=True)
+    monkeypatch.setattr(ocp.CheckpointManager, "restore", restore)
+    with caplog.at_level(logging.WARNING), pytest.raises(CheckpointError, match=r"checkpoints/6 was removed while it "
+                                                                                r"was read: the training run writing"):
+        reader.restore_params(6)
+    reader.close()
+    assert not any("/checkpoints/6" in record.getMessage() for record in caplog.records)  # Orbax's about it
+    gc.collect()
+
+
+def test_a_step_rotated_away_while_a_reader_lists_the_steps_is_no_step(finished, tmp_path, monkeypatch, caplog):
+    """Orbax lists the step folders, then stats each: a step the writer removes in between was a raw
+    FileNotFoundError out of the reader's start and of `steps`. It is listed again, without it; a writer that keeps
+    saving and rotating at every listing is one CheckpointError."""
+    from orbax.checkpoint._src.path import step as orbax_steps
+
+    checkpoints = tmp_path / "run" / "checkpoints"
+    shutil.copytree(finished, tmp_path / "run")
+    original, listings = orbax_steps._StandardNameFormat.find_all, []
+
+    def find_all(self, base_path):  # lists; at some listings the writer then saves step N + 2 and removes step N
+        found = list(original(self, base_path))
+        listings.append(sorted(step.step for step in found))
+        if len(listings) in (1, 3) or len(listings) > 4:
+            newest = max(step.step for step in found)
+            shutil.copytree(checkpoints / str(newest), checkpoints / str(newest + 2))
+            shutil.rmtree(checkpoints / str(newest))
+        return iter(found)
+
+    monkeypatch.setattr(orbax_steps._StandardNameFormat, "find_all", find_all)
+    with caplog.at_level(logging.WARNING):
+        reader = Checkpointer(str(checkpoints), read_only=True)  # the first listing rotated: listed again
+        assert reader.steps() == [4, 10] and listings == [[4, 6], [4, 8], [4, 8], [4, 10]]
+        with pytest.raises(CheckpointError, match=r"the checkpoints in .*/checkpoints kept vanishing while they were "
+                                                  r"listed \(.*/checkpoints/18 last\); if a training run writes "
+                                                  r"there, run the same command again"):
+            reader.steps()  # rotated at every listing: five in a row
+        reader.close()
+    assert len(listings) == 9
+    assert not any("does not exist" in record.getMessage() for record in caplog.records)  # Orbax's, about them
+
+
+def test_a_step_rotated_away_while_the_best_is_chosen_is_no_candidate(finished, tmp_path, monkeypatch):
+    import orbax.checkpoint as ocp
+
+    checkpoints = tmp_path / "run" / "checkpoints"
+    shutil.copytree(finished, tmp_path / "run")
+    original = ocp.CheckpointManager.restore
+
+    def restore(self, step, *args, **kwargs):  # step 4's metadata is read just after the writer removed it
+        if step == 4:
+            shutil.rmtree(checkpoints / "4", ignore_errors=True)
+        return original(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(ocp.CheckpointManager, "restore", restore)
+    reader = Checkpointer(str(checkpoints), best_metric="dev_loss", best_mode="min", read_only=True)
+    assert reader.steps() == [4, 6] and reader.best_step() == 6
+    reader.close()
+    gc.collect()
+
+
 def test_a_fine_tune_from_a_run_without_checkpoints_names_training_init_from(finished, tmp_path, run_config):
     source = tmp_path / "source"
     shutil.copytree(finished, source, ignore=lambda folder, names: ["checkpoints"] if folder == str(finished) else [])

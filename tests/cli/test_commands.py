@@ -161,7 +161,7 @@ def test_bad_config_fails_at_start_with_one_line(tmp_path):
     config = write_config(tmp_path)
     workdir = tmp_path / "workdir"
     assert_one_line_error(run("train.py", f"--config={config}", f"--workdir={workdir}",
-                              "--config.model.num_hedas=2"), 'Did you mean "num_heads"')
+                              "--config.model.num_hedas=2"), "did you mean --config.model.num_heads=2?")
     assert_one_line_error(run("train.py", f"--config={config}", f"--workdir={workdir}",
                               "--config.model.num_heads=3"), "not divisible by num_heads=3")
     assert_one_line_error(run("train.py", f"--config={tmp_path / 'none.py'}", f"--workdir={workdir}"),

@@ -48,7 +48,7 @@ def test_a_string_is_one_sentence_and_gives_one_string(translator):
     one = translator.translate(text, mode="greedy", max_extra_length=4)
     assert isinstance(one, str) and one == from_list  # not one translation per character
     assert translator.translate((text, text), mode="greedy", max_extra_length=4) == [from_list] * 2
-    with pytest.raises(ConfigError, match="one item is of type int; pass text"):
+    with pytest.raises(ConfigError, match=r"texts\[1\] is of type int, not str; pass text"):
         translator.translate([text, 3])
 
 

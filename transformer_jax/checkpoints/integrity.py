@@ -156,7 +156,11 @@ def check_shapes(saved: Any, expected: Any, what: str) -> None:
 
 @contextlib.contextmanager
 def reading(where: str, advice: str = "") -> Iterator[None]:
-    """Report any failure to read `where` back (other than a config mismatch) as CorruptCheckpointError."""
+    """Report any failure to read `where` back (other than a config mismatch) as CorruptCheckpointError.
+
+    The reports of reads Orbax abandons are dropped from the start (`drop_abandoned_io_reports`): a read that
+    fails (a checkpoint rotated away under it) abandons the others, which may end while the failure unwinds."""
+    drop_abandoned_io_reports()
     try:
         yield
     except CorruptCheckpointError as error:
@@ -179,14 +183,14 @@ def _is_abandoned_io(unraisable: Any) -> bool:
             or any(f"{os.sep}{package}{os.sep}" in name for name in files for package in ("orbax", "tensorstore")))
 
 
-def silence_abandoned_io() -> None:
-    """Keep the reads and writes Orbax abandons after a failed one from printing tracebacks (installed once, on
-    a failure).
+def drop_abandoned_io_reports() -> None:
+    """Keep the unraisable reports of reads and writes Orbax abandoned ("Event loop is closed", "Exception ignored
+    in ...") from standard error (one hook, installed once; every other report still prints).
 
-    When one file of a checkpoint cannot be read (or written: a full disk), Orbax closes that restore's
-    (or save's) event loop while the other reads or writes are still in flight; when collected, at the
-    latest at interpreter exit, they print "Exception ignored in ..." or "Event loop is closed"
-    tracebacks that add nothing to the one line already given.
+    When one file of a checkpoint cannot be read (or written: a full disk), Orbax closes that restore's (or
+    save's) event loop while the other reads or writes are still in flight; each that ends after it reports
+    the closed loop from TensorStore's thread, at once or when collected, at the latest at interpreter exit.
+    Installed before a read (`reading`): those ending while the failure unwinds came before any handler.
     """
     previous = sys.unraisablehook
     if getattr(previous, "abandoned_io_silenced", False):
@@ -198,6 +202,13 @@ def silence_abandoned_io() -> None:
 
     hook.abandoned_io_silenced = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
+
+
+def silence_abandoned_io() -> None:
+    """Keep the reads and writes Orbax abandons after a failed one from printing tracebacks (on a failure): their
+    unraisable reports (`drop_abandoned_io_reports`), asyncio's "Task exception was never retrieved" and the
+    warnings of coroutines never started, which add nothing to the one line already given."""
+    drop_abandoned_io_reports()
     logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # "Task exception was never retrieved"
     warnings.filterwarnings("ignore", r"coroutine '.*' was never awaited", RuntimeWarning)  # never started
 

@@ -20,6 +20,10 @@ the step, the newest complete checkpoint (which stays: Orbax removes old steps o
 complete) and how to go on; the tracebacks that Orbax's background threads would log about it are left
 out. The failed save's temporary directory is never taken for a checkpoint, and the next writer's start
 removes it (Orbax's cleanup of unfinished saves; threads of Orbax may write to it until then).
+
+A reader (eval.py, a `Translator`) may open a run whose training is still writing it: a step the writer rotates
+away while the reader lists the steps is no step (the listing is taken again), one rotated away while it is read
+is one CorruptCheckpointError saying so (`restore_params`), and what Orbax logs about such a step is left out.
 """
 
 from __future__ import annotations
@@ -27,8 +31,10 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import re
 import threading
-from typing import Any, Callable
+import time
+from typing import Any, Callable, TypeVar
 
 import jax
 import orbax.checkpoint as ocp
@@ -36,6 +42,7 @@ import orbax.checkpoint as ocp
 from transformer_jax.base.files import (
     DirectoryWatch,
     absolute,
+    exists,
     is_dir,
     list_names,
     storage_errno,
@@ -57,9 +64,16 @@ from transformer_jax.checkpoints.integrity import (
     unbox_saved,
     verify_checksums,
 )
-from transformer_jax.errors import CorruptCheckpointError, StorageError
+from transformer_jax.errors import CheckpointError, CorruptCheckpointError, StorageError
 
 _policies = ocp.checkpoint_managers.preservation_policy
+# How often the steps are listed again when a step vanished while Orbax listed them (a writer rotating them away
+# removes one a save; more in a row means the directory is being removed, which the last try reports).
+_LISTING_TRIES = 5
+# How long a reader whose step lacks a file waits for the step to vanish before calling it damaged: a writer removes a
+# rotated step's files one by one, then its directory (milliseconds locally, longer on an object store).
+_REMOVAL_GRACE_S = 2.0
+_Listed = TypeVar("_Listed")
 
 # What a caller checks a checkpoint's records with: (data_state, meta) -> what is wrong with them, or None.
 RecordCheck = Callable[[dict[str, Any], dict[str, Any]], "str | None"]
@@ -155,7 +169,16 @@ class Checkpointer:
             "data": ocp.JsonCheckpointHandler(),
             "meta": ocp.JsonCheckpointHandler(),
         }
-        self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers=handlers)
+        self._vanished: _VanishedSteps | None = None
+        if read_only:  # a writer of the same run may rotate steps away while this reads: its logs about them go
+            self._vanished = _VanishedSteps(self.directory)
+            logging.getLogger("absl").addFilter(self._vanished)  # the logger Orbax logs to
+        try:  # Orbax lists the steps as it starts (and on every reload): see `_listed`
+            self.manager = self._listed(lambda: ocp.CheckpointManager(self.directory, options=options,
+                                                                      item_handlers=handlers))
+        except BaseException:
+            logging.getLogger("absl").removeFilter(self._vanished)
+            raise
         # Orbax removes what an interrupted save left in a background thread that only its next save() waits
         # for: a process that ends before saving (a signal while compiling, eval.py) must not leave that
         # thread to meet the interpreter's shutdown ("cannot schedule new futures after shutdown").
@@ -272,9 +295,28 @@ class Checkpointer:
         """Complete checkpoints on disk, oldest first; a file named as a step (a bad copy, a hand-made mistake)
         counts as one, which cannot be read back (Orbax lists only directories, and would save over it)."""
         with self._manager_lock:  # not while the writer is in Orbax's save
-            self.manager.reload()
-            saved = self.manager.all_steps()
+            saved = self._listed(self._reloaded_steps)
         return sorted(set(saved) | set(self._files_named_as_steps()))
+
+    def _reloaded_steps(self) -> list[int]:
+        self.manager.reload()
+        return list(self.manager.all_steps())
+
+    def _listed(self, listing: Callable[[], _Listed]) -> _Listed:
+        """`listing()` (an Orbax call that lists the steps), taken again when a step vanished while it ran.
+
+        Orbax lists the step directories, then reads each one's metadata and times: a step the run writing this
+        directory removes in between (training.keep_checkpoints) is a FileNotFoundError naming it. It is no
+        step any more, and the next listing leaves it out. CheckpointError when steps keep vanishing.
+        """
+        for _ in range(_LISTING_TRIES):
+            try:
+                return listing()
+            except FileNotFoundError as error:
+                vanished = error.filename
+        raise CheckpointError(f"the checkpoints in {self.directory} kept vanishing while they were listed ({vanished} "
+                              "last); if a training run writes there, run the same command again, else check what "
+                              "removes them")
 
     def _files_named_as_steps(self) -> list[int]:
         if not is_dir(self.directory):
@@ -301,7 +343,13 @@ class Checkpointer:
         """The kept step with the best `best_metric`, or None when none was ranked."""
         ranked = []
         for step in self.steps():
-            value = self.meta(step).get("metrics", {}).get(self.best_metric)
+            try:
+                meta = self.meta(step)
+            except CorruptCheckpointError:
+                if self.read_only and step not in self.steps():
+                    continue  # rotated away by the run writing it since it was listed: no longer a candidate
+                raise
+            value = meta.get("metrics", {}).get(self.best_metric)
             if value is not None:
                 ranked.append((value if self.best_mode == "max" else -value, step))
         return max(ranked)[1] if ranked else None
@@ -365,13 +413,25 @@ class Checkpointer:
         """
         try:
             return self._restore_params(step)
-        except CorruptCheckpointError:
-            if not self.read_only or step in self.steps():
+        except CorruptCheckpointError as error:
+            if not self.read_only or not self._rotated_away(step, error):
                 raise
             raise CorruptCheckpointError(
                 f"{self._where(step)} was removed while it was read: the training run writing {self.directory} keeps "
                 "only its newest checkpoints (training.keep_checkpoints) and rotated it away; run the same command "
                 "again for the newest, or choose a step it keeps with --checkpoint=STEP") from None
+
+    def _rotated_away(self, step: int, error: CorruptCheckpointError) -> bool:
+        """Whether `step`, whose read failed with `error`, was removed by the run writing this directory: it is gone
+        from the steps, at once, or within _REMOVAL_GRACE_S when a file of it was missing (a removal under way: the
+        writer deletes a step's files before its directory). A step that stays is damaged."""
+        missing = re.search(r"not[ _]found|no such file|does not exist", str(error), re.IGNORECASE) is not None
+        deadline = time.monotonic() + (_REMOVAL_GRACE_S if missing else 0.0)
+        while step in self.steps():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return True
 
     def _restore_params(self, step: int) -> Any:
         with reading(self._where(step), "; choose another with --checkpoint=STEP"):
@@ -415,6 +475,8 @@ class Checkpointer:
             if self._faults is not None:
                 logging.getLogger("absl").removeFilter(self._faults)
                 self._faults.watch.close()
+            if self._vanished is not None:
+                logging.getLogger("absl").removeFilter(self._vanished)
 
 
 def _not_finite(step: int) -> None:
@@ -445,3 +507,19 @@ class _StorageFaults(logging.Filter):
                 return False
             record.exc_info, record.exc_text = None, None
         return True
+
+
+class _VanishedSteps(logging.Filter):
+    """Drops what Orbax logs about a file or step of `directory` that is gone (e.g. "Metadata file does not exist:
+    <directory>/6/_CHECKPOINT_METADATA" when the run writing it was removing step 6 as a reader listed it): the
+    reader lists the steps again (`Checkpointer._listed`) or says in one line that its step went."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__()
+        self._step_path = re.compile(re.escape(directory.rstrip("/")) + r"/\d+(?:/[^\s'\"]*)?")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname:
+            return True
+        named = self._step_path.search(record.getMessage())
+        return named is None or exists(named.group(0))

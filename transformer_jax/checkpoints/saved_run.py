@@ -31,10 +31,12 @@ class Run:
 
 def open_run(workdir: str) -> Run:
     """Load `<workdir>/config.json`, the tokenizer and the checkpoint manager; fail clearly if absent."""
+    if not workdir or not workdir.strip():
+        raise CheckpointError("the workdir is empty; pass the --workdir a training run wrote")
     config_path = layout.run_path(workdir, layout.CONFIG)
-    if workdir and is_file(workdir):
+    if is_file(workdir):
         raise CheckpointError(f"workdir {workdir} is a file, not a directory; pass the --workdir a training run wrote")
-    if not workdir or not is_dir(workdir):
+    if not is_dir(workdir):
         raise CheckpointError(f"workdir {workdir} does not exist; pass the --workdir a training run wrote")
     if not is_file(config_path):
         present = ", ".join(sorted(list_names(workdir))) or "nothing"

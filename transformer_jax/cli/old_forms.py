@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from typing import NoReturn
 
 # eval.py's flag -> (its command, the command's flag); a flag with a value, or a boolean (`BOOLEANS`).
 OLD_FLAGS = {
@@ -32,9 +33,21 @@ USER_ERROR_EXIT = 2
 PROGRAM = "transformer-jax"  # as transformer_jax.__main__.PROGRAM: cli sits below the entry point
 
 
-def _refuse(message: str) -> None:
+def _refuse(message: str) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     sys.exit(USER_ERROR_EXIT)
+
+
+def _boolean(arg: str, name: str, value: str) -> bool:
+    """The value of a boolean flag of old written `--name=value`, as absl reads it (true/t/1, false/f/0, any case);
+    any other value (yes, no, an empty one) is refused in one line, as absl refuses it."""
+    from absl.flags import BooleanParser
+
+    try:
+        return bool(BooleanParser().parse(value))
+    except ValueError:
+        _refuse(f"{arg}: {value!r} is not a boolean; pass --{name} (or --{name}=true) to draw it, --no{name} (or "
+                f"--{name}=false) not to")
 
 
 def _old_flags(argv: list[str]) -> tuple[dict[str, tuple[list[str], str | None]], list[str]]:
@@ -48,8 +61,12 @@ def _old_flags(argv: list[str]) -> tuple[dict[str, tuple[list[str], str | None]]
         if not arg.startswith("--") or (name not in OLD_FLAGS and not negated):
             rest.append(arg)
         elif name in BOOLEANS or negated:
-            found.pop(name.removeprefix("no") if negated else name, None)
-            if not negated and value.lower() not in ("false", "0"):
+            flag = name.removeprefix("no") if negated else name
+            found.pop(flag, None)
+            if negated and equals:
+                _refuse(f"{arg}: --{name} takes no value; pass --{name} (or --{flag}=false) not to draw it, "
+                        f"--{flag} to draw it")
+            if not negated and (not equals or _boolean(arg, flag, value)):
                 found[name] = ([arg], None)
         elif equals:
             found[name] = ([arg], value)

@@ -28,7 +28,7 @@ BARE_WORD_FLAG = _ATTENTION
 def main(argv: list[str]) -> None:
     del argv
     from transformer_jax.base import quiet_console
-    from transformer_jax.evaluation import write_figures
+    from transformer_jax.evaluation import check_texts, write_figures
 
     quiet_console()
     written = "the figures whose paths are printed above were written; no others"
@@ -37,6 +37,10 @@ def main(argv: list[str]) -> None:
             raise ConfigError("name the figures to draw: --curves, --positional_encoding and/or --attention=SENTENCE")
         if _ATTENTION.value is not None and not _ATTENTION.value.strip():
             raise ConfigError("--attention is empty; pass the source sentence whose attention to plot")
+        # Bytes that are not UTF-8 reach argv as lone surrogates, which no tokenizer takes: refused as translate does.
+        for holder in (_ATTENTION, _ATTENTION_TARGET):
+            if holder.value is not None:
+                check_texts([holder.value], named=f"--{holder.name}")
         _RUN.start()
         with storage_named("writing the figures"):
             for path in write_figures(_RUN.workdir.value, _RUN.checkpoint.value, _SEARCH.options,

@@ -22,12 +22,14 @@ from transformer_jax.evaluation.split_evaluation import (
     write_evaluation,
     write_results,
 )
-from transformer_jax.evaluation.text_translation import check_input, translate_encoded, translate_file, translate_lines
+from transformer_jax.evaluation.text_translation import (check_input, check_texts, translate_encoded, translate_file,
+                                                        translate_lines)
 from transformer_jax.evaluation.translator import Translator
 
 __all__ = [
     "Translator",
     "check_input",
+    "check_texts",
     "check_new_output",
     "check_outside_checkpoints",
     "corpus_translation",

@@ -19,6 +19,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from transformer_jax.base import workdir as layout
+from transformer_jax.base.files import is_dir
 from transformer_jax.base.sharding import mesh_platform
 from transformer_jax.checkpoints.saved_run import Run
 from transformer_jax.checkpoints.selection import checkpoint_params, select_steps
@@ -26,6 +27,7 @@ from transformer_jax.data.pipeline import EvalSet, eval_set, run_split
 from transformer_jax.data.shapes import TranslationBatching
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.decoding.options import DecodeOptions
+from transformer_jax.errors import CheckpointError
 from transformer_jax.evaluation.outputs import write_together
 from transformer_jax.evaluation.scores import translation_scores
 from transformer_jax.evaluation.text_translation import replicate, translate_encoded
@@ -82,12 +84,17 @@ def evaluate_checkpoint(run: Run, spec: str, split: str, options: DecodeOptions,
     """Translate every sentence of `split` with the checkpoint(s) `spec` names; return the scores and translations.
 
     "average" averages the run's `eval.average_last` checkpoints; `write_evaluation` writes the results
-    (a file standing where their folder goes fails here, before any work). With `mesh`, the work is split
-    over its devices; the loss is the run builder's dev-loss step, as in training. In a multi-process run
-    every process calls this alike (restoring and translating are collective) and gets the same results.
+    (a file standing where their folder goes, or a directory where one of them goes, fails here, before any
+    work). With `mesh`, the work is split over its devices; the loss is the run builder's dev-loss step, as in
+    training. In a multi-process run every process calls this alike (restoring and translating are collective)
+    and gets the same results.
     """
     layout.check_layout(run.workdir, [layout.EVAL])
     steps = select_steps(run.checkpointer, spec, run.config.eval.average_last)
+    for path in _result_paths(run, split, steps):
+        if is_dir(path):
+            raise CheckpointError(f"{path} is a directory, where the translations and scores are written; move it "
+                                  "away and run the same command again")
     platform = mesh_platform(mesh) if mesh is not None else jax.default_backend()
     loss_step = dev_loss_step(run.model_config.runnable_on(platform), run.config.training.label_smoothing, mesh)
     params = checkpoint_params(run, steps)
@@ -98,11 +105,19 @@ def evaluate_checkpoint(run: Run, spec: str, split: str, options: DecodeOptions,
     return {"split": split, "checkpoint": spec, "steps": steps, **scores}, hypotheses
 
 
+def _result_base(run: Run, split: str, steps: list[int]) -> str:
+    """Where `write_evaluation` writes the results of `steps` on `split`: this, with .hyp and .json added."""
+    return layout.run_path(run.workdir, layout.EVAL, f"{split}.{checkpoint_tag(steps)}")
+
+
+def _result_paths(run: Run, split: str, steps: list[int]) -> list[str]:
+    return [_result_base(run, split, steps) + suffix for suffix in (".hyp", ".json")]
+
+
 def write_evaluation(run: Run, results: dict[str, Any], hypotheses: list[str]) -> str:
     """Write `evaluate_checkpoint`'s results to `<workdir>/eval/<split>.<tag>.hyp` and `.json` (see
     `write_results`); returns the .hyp path."""
-    tag = checkpoint_tag(results["steps"])
-    return write_results(layout.run_path(run.workdir, layout.EVAL, f"{results['split']}.{tag}"), results, hypotheses)
+    return write_results(_result_base(run, results["split"], results["steps"]), results, hypotheses)
 
 
 def format_results(results: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ import queue
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import flax.linen as nn
 import jax
@@ -173,7 +173,7 @@ def blocks_of(lines: Iterable[str], size: int) -> Iterator[list[str]]:
     """`lines` (each without its line break) in lists of `size`, the last one shorter."""
     block: list[str] = []
     for line in lines:
-        block.append(line.rstrip("\n"))
+        block.append(line.rstrip("\n") if isinstance(line, str) else line)  # not text: refused by check_texts
         if len(block) == size:
             yield block
             block = []
@@ -195,8 +195,9 @@ def translate_blocks(run: Run, params: Any, blocks: Iterable[list[str]], options
 
 
 def check_input(path: str, named: str = "input ", processes: int = 1) -> None:
-    """Refuse a text input that cannot be read: a directory, a missing file, standard input ("-") that is closed
-    or read by `processes` > 1. `named` starts each message (the translate command: "--input=")."""
+    """Refuse a text input that cannot be read: a directory, a missing or unreadable file (permission denied),
+    standard input ("-") that is closed or read by `processes` > 1. `named` starts each message (the translate
+    command: "--input=")."""
     if path == "-" and processes > 1:
         raise ConfigError(f"{named}- reads standard input, which one process alone has; pass a file that every "
                           "process can read, or translate in one process (without --multihost)")
@@ -206,6 +207,12 @@ def check_input(path: str, named: str = "input ", processes: int = 1) -> None:
         raise DataError(f"{named}{path} is a directory; pass a text file or - (standard input)")
     if path != "-" and not os.path.exists(path):
         raise DataError(f"{named}{path} does not exist; pass a text file or - (standard input)")
+    if path != "-" and os.path.isfile(path):  # opened once now (a pipe is not: its writer would see it closed)
+        try:
+            open(path, "rb").close()
+        except OSError as error:
+            raise DataError(f"{named}{path} cannot be read ({error.strerror or error}); make it readable "
+                            "(chmod u+r) or pass another file") from None
 
 
 def translate_file(run: Run, params: Any, path: str, options: DecodeOptions, *,
@@ -286,8 +293,26 @@ def standard_input_lines() -> Iterator[str]:
         yield line.rstrip("\n").removesuffix("\r")
 
 
+def check_texts(texts: Sequence[Any], named: str = "line {}", first: int = 1) -> None:
+    """Refuse what is not text before any of it is translated: an item that is not a str (ConfigError), or a str
+    that UTF-8 cannot hold (DataError): a lone surrogate such as "\\ud800", which is what Python's
+    errors="surrogateescape" makes of bytes that are not UTF-8. `named` names an item from its number (`first`
+    for the first item): "line {}" (from 1), "texts[{}]" (from 0)."""
+    for number, text in enumerate(texts, start=first):
+        if not isinstance(text, str):
+            raise ConfigError(f"{named.format(number)} is of type {type(text).__name__}, not str; pass text")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise DataError(f"{named.format(number)} holds U+{ord(text[error.start]):04X} (character "
+                            f"{error.start + 1}), a lone surrogate: bytes that are not UTF-8, not text; pass UTF-8 "
+                            "text (re-encode it, e.g. iconv -t UTF-8, or decode the bytes with errors='replace')"
+                            ) from None
+
+
 def _translate_chunk(run: Run, params: Any, texts: list[str], options: DecodeOptions,
                      batching: TranslationBatching, dtype: str, mesh: Mesh | None, first_line: int = 0) -> list[str]:
+    check_texts(texts, first=first_line + 1)
     encoded = encode_pairs([(text, "") for text in texts], run.tokenizer)
     # Decode as many rows as there are lines (one for interactive use), not a full eval batch; over a mesh,
     # rounded up to a multiple of its devices (rounded down, a few lines would take two batches).

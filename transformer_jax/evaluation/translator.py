@@ -13,13 +13,23 @@ rows split over this process's devices (sampling runs on one
 device: its draws depend on a row's place); the translations come back in the caller's order, one line each.
 An empty string gives an empty translation; a sentence longer than the model's max_len is cut to it (counted in
 `truncated`).
+
+Every argument is used or refused: a wrong type or value (a workdir of None, `devices=[]`, `batch_size=0`, an
+item that is not text, a lone surrogate in a sentence) is one of the project's errors (`errors.UserError`: a
+ConfigError, DataError or CheckpointError) naming the argument and the fix, raised before any work. Opening a
+run that is still training: a checkpoint named as latest, best or average that the run rotates away while it is
+read is read again at the run's newest (a few times); a step named by its number is a CorruptCheckpointError
+saying it was rotated away, as the command line says it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import numbers
+import os
 import sys
+from collections.abc import Iterable, Mapping, Set
 from typing import Any, Sequence, overload
 
 import jax
@@ -32,9 +42,14 @@ from transformer_jax.config.schema import decode_options, decoding_dtype, transl
 from transformer_jax.data.encoded import encode_pairs
 from transformer_jax.data.shapes import TranslationBatching
 from transformer_jax.decoding.options import DecodeOptions
-from transformer_jax.errors import ConfigError
+from transformer_jax.decoding.translate import DTYPES
+from transformer_jax.errors import ConfigError, CorruptCheckpointError
 from transformer_jax.evaluation.device_batches import sized_batching
-from transformer_jax.evaluation.text_translation import replicate, translate_encoded
+from transformer_jax.evaluation.text_translation import check_texts, replicate, translate_encoded
+
+# Reads of a checkpoint named as latest, best or average, each at the run's newest, when the run writing it rotates
+# the one being read away (it saves every training.checkpoint_every steps: the next read normally succeeds).
+ROTATION_TRIES = 3
 
 
 class Translator:
@@ -48,13 +63,21 @@ class Translator:
       devices: the devices that split each batch's rows (default: this process's).
     """
 
-    def __init__(self, workdir: str, checkpoint: str | int = "latest", *, dtype: str | None = None,
+    def __init__(self, workdir: str | os.PathLike, checkpoint: str | int = "latest", *, dtype: str | None = None,
                  devices: Sequence[jax.Device] | None = None) -> None:
-        self.run: Run = open_run(workdir)
+        if not isinstance(workdir, (str, os.PathLike)):
+            raise ConfigError(f"Translator(workdir={workdir!r}): workdir is the directory of a training run (a str or "
+                              f"a path), not {type(workdir).__name__}; pass the --workdir a training run wrote")
+        if dtype is not None and dtype not in DTYPES:
+            named = [name for name in DTYPES if name]
+            raise ConfigError(f"Translator(dtype={dtype!r}) is not one of {named} ('' the model's own dtype); pass one "
+                              "of them, or leave it out for the run's eval.dtype")
+        mesh = make_mesh(devices=_devices(devices))  # checked before the run is opened
+        self.run: Run = open_run(os.fspath(workdir))
         try:
-            self.steps = select_steps(self.run.checkpointer, checkpoint, self.run.config.eval.average_last)
-            self.mesh = make_mesh(devices=list(devices or jax.local_devices()))
-            self.params = replicate(checkpoint_params(self.run, self.steps), self.mesh)
+            self.steps, params = _newest_params(self.run, checkpoint)
+            self.mesh = mesh
+            self.params = replicate(params, self.mesh)
         except BaseException:
             self.close()  # a refused checkpoint leaves no manager open
             raise
@@ -82,23 +105,23 @@ class Translator:
                   batch_tokens: int | None = None, **settings: Any) -> str | list[str]:
         """The translation of one sentence (a str gives a str), or of a sequence of sentences (a list, in their
         order). `settings`: mode, beam_size, alpha, max_extra_length, seed, temperature, top_k, top_p
-        (DecodeOptions; each for its mode, see `search`); `batch_size` and `batch_tokens` override the run's
-        batching. A setting is checked before any sentence is: a refused one is a ConfigError."""
+        (DecodeOptions; each for its mode, see `search`); `batch_size` (>= 1) and `batch_tokens` (>= 0; 0: batches
+        of batch_size sentences) override the run's batching. Every argument is checked before any sentence is
+        translated, an empty list's too: a refused setting or batch is a ConfigError; an item that is not a str a
+        ConfigError, a str with a lone surrogate a DataError, each naming the item (texts[3])."""
         if isinstance(texts, str):
             return self.translate([texts], batch_size=batch_size, batch_tokens=batch_tokens, **settings)[0]
-        texts = list(texts)
+        texts = _sentences(texts)
         options = self.search(**settings)
-        if not all(isinstance(text, str) for text in texts):
-            kind = next(type(text).__name__ for text in texts if not isinstance(text, str))
-            raise ConfigError(f"translate() takes a str or a sequence of str, and one item is of type {kind}; "
-                              "pass text")
+        TranslationBatching().replace(batch_size=batch_size, batch_tokens=batch_tokens)  # refuses 0, -1, 2.5, True
+        check_texts(texts, named="texts[{}]", first=0)
         if not texts:
             return []
         encoded = encode_pairs([(text, "") for text in texts], self.run.tokenizer)
         self.truncated += int((encoded.source.lengths > self.run.model_config.max_len).sum())
         batching = self.batching_for(options)
         rows = max(1, min(len(texts), batching.batch_size))  # a few sentences: a batch of their size
-        batching = batching.replace(batch_size=batch_size or rows, batch_tokens=batch_tokens)
+        batching = batching.replace(batch_size=rows).replace(batch_size=batch_size, batch_tokens=batch_tokens)
         return translate_encoded(self.params, self.run.model_config, encoded, self.run.tokenizer, options,
                                  batching=batching, dtype=self.dtype, show_progress=False, mesh=self.mesh)
 
@@ -132,3 +155,54 @@ class Translator:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+
+def _devices(devices: Sequence[jax.Device] | None) -> list[jax.Device]:
+    """`devices` checked (ConfigError: none, one that is not a jax.Device of this process, one given twice), or this
+    process's devices when None."""
+    if devices is None:
+        return list(jax.local_devices())
+    if isinstance(devices, jax.Device) or not isinstance(devices, Iterable):
+        raise ConfigError(f"Translator(devices={devices!r}) takes a list of devices; pass [device] for one, or leave "
+                          "it out for this process's devices")
+    devices = list(devices)
+    local = jax.local_devices()
+    for device in devices:
+        if not isinstance(device, jax.Device) or device not in local:
+            raise ConfigError(f"Translator(devices=...) holds {device!r}, which is not a device of this process; pass "
+                              f"some of jax.local_devices() ({len(local)} here)")
+    if not devices:
+        raise ConfigError("Translator(devices=[]) names no device to translate on; pass some of jax.local_devices(), "
+                          "or leave devices out for all of them")
+    if len(set(devices)) < len(devices):
+        raise ConfigError("Translator(devices=...) names a device twice; pass each once")
+    return devices
+
+
+def _sentences(texts: Any) -> list[str]:
+    """`translate`'s sentences as a list (any sequence or iterable of them, in its order); ConfigError for what is
+    no sequence of sentences: None, a number, bytes (undecoded), a dict or a set (no order to answer in)."""
+    if isinstance(texts, (bytes, bytearray, memoryview)):
+        raise ConfigError(f"translate() takes text, not {type(texts).__name__}; decode it first "
+                          "(e.g. texts.decode('utf-8'))")
+    if isinstance(texts, (Mapping, Set)) or not isinstance(texts, Iterable):
+        order = " (its order is not defined)" if isinstance(texts, (Mapping, Set)) else ""
+        raise ConfigError(f"translate() takes a str or a sequence of str, not {type(texts).__name__}{order}; pass "
+                          "a sentence or a list of them")
+    return list(texts)
+
+
+def _newest_params(run: Run, checkpoint: str | int) -> tuple[list[int], Any]:
+    """The steps `checkpoint` names and their parameters. A step the run writing it rotates away while it is read
+    (gone from the listing once the read failed) is chosen again, when `checkpoint` names it by its place (latest,
+    best, average): the user asked for the run's newest, which a retry gives; a step named by its number is gone
+    and stays the CorruptCheckpointError saying so (`Checkpointer.restore_params`)."""
+    by_place = not isinstance(checkpoint, numbers.Integral) and not str(checkpoint).isdigit()
+    attempt = 1
+    while True:
+        steps = select_steps(run.checkpointer, checkpoint, run.config.eval.average_last)
+        try:
+            return steps, checkpoint_params(run, steps)
+        except CorruptCheckpointError:
+            if not by_place or attempt == ROTATION_TRIES or set(steps) <= set(run.checkpointer.steps()):
+                raise  # damaged, not rotated away (or rotated away at every try)
+        attempt += 1
