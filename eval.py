@@ -8,18 +8,11 @@ average, export and plot, with eval.py's flags of old (each form names its comma
   python eval.py --workdir=DIR --plot_curves --plot_positional_encoding --plot_attention=TEXT   # plot
 """
 
-import signal
+import sys
 
-ARRIVED: list[int] = []  # SIGTERM/SIGINT during the imports below (seconds), acted on when the command starts
-for _stop in (signal.SIGTERM, signal.SIGINT):
-    if signal.getsignal(_stop) is not signal.SIG_IGN:  # a background job's ignored SIGINT stays ignored
-        signal.signal(_stop, lambda number, frame: ARRIVED.append(number))
-
-
-import sys  # noqa: E402
-
-from transformer_jax.__main__ import run_subcommand  # noqa: E402
-from transformer_jax.cli import eval_command  # noqa: E402
+# The package's first line records SIGTERM/SIGINT during the imports (seconds): acted on when the command starts.
+from transformer_jax.__main__ import run_subcommand
+from transformer_jax.cli import eval_command
 
 if __name__ == "__main__":
-    run_subcommand(*eval_command(sys.argv), arrived=ARRIVED)
+    run_subcommand(*eval_command(sys.argv))

@@ -46,12 +46,12 @@ def usage() -> str:
             + "\n".join(lines) + "\n")
 
 
-def run_subcommand(name: str, argv: list[str] | None = None, arrived: list[int] = ()) -> NoReturn:
-    """Run command `name` with the flags of `argv` (argv[0] is the program); `arrived`: SIGTERM/SIGINT that the
-    caller recorded before this (a script's first lines), acted on when the command starts."""
+def run_subcommand(name: str, argv: list[str] | None = None) -> NoReturn:
+    """Run command `name` with the flags of `argv` (argv[0] is the program). SIGTERM/SIGINT recorded since the
+    package's first line (transformer_jax/early_signals.py) are acted on when the command starts."""
     from transformer_jax.cli import early_signals, run_command
 
-    early_signals().extend(arrived)  # the command's imports take seconds: a stop meanwhile is acted on after
+    early_signals()  # the command's imports take seconds: a stop meanwhile is acted on after
     argv = list(sys.argv if argv is None else argv)
     module = importlib.import_module(COMMANDS[name].module)  # defines the command's flags, and no other's
     run_command(module.main, [f"{PROGRAM} {name}", *argv[1:]], module=module)

@@ -130,7 +130,8 @@ def test_the_stop_line_reads_the_disk_and_the_log(tmp_path):
 
 
 def test_sigterm_during_the_imports_stops_with_one_line_and_leaves_no_workdir(tmp_path):
-    """The scripts record a signal from their first lines; the command stops once its handler is in place."""
+    """The package's first line records a signal for the checkout's scripts; the command stops once its handler is in
+    place."""
     from runs import start_script
 
     config, workdir = write_config(tmp_path), tmp_path / "run"
@@ -163,7 +164,8 @@ def test_a_library_importing_the_package_keeps_its_signal_handlers():
 
     assert is_command(["/venv/bin/transformer-jax", "score"], [])
     assert is_command(["-m"], ["python3", "-m", "transformer_jax", "score"])
-    assert not is_command(["train.py"], ["python3", "train.py"])
+    assert is_command([str(ROOT / "train.py")], []) and is_command([str(ROOT / "eval.py")], [])
+    assert not is_command(["/elsewhere/train.py"], ["python3", "/elsewhere/train.py"])  # another program's train.py
     assert not is_command(["-m"], ["python3", "-m", "my_project.main"])
     program = "import os, signal, time, transformer_jax; os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)"
     result = subprocess.run([sys.executable, "-c", program], env=script_env(), capture_output=True, timeout=120)

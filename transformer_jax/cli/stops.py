@@ -86,7 +86,7 @@ def _handled_signals(handler: Callable) -> dict:
 
 @contextlib.contextmanager
 def interrupts_reported(finished: Callable[[], str], terminated_exit: int = TERMINATED_EXIT,
-                        arrived: list[int] | None = None, resumable: bool = False) -> Iterator[None]:
+                        resumable: bool = False) -> Iterator[None]:
     """Ctrl-C (SIGINT) and SIGTERM end the command with one line saying what was finished.
 
     Ctrl-C exits with status 130. SIGTERM (what a preempted VM or a cluster scheduler sends) stops the
@@ -95,8 +95,8 @@ def interrupts_reported(finished: Callable[[], str], terminated_exit: int = TERM
     the same command resumes. The training loop takes SIGTERM over while it runs (it saves a checkpoint and
     stops at a step boundary), then gives it back. Unwinding releases the run lock; every file is written
     atomically, so nothing is left half written. The exit is a `Stopped` (a SystemExit).
-    `arrived` (and `early_signals`' record): SIGTERM/SIGINT that arrived while the command's imports ran
-    (they take seconds): the command stops here with its line, as if they had arrived now.
+    SIGTERM/SIGINT that arrived while the command's imports ran (they take seconds; transformer_jax/early_signals.py
+    records them): the command stops here with its line, as if they had arrived now.
     """
     def stop(signal_number: int) -> NoReturn:
         _unanswered.clear()
@@ -111,7 +111,7 @@ def interrupts_reported(finished: Callable[[], str], terminated_exit: int = TERM
     previous_hook = sys.unraisablehook
     sys.unraisablehook = quiet = functools.partial(_quiet_lost_stops, previous=previous_hook)
     try:
-        for number in [*(arrived or ()), *_arrived_early]:
+        for number in _arrived_early:
             _raise_stop(number, None)
         yield
     except KeyboardInterrupt:
