@@ -206,11 +206,14 @@ class Trainer:
         """
         if step == self.last_saved_step:
             return
-        if self.write_seconds is None:  # timed from the state's being computed: not the updates still in flight
+        # The first save of this start is waited for and timed (what a stop's save costs), from the state's being
+        # computed: not the updates still in flight.
+        first = self.write_seconds is None
+        if first:
             jax.block_until_ready(self.state)
         started = time.perf_counter()
         if self._save(step, window.step_metrics, metrics):
-            if self.write_seconds is None:  # the first of this start: waited for, timed (what a stop's save costs)
+            if first:
                 self.checkpointer.wait()
                 self.write_seconds = time.perf_counter() - started
                 window.log.write_timing(step, {"checkpoint_write_seconds": self.write_seconds})
@@ -387,8 +390,7 @@ class Trainer:
         return non_finite_advice(self.config.training, self.schedule, self.start_applied, applied, self.start_step,
                                  attention_in_use(self.model_config, self.mesh), self.model_config.dtype)
 
-    def _named_search(self, dev_bleu: MetricsOf | None
-                      ) -> MetricsOf | None:
+    def _named_search(self, dev_bleu: MetricsOf | None) -> MetricsOf | None:
         """`dev_bleu`, recorded as the program running while it runs (a device failure names it)."""
         if dev_bleu is None:
             return None
