@@ -243,8 +243,8 @@ def _missing_flags(error: Exception) -> str | None:
 
 def _override_fault(argv: list[str], path: str | None) -> str | None:
     """The line for `--config.KEY` overrides without a --config, or for the first naming no run setting: "unknown
-    key", with the nearest key (`_nearest_key`); None when every override names one."""
-    from transformer_jax.config import SETTINGS
+    key", with the nearest key (config.nearest_key); None when every override names one."""
+    from transformer_jax.config import SETTINGS, nearest_key
 
     overrides = [arg for arg in argv[1:] if arg.startswith("--config.")]
     if overrides and path is None:
@@ -258,37 +258,10 @@ def _override_fault(argv: list[str], path: str | None) -> str | None:
         if setting is not None:
             return (f"--config.{given}: {setting} is a setting, not a section of settings; pass "
                     f"--config.{setting}=VALUE ({CONFIG_HELP} lists every key)")
-        nearest = _nearest_key(given)
+        nearest = nearest_key(given)
         hint = f" (did you mean --config.{nearest}{equals}{value}?)" if nearest else ""
         return f"unknown key --config.{given}{hint}; {CONFIG_HELP} lists every key"
     return None
-
-
-def _nearest_key(given: str) -> str | None:
-    """The run setting `given` ("training.warmup", "trainin.seed", "warmup_steps") most likely meant: its name in
-    another section (or with none given), else a close name in its section (its name misspelt, too), else one
-    holding its name, else a close name anywhere."""
-    import difflib
-
-    from transformer_jax.config import SETTINGS
-
-    sections = list(dict.fromkeys(setting.section for setting in SETTINGS))
-    section, dot, name = given.partition(".")
-    section, name = (section, name) if dot else ("", given)
-    if section and section not in sections:
-        section = next(iter(difflib.get_close_matches(section, sections, n=1)), "")
-    exact = [setting.key for setting in SETTINGS if setting.name == name]
-    if exact:
-        return exact[0]
-    mine = {setting.name: setting.key for setting in SETTINGS if setting.section == section}
-    close = difflib.get_close_matches(name, list(mine), n=1)
-    if close:
-        return mine[close[0]]
-    holding = [key for other, key in mine.items() if name and name in other]
-    if holding:
-        return holding[0]
-    close = difflib.get_close_matches(name, [setting.name for setting in SETTINGS], n=1)
-    return next(setting.key for setting in SETTINGS if setting.name == close[0]) if close else None
 
 
 def _config_file_error(error: BaseException, path: str | None) -> BaseException:

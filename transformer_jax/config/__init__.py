@@ -17,10 +17,10 @@ from transformer_jax.config.schema import (
     translation_batching,
     write_run_config,
 )
-from transformer_jax.config.settings import SETTINGS, Setting, default_config
+from transformer_jax.config.settings import SETTINGS, Setting, default_config, nearest_key
 
 __all__ = [
-    "SETTINGS", "Setting", "check_run_config", "decode_options", "decoding_dtype", "default_config", "model_config",
+    "SETTINGS", "Setting", "check_run_config", "decode_options", "decoding_dtype", "default_config", "model_config", "nearest_key",
     "parallel_text_config", "plain_text", "read_run_config", "sizing_line", "translation_batching",
     "write_run_config",
 ]

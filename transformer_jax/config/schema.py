@@ -16,7 +16,7 @@ import ml_collections
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.files import read_text, write_atomically
 from transformer_jax.config.derived import check_derived
-from transformer_jax.config.settings import MAX_INT32, MAX_STEP, SETTINGS, Setting, default_config
+from transformer_jax.config.settings import MAX_INT32, MAX_STEP, SETTINGS, Setting, default_config, nearest_key
 from transformer_jax.data.shapes import TranslationBatching
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.decoding.translate import DTYPES
@@ -111,8 +111,8 @@ def _check_known_keys(config: ml_collections.ConfigDict) -> None:
                               "config file")
         for key in values:
             if key not in schema[section]:
-                close = difflib.get_close_matches(key, list(schema[section]), n=1)
-                hint = f' (did you mean "{section}.{close[0]}"?)' if close else ""
+                close = nearest_key(f"{section}.{key}")
+                hint = f' (did you mean "{close}"?)' if close else ""
                 raise ConfigError(f"config key {section}.{key} is not a setting{hint}; correct it in the config file "
                                   "(every key: docs/configuration.md)")
 

@@ -9,6 +9,7 @@ are TransformerConfig's own checks.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 from typing import Any
 
@@ -217,3 +218,26 @@ def default_config() -> ml_collections.ConfigDict:
     for setting in SETTINGS:
         config[setting.section][setting.name] = setting.default
     return config
+
+
+def nearest_key(given: str) -> str | None:
+    """The run setting `given` ("training.warmup", "trainin.seed", "warmup_steps") most likely meant: its name in
+    another section (or with none given), else a close name in its section (its name misspelt, too), else one
+    holding its name, else a close name anywhere (None: nothing near). The command line's unknown keys and a config
+    file's are both answered with it."""
+    section, dot, name = given.partition(".")
+    section, name = (section, name) if dot else ("", given)
+    if section and section not in SECTIONS:
+        section = next(iter(difflib.get_close_matches(section, SECTIONS, n=1)), "")
+    exact = [setting.key for setting in SETTINGS if setting.name == name]
+    if exact:
+        return exact[0]
+    mine = {setting.name: setting.key for setting in SETTINGS if setting.section == section}
+    close = difflib.get_close_matches(name, list(mine), n=1)
+    if close:
+        return mine[close[0]]
+    holding = [key for other, key in mine.items() if name and name in other]
+    if holding:
+        return holding[0]
+    close = difflib.get_close_matches(name, [setting.name for setting in SETTINGS], n=1)
+    return next(setting.key for setting in SETTINGS if setting.name == close[0]) if close else None
