@@ -28,11 +28,12 @@ SECTIONS = {
     "train": "train step of ours and PyTorch's nn.Transformer, alternating worker processes: tokens/s, MFU, memory",
     "e2e": "training throughput with the input pipeline and padding (built-in corpus, WMT-like lengths)",
     "widths": "packed rows of max_length, the row width chosen from the corpus, and length buckets",
-    "decode": "beam-4 and greedy sentences/s against an earlier revision's decoding; the key/value cache's speed-up",
+    "decode": "beam-4 and greedy sentences/s, float32 and bfloat16, on one CPU device and one per core; the key/value "
+              "cache's speed-up",
     "ctranslate2": "CTranslate2 on the same model exported, float32 and int8, against ours",
     "options": "scan_layers / remat: compile time, XLA's temporary memory and step time",
     "pipeline": "the input pipeline alone: batches/s, padding efficiency",
-    "split": "translating the demo run's test split (runs/demo: make demo first), and eval.py against a revision",
+    "split": "translating the demo run's test split (runs/demo: make demo first) by batching, and eval.py's command",
     "startup": "start-up time and peak memory of a run's data preparation on a 1M-pair text corpus; train.py's "
                "launch to first update (base sizes) with a cold and a warm compile cache and on resume",
     "input": "one process's batches on one core against the update's roofline; memory and start-up at 1M-10M "
@@ -50,10 +51,9 @@ SECTIONS = {
                     "--fairseq_venv) and by us, test SacreBLEU, updates and target tokens/s",
     "bulk": "translate-corpus: the cost of resumability (shard writes) against decoding, sentences/s by mode and "
             "dtype, peak memory at N and 8N input lines",
-    "checkpoint_stall": "how long a checkpoint save holds the training thread against the state's size (10-800 MB), "
-                        "ours and a revision before (--stall_baseline)",
+    "checkpoint_stall": "how long a checkpoint save holds the training thread against the state's size (10-800 MB)",
     "search_kernels": "the beam and greedy searches compiled for H100/H200 without a GPU: kernels and conditionals "
-                      "per decoding step, compile seconds, ours and a revision before (--search_baseline)",
+                      "per decoding step, peak memory, compile seconds",
     "accelerators": "our train step against the Flax WMT example's compiled for TPU v5e-8 / v5p-8 and H100 (HBM bytes, "
                     "peak memory, largest batch), timed where this host has the chip (--flax_checkout)",
 }
@@ -78,15 +78,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", default=None, help="write every section's figures here")
     parser.add_argument("--widths_base", action="store_true",
                         help="widths: only the WMT-like profile, with the base model (on CPU too)")
-    parser.add_argument("--baseline", default="bfce298",
-                        help="decode, split: the git revision compared against ('' for none)")
     parser.add_argument("--split_workdir", default="runs/demo",
                         help="split: a trained run (make demo writes runs/demo)")
     parser.add_argument("--split_batch_tokens", default="256",
                         help="split: comma-separated source token budgets to time besides the run's own")
     parser.add_argument("--startup_pairs", type=int, default=1_000_000, help="startup: training pairs generated")
-    parser.add_argument("--startup_baseline", default="c7045af",
-                        help="startup: the git revision whose launch to first update is compared ('' for none)")
     parser.add_argument("--input_pairs", default=None,
                         help="input: comma-separated prepared corpus sizes (default 1000000,4500000,10000000; "
                              "--quick 100000)")
@@ -120,10 +116,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bleu_corpus", default=None,
                         help="time_to_bleu: train/dev/test.en/.de files (default: the built-in corpus)")
     parser.add_argument("--bulk_lines", type=int, default=20_000, help="bulk: input lines a job translates")
-    parser.add_argument("--stall_baseline", default="c7045af",
-                        help="checkpoint_stall: the git revision compared against ('' for none)")
-    parser.add_argument("--search_baseline", default="79f3ef3",
-                        help="search_kernels: the git revision compared against ('' for none)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--worker_spec", default="{}", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -21,8 +21,8 @@ SAME_WORD = {
     ("transformer_jax/cli/cluster.py", "compilation_cache"): "the --compilation_cache flag's name",
     ("transformer_jax/config/schema.py", "wandb"): "the wandb package's name (is it installed?)",
     ("transformer_jax/config/schema.py", "eval"): "the config's `eval` section",
-    ("benchmarks/gpu_run.py", "eval"): "the benchmark's eval.py phase",
-    ("benchmarks/lease_records.py", "eval"): "the lease run's eval.py phase",
+    ("benchmarks/lease/gpu_run.py", "eval"): "the benchmark's eval.py phase",
+    ("benchmarks/lease/records.py", "eval"): "the lease run's eval.py phase",
     ("benchmarks/suite_cpu.py", "compilation_cache"): "a JAX monitoring event's name",
 }
 TOKEN_WORDS = ("ids", "tokens", "src", "tgt")  # in a name that holds token ids

@@ -1,23 +1,22 @@
-"""How long a checkpoint save holds the training thread, against the state's size, ours and a revision before.
+"""How long a checkpoint save holds the training thread, against the state's size.
 
 A state of float32 arrays shaped like the base model's (parameters and Adam's two moments, 237 arrays
 each: 711 in all, as the base model's 712) is trained by a donating step (every array + 1, which rewrites
 the whole state as an update does) and saved with `Checkpointer.save` after every few steps, as train.py's
-loop does. Each size runs in a fresh worker process, for ours and for `--stall_baseline` (a git revision,
-extracted with `git archive`; '' for none). Per size, the medians of 3 saves:
+loop does. Each size runs in a fresh worker process. Per size, the medians of 3 saves:
   blocked      the seconds `save` held the training thread (timing.jsonl's checkpoint_stall_seconds);
   on disk      from the call to the checkpoint complete (blocked + the background's share);
   step delay   the next 3 steps' seconds over 3 steps' without a save (what the background costs the
                steps; on a CPU host the copy, checksums and writes share the cores the steps run on).
 The previous save is waited for before each timed one (outside the timing): the interval between saves is
-long enough, as it is at the configs' defaults.
+long enough, as it is at the configs' defaults. The comparison with revision c7045af (before the save's copy to
+host memory) is in docs/benchmarks/history.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import tempfile
 import time
@@ -26,7 +25,6 @@ from typing import Any
 import numpy as np
 
 from benchmarks import workers
-from benchmarks.sections.decode import baseline_tree
 
 SIZES_MB = (10, 50, 200, 800)
 QUICK_SIZES_MB = (10, 50)
@@ -90,31 +88,22 @@ def worker(spec: dict[str, Any]) -> None:
                       "on_disk_s": on_disk, "step_delay_s": delay}))
 
 
-def measure(megabytes: float, tree: str | None) -> dict[str, Any]:
-    """One size in a fresh process, importing `tree`'s transformer_jax (None: this checkout's)."""
-    env = dict(os.environ)
-    if tree:
-        env["PYTHONPATH"] = os.pathsep.join([tree, str(workers.REPO)])
+def measure(megabytes: float) -> dict[str, Any]:
+    """One size in a fresh process."""
     command = workers.worker_command("checkpoint_stall", {"megabytes": megabytes})
-    output = subprocess.run(command, cwd=tree or workers.REPO, env=env, check=True, capture_output=True, text=True)
+    output = subprocess.run(command, cwd=workers.REPO, check=True, capture_output=True, text=True)
     result = json.loads(output.stdout.strip().splitlines()[-1])
     return {**result, **{f"median_{key}": float(np.median(result[key]))
                          for key in ("blocked_s", "on_disk_s", "step_delay_s")}}
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Every size, ours and the baseline's, one line each."""
-    sizes = QUICK_SIZES_MB if args.quick else SIZES_MB
-    results: dict[str, Any] = {"baseline_revision": args.stall_baseline or None, "ours": [], "before": []}
-    with tempfile.TemporaryDirectory() as directory:
-        before = baseline_tree(args.stall_baseline, directory) if args.stall_baseline else None
-        for megabytes in sizes:
-            for name, tree in (("ours", None), ("before", before)):
-                if name == "before" and before is None:
-                    continue
-                result = measure(megabytes, tree)
-                results[name].append(result)
-                print(f"{name:<6} {megabytes:>5} MB ({result['arrays']} arrays)  "
-                      f"blocked {result['median_blocked_s']:6.3f} s  on disk {result['median_on_disk_s']:6.2f} s  "
-                      f"step delay {result['median_step_delay_s']:+6.2f} s", flush=True)
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Every size, one line each."""
+    results = []
+    for megabytes in QUICK_SIZES_MB if args.quick else SIZES_MB:
+        result = measure(megabytes)
+        results.append(result)
+        print(f"{megabytes:>5} MB ({result['arrays']} arrays)  blocked {result['median_blocked_s']:6.3f} s  "
+              f"on disk {result['median_on_disk_s']:6.2f} s  step delay {result['median_step_delay_s']:+6.2f} s",
+              flush=True)
     return results

@@ -1,31 +1,24 @@
-"""Decoding speed: beam-4 and greedy sentences/s of this tree against an earlier revision's decoding (run side
-by side, alternating), and the key/value cache's speed-up over a search that reruns the whole prefix.
+"""Decoding speed: beam-4 and greedy sentences/s of this tree in float32 and bfloat16, on one CPU device and on one
+per core (run side by side, alternating), and the key/value cache's speed-up over a search that reruns the whole
+prefix.
 
-Every decoder runs the public search (`beam_search`, beam 4, alpha 0.6, or `greedy_decode`) of the tree it
-imports on the same randomly initialized model (d_model 256, 3 layers, d_ff 1024, 4 heads, vocabulary
-8000) and the same 32 source sentences of 25 tokens; no token is EOS, so every output is 50 tokens long
-(25 + 25). "before" is `--baseline` (default bfce298, the last revision whose beam search reordered every
-layer's whole self-attention cache each step), extracted with `git archive` and imported in its own
-worker process; "ours" is this tree, in float32 and bfloat16 (`decoding_precision`, as eval.py decodes
-on a CPU host), also in workers. Each decodes on one CPU device and on one per core (at most 8, a power
-of two: the rows split over them, as eval.py's `translate_rows` does; "before" likewise, to separate the
-split from the search). Rounds alternate between the contenders (one decode of the 32 sentences each);
-the figures are medians; tokens are compared per sentence against "before" (bfloat16 may break
-near-ties the other way). The reference step (not with --quick) runs the whole prefix padded to 50
-every step. Compilation is timed apart.
-
-This module is also imported by the workers of the earlier revision: at module level it uses only
-names that revision has too.
+Every decoder runs the public search (`beam_search`, beam 4, alpha 0.6, or `greedy_decode`) on the same randomly
+initialized model (d_model 256, 3 layers, d_ff 1024, 4 heads, vocabulary 8000) and the same 32 source sentences
+of 25 tokens; no token is EOS, so every output is 50 tokens long (25 + 25). Each contender lives in its own worker
+process, in the precision eval.py chooses on a CPU host (`decoding_precision`), and decodes on one CPU device or
+on one per core (at most 8, a power of two: the rows split over them, as eval.py's `translate_rows` does).
+Rounds alternate between the contenders (one decode of the 32 sentences each); the figures are medians, with
+each contender's ratio to "ours" (float32, one device) and the sentences whose tokens equal its (bfloat16 may
+break near-ties the other way). The reference step (not with --quick) runs the whole prefix padded to 50 every
+step. Compilation is timed apart. The comparison with the decoder before the beam-slot cache (revision bfce298)
+is in docs/benchmarks/history.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import statistics
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,7 +30,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from benchmarks import workers
 from transformer_jax import Transformer, TransformerConfig
-from transformer_jax.decoding import beam_search, greedy_decode
+from transformer_jax.base import automatic_cpu_devices
+from transformer_jax.decoding import beam_search, decoding_precision, greedy_decode
 
 CONFIG = TransformerConfig(vocab_size=8000, num_layers=3, d_model=256, d_ff=1024, num_heads=4, max_len=128)
 NUM_SENTENCES, SOURCE_LENGTH, EXTRA_LENGTH = 32, 25, 25
@@ -99,16 +93,11 @@ def split_rows(decoder: Callable, params: Any, src: jax.Array) -> tuple[Callable
 
 
 def worker(spec: dict[str, Any]) -> None:
-    """A worker decoding with whichever transformer_jax it imports (see `compare`), on spec["devices"] CPU
-    devices; this tree's workers ("ours") decode in the precision eval.py chooses for spec["dtype"]."""
-    if spec["devices"] > 1:  # (through jax.config: an earlier revision has no set_cpu_devices)
+    """A worker decoding on spec["devices"] CPU devices in the precision eval.py chooses for spec["dtype"]."""
+    if spec["devices"] > 1:
         jax.config.update("jax_num_cpu_devices", spec["devices"])
     params, src = inputs()
-    config = CONFIG
-    if spec["ours"]:
-        from transformer_jax.decoding import decoding_precision
-
-        params, config = decoding_precision(params, config, spec["dtype"], "cpu")
+    params, config = decoding_precision(params, CONFIG, spec["dtype"], "cpu")
     kind = spec["kind"]
     decoder = beam_decoder(config) if kind == "beam" else greedy_decoder(config)
     if spec["devices"] > 1:
@@ -130,31 +119,14 @@ def worker(spec: dict[str, Any]) -> None:
     workers.serve(build, lambda: {"peak_rss_bytes": workers.peak_rss_bytes()}, describe)
 
 
-def baseline_tree(revision: str, directory: str) -> str | None:
-    """`transformer_jax` of `revision` extracted under `directory`; None when git cannot give it."""
-    archive = subprocess.run(["git", "-C", str(workers.REPO), "archive", revision, "transformer_jax"],
-                             capture_output=True)
-    if archive.returncode != 0:
-        print(f"no baseline: git archive {revision} failed ({archive.stderr.decode().strip()})")
-        return None
-    subprocess.run(["tar", "-x", "-C", directory], input=archive.stdout, check=True)
-    return directory
-
-
-def start_worker(tree: str, spec: dict[str, Any]) -> workers.Worker:
-    """A decode worker importing `tree`'s transformer_jax: run from that tree, the harness found on PYTHONPATH."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([tree, str(workers.REPO)]))
-    return workers.Worker(workers.worker_command("decode", spec), env, cwd=tree)
-
-
-def compare(kind: str, trees: dict[str, tuple[str, str, int]], rounds: int) -> dict[str, Any]:
-    """Alternating rounds of one decode per contender (name -> (tree, dtype, CPU devices)), each in its own
-    worker."""
-    started = {name: start_worker(tree, {"kind": kind, "dtype": dtype, "devices": devices,
-                                         "ours": tree == str(workers.REPO)})
-               for name, (tree, dtype, devices) in trees.items()}
+def compare(kind: str, contenders: dict[str, tuple[str, int]], rounds: int) -> dict[str, Any]:
+    """Alternating rounds of one decode per contender (name -> (dtype, CPU devices)), each in its own worker; the
+    first contender is the one the others' ratios and tokens are read against."""
+    started = {name: workers.Worker(workers.worker_command("decode", {"kind": kind, "dtype": dtype,
+                                                                      "devices": devices}))
+               for name, (dtype, devices) in contenders.items()}
     try:
-        times: dict[str, list[float]] = {name: [] for name in trees}
+        times: dict[str, list[float]] = {name: [] for name in contenders}
         for _ in range(rounds):
             for name, started_worker in started.items():
                 times[name].append(started_worker.seconds_per_step(1))
@@ -162,39 +134,24 @@ def compare(kind: str, trees: dict[str, tuple[str, str, int]], rounds: int) -> d
     finally:
         for started_worker in started.values():
             started_worker.close()
+    first = next(iter(contenders))
     result: dict[str, Any] = {}
-    for name in trees:
+    for name in contenders:
         seconds = statistics.median(times[name])
         result[name] = {"seconds": seconds, "sentences_per_s": NUM_SENTENCES / seconds,
-                        "compile_s": started[name].ready["compile_s"], "round_seconds": times[name]}
-    if "before" in trees:
-        for name in trees:
-            if name != "before":
-                result[name]["speedup"] = result["before"]["seconds"] / result[name]["seconds"]
-                result[name]["round_speedups"] = [b / o for b, o in zip(times["before"], times[name])]
-                result[name]["sentences_as_before"] = sum(
-                    b == o for b, o in zip(digests["before"], digests[name]))
-                same_devices = f"before, {trees[name][2]} devices"
-                if same_devices in trees and name != same_devices:
-                    result[name]["speedup_same_devices"] = (result[same_devices]["seconds"] /
-                                                            result[name]["seconds"])
+                        "compile_s": started[name].ready["compile_s"], "round_seconds": times[name],
+                        "speedup": statistics.median(times[first]) / seconds,
+                        "sentences_as_first": sum(a == b for a, b in zip(digests[first], digests[name]))}
     return result
 
 
-def compare_all(baseline: str | None, rounds: int, dtypes: tuple[str, ...], devices: tuple[int, ...],
-                with_reference: bool, repeats: int = 3) -> dict[str, Any]:
-    """Beam-4 and greedy sentences/s, ours (in each of `dtypes`, '' = the model's float32, on each count of
-    CPU `devices`) against `baseline` (a git revision, on one device and on each count; None: ours alone)."""
-    summary: dict[str, Any] = {"baseline_revision": baseline, "rounds": rounds}
-    with tempfile.TemporaryDirectory() as directory:
-        trees = {contender_name(dtype, count): (str(workers.REPO), dtype, count)
-                 for count in devices for dtype in dtypes}
-        before = baseline_tree(baseline, directory) if baseline else None
-        if before:
-            # The earlier revision's search split over the same devices: how much of a gain is the split.
-            trees = {"before": (before, "", 1), **{f"before, {count} devices": (before, "", count)
-                                                    for count in devices if count > 1}, **trees}
-        summary["decoders"] = {kind: compare(kind, trees, rounds) for kind in DECODERS}
+def compare_all(rounds: int, dtypes: tuple[str, ...], devices: tuple[int, ...], with_reference: bool,
+                repeats: int = 3) -> dict[str, Any]:
+    """Beam-4 and greedy sentences/s in each of `dtypes` ('' = the model's float32) on each count of CPU `devices`;
+    with the reference, the key/value cache's speed-up over the full-prefix search."""
+    summary: dict[str, Any] = {"rounds": rounds}
+    contenders = {contender_name(dtype, count): (dtype, count) for count in devices for dtype in dtypes}
+    summary["decoders"] = {kind: compare(kind, contenders, rounds) for kind in DECODERS}
     if with_reference:
         params, src = inputs()
         cached = measure(beam_decoder(), params, src, repeats)
@@ -211,8 +168,6 @@ def compare_all(baseline: str | None, rounds: int, dtypes: tuple[str, ...], devi
 def split_device_count() -> int:
     """CPU devices for the split contenders: one per usable core, at most 8, rounded down to a power of
     two (so that they divide the NUM_SENTENCES rows)."""
-    from transformer_jax.base import automatic_cpu_devices  # here: an earlier revision's workers lack it
-
     return 1 << (automatic_cpu_devices().bit_length() - 1)
 
 
@@ -222,23 +177,15 @@ def contender_name(dtype: str, devices: int = 1) -> str:
 
 
 def print_summary(result: dict[str, Any]) -> None:
-    """The decode section's table: sentences/s before and ours (per dtype), and the ratios."""
+    """The decode section's table: sentences/s per contender, its ratio to the first, the sentences alike."""
     for kind, row in result["decoders"].items():
+        first = next(iter(row))
         for name, ours in row.items():
             line = (f"{DECODERS[kind]:<32} {name:<24} {ours['sentences_per_s']:7.1f} sentences/s "
-                    f"({ours['seconds']:.2f} s)")
-            if name.startswith("before"):
-                if name != "before":
-                    print(line, flush=True)
-                continue
-            if "before" in row:
-                before = row["before"]
-                line += (f" | before ({result['baseline_revision']}) {before['sentences_per_s']:7.1f} sentences/s"
-                         f" | /before {ours['speedup']:.2f}x (rounds {min(ours['round_speedups']):.2f}-"
-                         f"{max(ours['round_speedups']):.2f}; sentences with the same tokens: "
-                         f"{ours['sentences_as_before']}/{NUM_SENTENCES})")
-                if "speedup_same_devices" in ours:
-                    line += f" | /before on as many devices {ours['speedup_same_devices']:.2f}x"
+                    f"({ours['seconds']:.2f} s, compile {ours['compile_s']:.1f} s)")
+            if name != first:
+                line += (f" | /{first} {ours['speedup']:.2f}x | sentences with {first}'s tokens: "
+                         f"{ours['sentences_as_first']}/{NUM_SENTENCES}")
             print(line, flush=True)
     if "cache_speedup" in result:
         reference = result["reference"]
@@ -248,10 +195,10 @@ def print_summary(result: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Ours in float32 and bfloat16 on one device and one per core, against the baseline; the cache's speed-up."""
+    """Ours in float32 and bfloat16 on one device and one per core; the cache's speed-up."""
     split = split_device_count()
-    result = compare_all(args.baseline or None, rounds=3 if args.quick else args.rounds or ROUNDS,
-                         dtypes=("", "bfloat16"), devices=(1, split) if split > 1 else (1,),
-                         with_reference=not args.quick, repeats=2 if args.quick else 3)
+    result = compare_all(rounds=3 if args.quick else args.rounds or ROUNDS, dtypes=("", "bfloat16"),
+                         devices=(1, split) if split > 1 else (1,), with_reference=not args.quick,
+                         repeats=2 if args.quick else 3)
     print_summary(result)
     return result

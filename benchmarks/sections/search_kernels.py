@@ -1,11 +1,10 @@
-"""The search programs compiled for GPUs without one: kernels per step of the decoding loop, ours and a revision before.
+"""The search programs compiled for GPUs without one: kernels per step of the decoding loop, and peak memory.
 
 The run builder's beam search (beam 4, alpha 0.6) and greedy search of `configs/wmt14_ende_base.py`
 (bfloat16 compute, float32 parameters, an 8k vocabulary as the lease's Multi30k run) at the preflight's
 translation batch, lowered and compiled for the CUDA plugin's compile-only H100 and H200 (no GPU needed:
 `pip install --no-deps jax-cuda12-plugin==<jax> jax-cuda12-pjrt==<jax>`). Each program compiles in a fresh
-worker process, for ours and for `--search_baseline` (a git revision, extracted with `git archive`; '' for
-none). Per program, read from the compiled HLO (each `while` body's instructions, once per trip):
+worker process. Per program, read from the compiled HLO (each `while` body's instructions, once per trip):
   kernels/step   the instructions of the loop body that run as kernels (fusions, custom calls, sorts, copies;
                  a conditional counted as its larger branch)
   conds/step     conditionals in the loop body: on a GPU each one copies its predicate to the host and waits
@@ -13,9 +12,10 @@ none). Per program, read from the compiled HLO (each `while` body's instructions
   outside        kernels before and after the loop (the encoder, the cache's creation)
   peak           XLA's memory analysis: arguments + outputs + temporaries, against the chip's HBM
   compile s      lowering + XLA's compile on this host (a GPU host's own compile also autotunes)
-Each target and mode also compiles ours at the batch `score`/`translate` size for that GPU when none is given
-("sized": evaluation/device_batches.py at the chip's HBM, sources of SIZED_WIDTH tokens).
-Run with `JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1` and the CUDA plugin importable.
+Each target and mode also compiles the search at the batch `score`/`translate` size for that GPU when none is
+given ("sized": evaluation/device_batches.py at the chip's HBM, sources of SIZED_WIDTH tokens).
+Run with `JAX_PLATFORMS=cpu JAX_SKIP_CUDA_CONSTRAINTS_CHECK=1` and the CUDA plugin importable. The comparison
+with revision 79f3ef3 (before the searches' changes for GPUs) is in docs/benchmarks/history.md.
 """
 
 from __future__ import annotations
@@ -25,12 +25,10 @@ import json
 import os
 import re
 import subprocess
-import tempfile
 import time
 from typing import Any
 
 from benchmarks import workers
-from benchmarks.sections.decode import baseline_tree
 
 TARGETS = ("h100", "h200")
 MODES = ("beam", "greedy")
@@ -138,11 +136,10 @@ def worker(spec: dict[str, Any]) -> None:
                       "peak_gb": round(peak / 1e9, 2), "hbm_gb": topology.chip.hbm_bytes / 1e9, **figures}))
 
 
-def measure(spec: dict[str, Any], tree: str | None) -> dict[str, Any]:
-    """One program in a fresh process, importing `tree`'s transformer_jax (None: this checkout's)."""
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """One program in a fresh process."""
     env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_SKIP_CUDA_CONSTRAINTS_CHECK="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, str(workers.REPO), os.environ.get("PYTHONPATH")]))
-    output = subprocess.run(workers.worker_command("search_kernels", spec), cwd=tree or workers.REPO, env=env,
+    output = subprocess.run(workers.worker_command("search_kernels", spec), cwd=workers.REPO, env=env,
                             capture_output=True, text=True)
     if output.returncode != 0:
         lines = output.stderr.strip().splitlines() or ["no output"]
@@ -151,7 +148,7 @@ def measure(spec: dict[str, Any], tree: str | None) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Every target and mode, ours and the baseline's, one line each."""
+    """Every target and mode, at the preflight's batch and at the device-sized one, one line each."""
     from transformer_jax.aot import describe
     from transformer_jax.errors import ConfigError
 
@@ -160,23 +157,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     except ConfigError as error:
         print(f"search_kernels: skipped, {error}")
         return {"skipped": str(error)}
-    targets = TARGETS[:1] if args.quick else TARGETS
-    results: dict[str, Any] = {"baseline_revision": args.search_baseline or None, "ours": [], "before": [],
-                               "sized": []}
-    with tempfile.TemporaryDirectory() as directory:
-        before = baseline_tree(args.search_baseline, directory) if args.search_baseline else None
-        for target in targets:
-            for mode in MODES:
-                for name, tree, sized in (("before", before, False), ("ours", None, False), ("sized", None, True)):
-                    if name == "before" and before is None:
-                        continue
-                    result = measure({"target": target, "mode": mode, "sized": sized}, tree)
-                    results[name].append(result)
-                    print(f"{name:<6} {target} {mode:<6} " + (
-                        f"error: {result['error']}" if "error" in result else
-                        f"{result['program']}: {result['kernels_per_step']} kernels/step, "
-                        f"{result['conditionals_per_step']} conds/step, {result['sorts_per_step']} sorts/step, "
-                        f"{result.get('host_transfers_per_step', '-')} host transfers/step, "
-                        f"{result['outside']} outside, peak {result['peak_gb']} of {result['hbm_gb']:.0f} GB, "
-                        f"compile {result['compile_s']} s"), flush=True)
+    results: dict[str, Any] = {"ours": [], "sized": []}
+    for target in TARGETS[:1] if args.quick else TARGETS:
+        for mode in MODES:
+            for name, sized in (("ours", False), ("sized", True)):
+                result = measure({"target": target, "mode": mode, "sized": sized})
+                results[name].append(result)
+                print(f"{name:<6} {target} {mode:<6} " + (
+                    f"error: {result['error']}" if "error" in result else
+                    f"{result['program']}: {result['kernels_per_step']} kernels/step, "
+                    f"{result['conditionals_per_step']} conds/step, {result['sorts_per_step']} sorts/step, "
+                    f"{result.get('host_transfers_per_step', '-')} host transfers/step, "
+                    f"{result['outside']} outside, peak {result['peak_gb']} of {result['hbm_gb']:.0f} GB, "
+                    f"compile {result['compile_s']} s"), flush=True)
     return results

@@ -1,28 +1,26 @@
-"""Whole-split translation: a trained run's test split, translated by the library with the former batching and
-with batching by source length; then the whole eval.py command against an earlier revision's.
+"""Whole-split translation: a trained run's test split, translated by the library with the run's batching and with
+budgets of source token slots; then the whole eval.py command as a user runs it, with the flags that change its cost.
 
 The model is a trained run's last checkpoint (`--split_workdir`, by default the demo's: `make demo`
 writes runs/demo), so sentences end on EOS, or run on to the length limit, as a real evaluation's do.
 Library contenders, on one device, timed in alternating rounds on the same sentences with the run's
-search settings (beam 4, alpha 0.6):
-- "today": the former path, kept here as the peer: batches of the run's batch_size sentences grouped by
-  max(source, target) length (`eval_batches`), each batch fetched before the next is dispatched;
-- "by source": `translate_encoded` with batch_size sentences a batch (sorted and bucketed by source
-  length only, one batch in flight);
-- "by source, N tokens": the same with a budget of N source token slots per batch (`--split_batch_tokens`).
+search settings (beam 4, alpha 0.6), `translate_encoded` sorting and bucketing by source length with one batch
+in flight:
+- "by source": the run's batch_size sentences a batch;
+- "by source, N tokens": a budget of N source token slots per batch (`--split_batch_tokens`).
 Each contender translates once before the rounds (compiles every shape it uses; timed apart); the
-figures are medians over the rounds, and the sentences that differ from "today" are counted.
+figures are medians over the rounds, with the ratio to "by source" and the sentences that differ from it.
 
-Then (not with --quick) the whole `eval.py --checkpoint=latest` command, as a user runs it (start-up,
-compiles, translation, loss and scores), of `--baseline` (extracted with `git archive`) and of this tree:
-its run's settings, --cpu_devices=1, --dtype=bfloat16, and with its compilation cache filled, in
-alternating rounds on copies of the run; the hypotheses files are compared with the baseline's.
+Then (not with --quick) the whole `eval.py --checkpoint=latest` command (start-up, compiles, translation, loss
+and scores): the run's settings, --cpu_devices=1, --dtype=bfloat16, each without the compilation cache, and the
+run's settings with the cache filled, in alternating rounds on copies of the run; the hypotheses files are
+compared with the run's settings'. The comparisons with the former batching and with revision bfce298's eval.py
+are in docs/benchmarks/history.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import shutil
@@ -41,44 +39,11 @@ from transformer_jax import DecodeOptions, TransformerConfig
 from transformer_jax.base import workdir as layout
 from transformer_jax.checkpoints import checkpoint_params, open_run
 from transformer_jax.config import decode_options, translation_batching
-from transformer_jax.data import (
-    EncodedPairs,
-    Tokenizer,
-    TranslationBatching,
-    eval_batches,
-    eval_set,
-    load_run_splits,
-    restore_order,
-)
-from transformer_jax.decoding import translate_batch
+from transformer_jax.data import EncodedPairs, Tokenizer, TranslationBatching, eval_set, load_run_splits
 from transformer_jax.evaluation import translate_encoded
-from transformer_jax.model import EOS_ID, PAD_ID
 
 ROUNDS = 3
 Translator = Callable[[], list[str]]
-
-
-@functools.partial(jax.jit, static_argnames=("config", "options"))
-def search(params: Any, src_BxS: jax.Array, rng: jax.Array, config: TransformerConfig,
-           options: DecodeOptions) -> jax.Array:
-    """One batch's search on one device (the peer's)."""
-    return translate_batch(params, config, src_BxS, options, rng)
-
-
-def translate_today(params: Any, config: TransformerConfig, encoded: EncodedPairs, tokenizer: Tokenizer,
-                    options: DecodeOptions, batch_size: int) -> list[str]:
-    """The former `translate_encoded` on one device: batches by max(source, target), fetched one by one."""
-    rng = jax.random.key(options.seed)
-    outputs, indices = [], []
-    for batch in eval_batches(encoded, batch_size):
-        rng, key = jax.random.split(rng)
-        src = batch["inputs"][:, :config.max_len].copy()  # sources longer than the model keep their EOS
-        src[(batch["inputs"] != PAD_ID).sum(1) > config.max_len, -1] = EOS_ID
-        ids = np.asarray(search(params, src, key, config, options))
-        outputs.extend(" ".join(text.splitlines()) for text in tokenizer.decode_batch(ids))
-        indices.extend(batch["index"].tolist())
-    ordered = restore_order(outputs, indices, len(encoded))
-    return ["" if length <= 1 else text for text, length in zip(ordered, encoded.source.lengths)]
 
 
 def contenders(params: Any, config: TransformerConfig, encoded: EncodedPairs, tokenizer: Tokenizer,
@@ -88,8 +53,7 @@ def contenders(params: Any, config: TransformerConfig, encoded: EncodedPairs, to
         return lambda: translate_encoded(params, config, encoded, tokenizer, options,
                                          batching=batching.replace(batch_tokens=tokens), show_progress=False)
 
-    result = {"today": lambda: translate_today(params, config, encoded, tokenizer, options, batching.batch_size),
-              "by source": ours(0)}
+    result = {"by source": ours(0)}
     result.update({f"by source, {tokens} tokens": ours(tokens) for tokens in batch_tokens})
     return result
 
@@ -112,16 +76,16 @@ def alternate(names: list[str], rounds: int, run_one: Callable[[str], float]) ->
 
 
 def measure(translators: dict[str, Translator], rounds: int) -> dict[str, Any]:
-    """First-call and per-round wall times of each translator, alternating; outputs compared with "today"."""
+    """First-call and per-round wall times of each translator, alternating; ratios and outputs against the first."""
     first, outputs = {}, {}
     for name, translate in translators.items():
         first[name], outputs[name] = timed(translate)
         print(f"  {name:<28} first call (with compiles) {first[name]:7.1f} s", flush=True)
     times = alternate(list(translators), rounds, lambda name: timed(translators[name])[0])
-    reference = outputs["today"]
+    reference = next(iter(translators))
     return {name: {"first_call_s": first[name], "round_s": times[name], "median_s": statistics.median(times[name]),
-                   "speedup_over_today": statistics.median(times["today"]) / statistics.median(times[name]),
-                   "sentences_differing_from_today": sum(a != b for a, b in zip(outputs[name], reference))}
+                   "speedup": statistics.median(times[reference]) / statistics.median(times[name]),
+                   "sentences_differing": sum(a != b for a, b in zip(outputs[name], outputs[reference]))}
             for name in translators}
 
 
@@ -146,74 +110,45 @@ def compare_library(workdir: str, sentences: int, rounds: int, batch_tokens: tup
                                 list(batch_tokens)), rounds)
     for name, figures in result.items():
         print(f"{name:<28} median {figures['median_s']:7.1f} s  {len(encoded) / figures['median_s']:6.1f} sentences/s"
-              f"  speed-up over today {figures['speedup_over_today']:.2f}x"
+              f"  / by source {figures['speedup']:.2f}x"
               f"  (rounds {', '.join(f'{t:.1f}' for t in figures['round_s'])} s;"
               f" first call {figures['first_call_s']:.1f} s)"
-              f"  sentences differing from today: {figures['sentences_differing_from_today']}")
+              f"  sentences differing from by source: {figures['sentences_differing']}")
     return {"workdir": workdir, "step": step, "sentences": len(encoded), "rounds": rounds,
             "batch_size": batching.batch_size, "contenders": result}
 
 
-# (tree, eval.py flags beyond --workdir and --checkpoint; "--compilation_cache=" unless the contender uses one).
-EvalContender = tuple[str, list[str]]
-
-
-def run_eval(workdir: str, contender: EvalContender) -> tuple[float, dict[str, Any], bytes]:
-    """Wall seconds of one eval.py run, its scores and its hypotheses file (the eval/ folder is cleared first)."""
-    tree, flags = contender
+def run_eval(workdir: str, flags: list[str]) -> tuple[float, dict[str, Any], bytes]:
+    """Wall seconds of one eval.py run with `flags`, its scores and its hypotheses file (the eval/ folder is cleared
+    first)."""
     evaluations = layout.run_path(workdir, layout.EVAL)
     shutil.rmtree(evaluations, ignore_errors=True)
-    env = dict(os.environ, PYTHONPATH=tree, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
-    command = [sys.executable, os.path.join(tree, "eval.py"), f"--workdir={workdir}", "--checkpoint=latest", *flags]
-    seconds, _ = timed(lambda: subprocess.run(command, cwd=tree, env=env, check=True, capture_output=True))
+    env = dict(os.environ, JAX_PLATFORMS=os.environ.get("JAX_PLATFORMS", "cpu"))
+    command = [sys.executable, "eval.py", f"--workdir={workdir}", "--checkpoint=latest", *flags]
+    seconds, _ = timed(lambda: subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True))
     [scores] = [f for f in os.listdir(evaluations) if f.endswith(".json")]
     [hypotheses] = [f for f in os.listdir(evaluations) if f.endswith(".hyp")]
     with open(os.path.join(evaluations, scores)) as f, open(os.path.join(evaluations, hypotheses), "rb") as h:
         return seconds, json.load(f), h.read()
 
 
-# Run-config keys added after the baseline revision, left out of its copy of the run (whose eval.py would
-# reject them): float32_dot_outputs is False in a trained run's config, and that revision batched by sentences.
-KEYS_AFTER_BASELINE = {"model": ("float32_dot_outputs",), "eval": ("batch_tokens", "dtype")}
-
-
-def without_newer_keys(workdir: str) -> None:
-    """Drop KEYS_AFTER_BASELINE from the run config in `workdir` (a copy for the baseline revision)."""
-    path = layout.run_path(workdir, layout.CONFIG)
-    with open(path) as f:
-        config = json.load(f)
-    for section, keys in KEYS_AFTER_BASELINE.items():
-        for key in keys:
-            config.get(section, {}).pop(key, None)
-    with open(path, "w") as f:
-        json.dump(config, f, indent=2)
-
-
-def compare_cli(workdir: str, revision: str, rounds: int, batch_tokens: tuple[int, ...],
+def compare_cli(workdir: str, rounds: int, batch_tokens: tuple[int, ...],
                 dtypes: tuple[str, ...] = ()) -> dict[str, Any]:
-    """eval.py of `revision` against this tree's eval.py (the run's settings, one CPU device, each token budget,
-    each of `dtypes`, and with its compilation cache filled), alternating."""
-    repo = str(REPO)
+    """This tree's eval.py with the run's settings, one CPU device, each token budget and each of `dtypes` (no
+    compilation cache), and with its compilation cache filled, alternating; ratios to the run's settings."""
     with tempfile.TemporaryDirectory() as scratch:
-        old_tree = os.path.join(scratch, "before")
-        os.makedirs(old_tree)
-        archive = subprocess.run(["git", "-C", repo, "archive", revision], capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", old_tree], input=archive.stdout, check=True)
-        # Today's runs compile every program (no cache), as the old revision does; the last contender
-        # loads them from a cache filled before the rounds (a later eval.py of the same shapes).
+        # Every contender but the last compiles every program (no cache); the last loads them from a cache filled
+        # before the rounds (a later eval.py of the same shapes).
         cold = "--compilation_cache="
-        runs: dict[str, EvalContender] = {f"eval.py of {revision}": (old_tree, []),
-                                          "eval.py today": (repo, [cold]),
-                                          "eval.py today, one CPU device": (repo, [cold, "--cpu_devices=1"])}
-        runs.update({f"eval.py today, {t} tokens": (repo, [cold, f"--batch_tokens={t}"]) for t in batch_tokens})
-        runs.update({f"eval.py today, {dtype}": (repo, [cold, f"--dtype={dtype}"]) for dtype in dtypes})
-        warm = (repo, [f"--compilation_cache={os.path.join(scratch, layout.COMPILATION_CACHE)}"])
-        runs["eval.py today, cache filled"] = warm
+        runs: dict[str, list[str]] = {"eval.py": [cold], "eval.py, one CPU device": [cold, "--cpu_devices=1"]}
+        runs.update({f"eval.py, {t} tokens": [cold, f"--batch_tokens={t}"] for t in batch_tokens})
+        runs.update({f"eval.py, {dtype}": [cold, f"--dtype={dtype}"] for dtype in dtypes})
+        warm = [f"--compilation_cache={os.path.join(scratch, layout.COMPILATION_CACHE)}"]
+        runs["eval.py, cache filled"] = warm
         copies = {}
         for name in runs:
             copies[name] = os.path.join(scratch, f"run{len(copies)}")
             shutil.copytree(workdir, copies[name], ignore=shutil.ignore_patterns(layout.EVAL, layout.LOCK))
-        without_newer_keys(copies[f"eval.py of {revision}"])
         run_eval(copies[list(runs)[-1]], warm)  # fills the cache
         results: dict[str, Any] = {}
 
@@ -222,25 +157,24 @@ def compare_cli(workdir: str, revision: str, rounds: int, batch_tokens: tuple[in
             return seconds
 
         times = alternate(list(runs), rounds, one_eval)
-    before = f"eval.py of {revision}"
+    first = next(iter(runs))
     summary = {}
     for name in runs:
         scores, hypotheses = results[name]
         summary[name] = {"round_s": times[name], "median_s": statistics.median(times[name]),
-                         "speedup_over_before": statistics.median(times[before]) / statistics.median(times[name]),
-                         "bleu": scores["bleu"], "same_hypotheses_as_before": hypotheses == results[before][1]}
+                         "speedup": statistics.median(times[first]) / statistics.median(times[name]),
+                         "bleu": scores["bleu"], "same_hypotheses": hypotheses == results[first][1]}
         figures = summary[name]
-        print(f"{name:<46} median {figures['median_s']:6.1f} s  speed-up {figures['speedup_over_before']:.2f}x"
-              f"  BLEU {scores['bleu']:.2f}  same hypotheses as {revision}: {figures['same_hypotheses_as_before']}",
-              flush=True)
+        print(f"{name:<32} median {figures['median_s']:6.1f} s  / {first} {figures['speedup']:.2f}x"
+              f"  BLEU {scores['bleu']:.2f}  same hypotheses as {first}: {figures['same_hypotheses']}", flush=True)
     return summary
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """The library comparison, then (not with --quick) eval.py against the baseline revision."""
+    """The library's batchings, then (not with --quick) the eval.py command's."""
     rounds = 1 if args.quick else args.rounds or ROUNDS
     budgets = tuple(int(t) for t in args.split_batch_tokens.split(",") if t)
     result = compare_library(args.split_workdir, 400 if args.quick else 0, rounds, budgets)
-    if not args.quick and args.baseline:
-        result["eval_py"] = compare_cli(args.split_workdir, args.baseline, rounds, (), ("bfloat16",))
+    if not args.quick:
+        result["eval_py"] = compare_cli(args.split_workdir, rounds, (), ("bfloat16",))
     return result

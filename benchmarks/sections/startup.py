@@ -15,8 +15,7 @@ own compile and restore seconds:
   cold cache    a new workdir, JAX's compile cache empty;
   warm cache    a new workdir, the compile cache the cold run filled;
   resume        the warm run's workdir again (it saved its state when stopped): the state is restored.
-Ours, and with --startup_baseline (a git revision extracted with `git archive`; '' for none) that revision's
-train.py, each with its own cache.
+The comparison with revision c7045af's train.py is in docs/benchmarks/history.md.
 """
 
 from __future__ import annotations
@@ -34,11 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.sections.decode import baseline_tree
 from benchmarks.workers import REPO, peak_rss_bytes, worker_command
 from transformer_jax.base import workdir as layout
 from transformer_jax.config import default_config
-from transformer_jax.data import load_splits, prepare_data, train_tokenizer
+from transformer_jax.data import Tokenizer, load_splits, prepare_data, train_tokenizer
 
 MODES = ("tiny corpus", "first run", "resume")
 VOCAB_SIZE = 32_000
@@ -70,7 +68,9 @@ def write_corpus(directory: str, num_pairs: int, seed: int = 0) -> None:
 def worker(spec: dict[str, Any]) -> None:
     """One measured start-up in this (fresh) process; prints a JSON line."""
     config = default_config()
-    config.data.update(source="text", path=spec["data"], vocab_size=VOCAB_SIZE, tokens_per_batch=25_000,
+    # The tokenizer in the workdir has the pieces the small corpus gave it (up to VOCAB_SIZE): the run says as many.
+    pieces = Tokenizer.load(os.path.join(spec["workdir"], layout.TOKENIZER)).vocab_size
+    config.data.update(source="text", path=spec["data"], vocab_size=pieces, tokens_per_batch=25_000,
                        max_length=256)
     config.model.update(num_layers=6)
     start = time.perf_counter()
@@ -103,14 +103,14 @@ def startup_records(workdir: str) -> list[dict[str, Any]]:
         return [r for r in (json.loads(line) for line in f if line.strip().endswith("}")) if "startup_seconds" in r]
 
 
-def launch(tree: str, workdir: str, cache: str, timeout: float = 1200) -> dict[str, Any]:
-    """Start `tree`'s train.py (the base model's sizes) in `workdir`, stop it once it records its start-up; the
-    seconds from the process's start to that record, and the record."""
+def launch(workdir: str, cache: str, timeout: float = 1200) -> dict[str, Any]:
+    """Start train.py (the base model's sizes) in `workdir`, stop it once it records its start-up; the seconds
+    from the process's start to that record, and the record."""
     before = len(startup_records(workdir))
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=cache, PYTHONPATH=tree)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=cache)
     start = time.perf_counter()
     process = subprocess.Popen([sys.executable, "train.py", "--config=configs/smoke.py", f"--workdir={workdir}",
-                                *BASE_SIZES], cwd=tree, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                *BASE_SIZES], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                text=True)
     records: list[dict[str, Any]] = []
     while len(records) <= before and process.poll() is None and time.perf_counter() - start < timeout:
@@ -125,37 +125,18 @@ def launch(tree: str, workdir: str, cache: str, timeout: float = 1200) -> dict[s
     return {"launch_to_first_update_s": seconds, **record}
 
 
-def launches(tree: str, root: str) -> list[dict[str, Any]]:
-    """Cold cache, warm cache and resume of `tree`'s train.py, one line each."""
-    cache, results = os.path.join(root, "cache"), []
-    for mode in LAUNCHES:
-        workdir = os.path.join(root, "warm_cache" if mode == "resume" else mode.replace(" ", "_"))
-        result = {"mode": mode, **launch(tree, workdir, cache)}
-        results.append(result)
-        print(f"  {mode:<11} launch to first update {result['launch_to_first_update_s']:6.1f} s  (start-up "
-              f"{result['startup_seconds']:5.1f} s: restore {result['restore_seconds']:5.1f} s, compile "
-              f"{result['compile_seconds']:5.1f} s)", flush=True)
-    return results
-
-
-def run_launches(args: argparse.Namespace) -> dict[str, Any]:
-    """Launch to first update, ours and the baseline revision's."""
-    results: dict[str, Any] = {"baseline_revision": args.startup_baseline or None}
+def run_launches(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Cold cache, warm cache and resume of train.py, one line each."""
+    results = []
     with tempfile.TemporaryDirectory() as root:
-        trees = {"ours": str(REPO)}
-        if args.startup_baseline:
-            before = os.path.join(root, "before")
-            os.makedirs(before)
-            if baseline_tree(args.startup_baseline, before):
-                for name in ("train.py", "configs"):  # baseline_tree extracts the package alone
-                    archive = subprocess.run(["git", "-C", str(REPO), "archive", args.startup_baseline, name],
-                                             capture_output=True, check=True)
-                    subprocess.run(["tar", "-x", "-C", before], input=archive.stdout, check=True)
-                trees["before"] = before
-        for name, tree in trees.items():
-            print(f"{name} ({args.startup_baseline if name == 'before' else 'this checkout'}):", flush=True)
-            os.makedirs(os.path.join(root, name + "-runs"))
-            results[name] = launches(tree, os.path.join(root, name + "-runs"))
+        cache = os.path.join(root, "cache")
+        for mode in LAUNCHES:
+            workdir = os.path.join(root, "warm_cache" if mode == "resume" else mode.replace(" ", "_"))
+            result = {"mode": mode, **launch(workdir, cache)}
+            results.append(result)
+            print(f"  {mode:<11} launch to first update {result['launch_to_first_update_s']:6.1f} s  (start-up "
+                  f"{result['startup_seconds']:5.1f} s: restore {result['restore_seconds']:5.1f} s, compile "
+                  f"{result['compile_seconds']:5.1f} s)", flush=True)
     return results
 
 

@@ -1,12 +1,13 @@
-"""The lease run (benchmarks/gpu_run.py): its flags and --out check, and what train.py and eval.py recorded, read
-back into the tables (benchmarks/lease_records.py)."""
+"""The lease run (benchmarks/lease/gpu_run.py): its flags and --out check, and what train.py and eval.py
+recorded, read back into the tables (benchmarks/lease/records.py)."""
 
 import json
 
 import pytest
 
-from benchmarks.gpu_run import BACKEND_FLAG, OutNotEmpty, check_out, gpu_kind, main, main_backend, write_test_sources
-from benchmarks.lease_records import (backend_table, compile_seconds, error_line, finite_training, predicted, table,
+from benchmarks.lease.gpu_run import (BACKEND_FLAG, OutNotEmpty, check_out, gpu_kind, main, main_backend,
+                                      write_test_sources)
+from benchmarks.lease.records import (backend_table, compile_seconds, error_line, finite_training, predicted, table,
                                       window_figures)
 
 

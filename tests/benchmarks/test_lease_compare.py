@@ -1,8 +1,8 @@
-"""The lease's three-way comparison (benchmarks/lease_compare.py) on a real trained run, exported as a user would."""
+"""The lease's three-way comparison (benchmarks/lease/compare.py) on a real trained run, exported as a user would."""
 
 import json
 
-from benchmarks.lease_compare import compare_table, main
+from benchmarks.lease.compare import compare_table, main
 
 
 def test_ours_transformers_and_ctranslate2_translate_the_same_sentences_of_the_exported_run(trained_run, tmp_path):

@@ -1,9 +1,9 @@
-"""The lease's decode figures (benchmarks/lease_decode.py) on a real trained run, and their table."""
+"""The lease's decode figures (benchmarks/lease/decode.py) on a real trained run, and their table."""
 
 import json
 
-from benchmarks.lease_decode import main
-from benchmarks.lease_records import decode_table
+from benchmarks.lease.decode import main
+from benchmarks.lease.records import decode_table
 
 
 def test_each_mode_is_timed_at_each_count_after_compiling_and_one_batch_is_profiled(trained_run, tmp_path):

@@ -4,7 +4,7 @@ The roofline (aot/report.py) is a lower bound: it leaves out kernel launches, ho
 Where a chip has run the same model, `measured.json` beside this module holds what it took: the
 preflight prints that figure and its ratio to the roofline, at the same batch when there is one, else at
 the batch that was timed (whose roofline the entry keeps). A new measurement is a new entry there; the
-lease script (benchmarks/gpu_run.py) prints the entry of its own run.
+lease script (benchmarks/lease/gpu_run.py) prints the entry of its own run.
 """
 
 from __future__ import annotations

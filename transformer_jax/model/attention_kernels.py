@@ -43,7 +43,7 @@ from transformer_jax.model.special_tokens import PAD_ID
 # What "auto" is on GPUs (16-bit compute, no attention dropout): XLA's fused attention, which trained a base model
 # end to end in bfloat16 on an H200 with finite gradients. cuDNN's flash attention ("cudnn") becomes the choice
 # once test_cudnn_gives_the_einsum_loss_and_gradients_on_a_gpu (tests/model/test_attention_kernels.py, run by
-# benchmarks/on_gpu.sh) passes on a GPU and a run trains with it: then set "cudnn" here.
+# benchmarks/lease/on_gpu.sh) passes on a GPU and a run trains with it: then set "cudnn" here.
 GPU_AUTO_BACKEND = "fused"
 
 # XLA records cuDNN's fused attention into its CUDA-graph command buffers when the command-buffer types

@@ -1,6 +1,6 @@
 """The lease's three-way comparison: ours, transformers' `generate` and CTranslate2 on the same sentences and weights.
 
-    python -m benchmarks.lease_compare --workdir RUN --pairs TEST_JSON --out DIR [--sentences 1000]
+    python -m benchmarks.lease.compare --workdir RUN --pairs TEST_JSON --out DIR [--sentences 1000]
         [--modes beam,greedy]
 
 The trained run is exported with `transformer-jax export --format=hf` (a Marian directory: what transformers'

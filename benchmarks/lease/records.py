@@ -1,4 +1,4 @@
-"""What a lease run (benchmarks/gpu_run.py) reads back: the run directory's records, the logs, the preflight's
+"""What a lease run (benchmarks/lease/gpu_run.py) reads back: the run directory's records, the logs, the preflight's
 prediction and the profile, and the tables it prints from them."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Decoding on the lease: sentences/s per search mode after compiling, the compile seconds, a profile of one batch.
 
-    python -m benchmarks.lease_decode --workdir RUN --sources FILE --out DIR [--sentences 1000,100000]
+    python -m benchmarks.lease.decode --workdir RUN --sources FILE --out DIR [--sentences 1000,100000]
         [--modes beam,greedy] [--batch_size N --batch_tokens T]
 
 For each mode, through the public `Translator` (the batching `translate` and `score` use when none is given:

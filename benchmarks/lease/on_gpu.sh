@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The checks that need a real NVIDIA GPU, in one call (a lent GPU machine; CI has none):
-#   bash benchmarks/on_gpu.sh FLAX_CHECKOUT OUTDIR
+#   bash benchmarks/lease/on_gpu.sh FLAX_CHECKOUT OUTDIR
 # 1. the machine and versions; 2. the attention tests, whose cuDNN cases skip without a GPU (the cuDNN kernel
 # against the einsum path with packing, causal and padding masks; a bfloat16 Transformer's loss and every
 # gradient with cuDNN's attention against einsum's, padding queries included: its passing is what lets "auto"
@@ -12,10 +12,10 @@
 # about 10 s, so 12 rows take about 7 minutes in all. TESTS_SECONDS, SECTION_SECONDS and TIMED_ROWS (e.g.
 # 12,96) override the defaults.
 # A lease's first call is the end-to-end run instead (train.py with a profile, a preemption, a short training with
-# each attention backend, eval.py; the tables), with carry [".whl", "runs/lease"] (see benchmarks/gpu_run.py):
+# each attention backend, eval.py; the tables), with carry [".whl", "runs/lease"] (see benchmarks/lease/gpu_run.py):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && \
 #   export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && R=$(mktemp -d) && \
-#   python3 -m benchmarks.gpu_run run --lease runs/lease --out $R/r; cp $R/r/summary.json $OUT/
+#   python3 -m benchmarks.lease.gpu_run run --lease runs/lease --out $R/r; cp $R/r/summary.json $OUT/
 # and this script the second, for the small-batch timing against the example: TIMED_ROWS=12,96 with the example's
 # checkout carried too (e.g. runs/lease/flax holding examples/wmt of google/flax).
 set -u

@@ -5,13 +5,13 @@ short training with each attention backend, eval.py, tables.
     # {train,dev,test}.{en,de}), and the preflight's predictions for the same run on the lease's GPU kinds
     # (JAX's CUDA plugin compiles them: pip install --no-deps jax-cuda12-plugin==V jax-cuda12-pjrt==V, V the
     # installed jax's version, in a virtualenv of its own or a --target folder on PYTHONPATH)
-    python -m benchmarks.gpu_run prepare --text DIR --out runs/lease --predict h200,h100
+    python -m benchmarks.lease.gpu_run prepare --text DIR --out runs/lease --predict h200,h100
     # on the lease (the device tool, carry=[".whl", "runs/lease"]; .whl holds the wheels the GPU image lacks):
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && \
     export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 && R=$(mktemp -d) && \
-    python3 -m benchmarks.gpu_run run --lease runs/lease --out $R/r; cp $R/r/summary.json $OUT/
+    python3 -m benchmarks.lease.gpu_run run --lease runs/lease --out $R/r; cp $R/r/summary.json $OUT/
     # the rehearsal on a CPU (a tiny model, short phases):
-    JAX_PLATFORMS=cpu python -m benchmarks.gpu_run run --lease runs/lease --out /tmp/rehearsal --rehearse \
+    JAX_PLATFORMS=cpu python -m benchmarks.lease.gpu_run run --lease runs/lease --out /tmp/rehearsal --rehearse \
         --train_seconds 20 --resume_seconds 10 --backend_seconds 10
 
 `run` trains the paper's base model (configs/wmt14_ende_base.py: bfloat16) with train.py on the prepared
@@ -23,10 +23,10 @@ training (--backend_seconds) with each attention backend the main run did not us
 and profiled too; a backend that fails does not stop the others. Then eval.py scores the test split (beam 4,
 bfloat16) and translates a file of test sources. Phases that would not end within --budget seconds of the
 call's start are left out and named. Extra `--config.KEY=VALUE` flags go to every train.py of the call. Last,
-benchmarks/lease_decode.py times the trained run's beam and greedy searches on the test sources repeated to
+benchmarks/lease/decode.py times the trained run's beam and greedy searches on the test sources repeated to
 --decode_sentences (sentences/s after compiling, compile seconds) and profiles one search batch; then again at the
 first count with the decoding loop in XLA's command buffers (WHILE_COMMANDS). Before the decode phases,
-benchmarks/lease_compare.py times ours against transformers' generate and CTranslate2 on the exported run
+benchmarks/lease/compare.py times ours against transformers' generate and CTranslate2 on the exported run
 (--compare_sentences; CTranslate2 and its CUDA libraries are carried as wheels, or its row says why not).
 
 It prints, from what the runs recorded: the main table (timing.jsonl: tokens/s, the host's share, checkpoint
@@ -49,9 +49,9 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.lease_records import (PREDICTION, backend_table, bleu_of, compile_seconds, decode_table, error_line,
+from benchmarks.lease.compare import compare_table
+from benchmarks.lease.records import (PREDICTION, backend_table, bleu_of, compile_seconds, decode_table, error_line,
                                       finite_training, predicted, profile_of, table, timing_records, window_figures)
-from benchmarks.lease_compare import compare_table
 from benchmarks.workers import REPO
 from transformer_jax.base import workdir as layout
 
@@ -168,13 +168,13 @@ def eval_phase(args: argparse.Namespace, workdir: str, log: str, extra: list[str
 
 def decode_phase(args: argparse.Namespace, workdir: str, sources: str, log: str, out: str, counts: str,
                  xla_flags: str = "") -> dict[str, Any]:
-    """benchmarks/lease_decode.py on the trained run: sentences/s per mode at each count, compile s, a profiled
+    """benchmarks/lease/decode.py on the trained run: sentences/s per mode at each count, compile s, a profiled
     search batch; its figures (decode.json) with the wall time and exit. `xla_flags` go to XLA_FLAGS."""
     started = time.time()
     env = {**os.environ, "XLA_FLAGS": " ".join(filter(None, [os.environ.get("XLA_FLAGS", ""), xla_flags]))}
     with open(log, "w") as stream:
         try:
-            code = subprocess.run([sys.executable, "-m", "benchmarks.lease_decode", f"--workdir={workdir}",
+            code = subprocess.run([sys.executable, "-m", "benchmarks.lease.decode", f"--workdir={workdir}",
                                    f"--sources={sources}", f"--out={out}", f"--sentences={counts}"], cwd=REPO,
                                   stdout=stream, stderr=subprocess.STDOUT, env=env,
                                   timeout=max(min(args.decode_limit, args.deadline - started), 1)).returncode
@@ -188,13 +188,13 @@ def decode_phase(args: argparse.Namespace, workdir: str, sources: str, log: str,
 
 
 def compare_phase(args: argparse.Namespace, workdir: str, log: str, out: str) -> dict[str, Any]:
-    """benchmarks/lease_compare.py: ours, transformers' generate and CTranslate2 on the test split (the exported
+    """benchmarks/lease/compare.py: ours, transformers' generate and CTranslate2 on the test split (the exported
     run), beam 4 and greedy, 16-bit on a GPU; its rows with the wall time and exit."""
     started = time.time()
     counts = args.compare_sentences if not args.rehearse else "30"
     with open(log, "w") as stream:
         try:
-            code = subprocess.run([sys.executable, "-m", "benchmarks.lease_compare", f"--workdir={workdir}",
+            code = subprocess.run([sys.executable, "-m", "benchmarks.lease.compare", f"--workdir={workdir}",
                                    f"--pairs={os.path.join(args.lease, layout.CORPUS, 'test.json')}", f"--out={out}",
                                    f"--sentences={counts}"], cwd=REPO, stdout=stream, stderr=subprocess.STDOUT,
                                   timeout=max(min(args.compare_limit, args.deadline - started), 1)).returncode
@@ -390,7 +390,7 @@ def run_problem(args: argparse.Namespace) -> str | None:
     manifest = os.path.join(args.lease, layout.CORPUS, "manifest.json")
     if not os.path.isfile(manifest):
         return (f"--lease {args.lease} holds no prepared corpus ({manifest} is missing); make it here first with "
-                f"python -m benchmarks.gpu_run prepare --text DIR --out {args.lease}, and carry it to the lease")
+                f"python -m benchmarks.lease.gpu_run prepare --text DIR --out {args.lease}, and carry it to the lease")
     unknown = [name for name in args.backends.split(",") if name and name not in BACKENDS]
     if unknown:
         return f"--backends names {', '.join(unknown)}, not attention backends; choose among {','.join(BACKENDS)}"
