@@ -46,12 +46,28 @@ def test_the_allowed_column_shows_each_declared_bound_and_choice():
         "> 0", ">= 0", "[0, 1)")
     assert rows["training.loss_kernel"] == "auto, pallas, xla" and rows["model.remat"] == "none, full, dots"
     assert rows["mesh.data"] == "-1, or > 0" and rows["data.source_lang"] == ""
+    assert (rows["data.source"], rows["model.dtype"], rows["eval.dtype"]) == (
+        "builtin, tfds, text, tsv", "float32, bfloat16", '"", float32, bfloat16')
+    assert (rows["eval.max_extra_length"], rows["model.dropout_rate"], rows["model.num_layers"]) == (
+        "[1, 2**30]", "[0, 1)", "> 0")
+
+
+def test_the_allowed_column_is_the_declaration_and_no_limited_setting_has_an_empty_cell():
+    from transformer_jax.config.settings import SETTINGS
+
+    rows = {key: allowed for key, _, allowed, _ in config_reference.reference_rows()}
+    for setting in SETTINGS:
+        declared = setting.bound.short if setting.bound is not None else ", ".join(
+            '""' if choice == "" else choice for choice in setting.choices)
+        assert rows[setting.key] == declared, setting.key
+        assert bool(rows[setting.key]) == (setting.bound is not None or bool(setting.choices)), setting.key
 
 
 def test_markdown_escapes_what_would_break_the_table():
     table = config_reference.markdown_table()
-    row = next(line for line in table.splitlines() if line.startswith("| `data.source` "))
-    assert row == r'| `data.source` | `"tfds"` |  | "builtin" \| "tfds" \| "text" \| "tsv". |'
+    row = next(line for line in table.splitlines() if line.startswith("| `data.eval_batch_size` "))
+    assert row == r"| `data.eval_batch_size` | `64` | [1, 2\*\*30] | sentences per dev/test batch (rows, padded). |"
+    assert config_reference._escape_markdown('"a" | "b"') == r'"a" \| "b"'
     assert "&lt;unk&gt;" in table and "<unk>" not in table
     assert all(line.count("|") - line.count(r"\|") == 5 for line in table.splitlines())
 
@@ -98,7 +114,7 @@ def test_an_unknown_loss_kernel_is_a_config_error():
 
     config = default_config()
     config.training.loss_kernel = "triton"
-    with pytest.raises(ConfigError, match="training.loss_kernel='triton' must be one of auto, pallas, xla"):
+    with pytest.raises(ConfigError, match=r"training.loss_kernel='triton' is not one of \['auto', 'pallas', 'xla'\]"):
         check_run_config(config)
     config.training.loss_kernel = "pallas"
     check_run_config(config)
@@ -120,5 +136,5 @@ def test_config_help_lists_every_key_with_its_default_one_command_away():
         lines = done.stdout.splitlines()
         for key, value, _, _ in reference_rows():
             assert f"--config.{key}={value!r}" in lines, key
-        assert "    N, the number of layers in each of the encoder and decoder stacks." in lines
+        assert "    N, the number of layers in each of the encoder and decoder stacks. Allowed: > 0." in lines
         assert "    built-in corpus: training pairs. Allowed: > 0." in lines

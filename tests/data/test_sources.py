@@ -178,10 +178,17 @@ def test_builtin_source_and_its_reverse_direction():
 
 
 def test_unknown_source_and_missing_path():
-    with pytest.raises(DataError, match="unknown data source 'csv'"):
+    with pytest.raises(DataError, match=r"^unknown data source 'csv'; use one of 'builtin', 'tfds', 'text', 'tsv'$"):
         data.load_splits("csv")
     with pytest.raises(DataError, match=r"needs a data directory and data.path is empty; set --config.data.path=DIR"):
         data.load_splits("text")
+
+
+
+def test_the_run_config_offers_the_sources_read_here_not_a_copy_of_them():
+    from transformer_jax.config import SETTINGS
+
+    assert next(setting for setting in SETTINGS if setting.key == "data.source").choices is data.SOURCES
 
 
 @pytest.fixture

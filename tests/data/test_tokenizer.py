@@ -76,13 +76,19 @@ def test_bpe_model_type_and_bad_inputs(tmp_path, pairs):
     sentences = tk.sample_sentences(pairs, 500)
     bpe = tk.train_tokenizer(sentences, str(tmp_path / "bpe.model"), vocab_size=600, model_type="bpe")
     assert bpe.decode(bpe.encode(pairs[0][1])) == pairs[0][1]
-    with pytest.raises(DataError, match="model_type"):
+    with pytest.raises(DataError, match=r"^tokenizer model_type='wordpiece' is not supported; use 'unigram' or 'bpe'$"):
         tk.train_tokenizer(sentences, str(tmp_path / "x.model"), model_type="wordpiece")
     with pytest.raises(DataError, match="empty"):
         tk.train_tokenizer([], str(tmp_path / "y.model"))
     with pytest.raises(DataError, match="does not exist"):
         tk.Tokenizer.load(str(tmp_path / "missing.model"))
     assert not (tmp_path / "x.model").exists() and not (tmp_path / "y.model").exists()
+
+
+def test_the_run_config_offers_the_model_types_trained_here_not_a_copy_of_them():
+    from transformer_jax.config import SETTINGS
+
+    assert next(setting for setting in SETTINGS if setting.key == "data.tokenizer_type").choices is tk.TOKENIZER_TYPES
 
 
 def test_a_vocabulary_too_small_for_the_characters_names_the_least_size_and_that_size_trains(tmp_path):

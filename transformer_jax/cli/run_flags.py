@@ -16,8 +16,6 @@ from absl import flags
 from transformer_jax.cli.cluster import ClusterFlags, define_cluster_flags
 from transformer_jax.cli.flag_parsing import refuse_blank, register_key_flags
 
-SEARCH_MODES = ["beam", "greedy", "sample"]
-
 
 @dataclasses.dataclass(frozen=True)
 class RunFlags:
@@ -145,19 +143,27 @@ class SearchFlags:
 
 
 def define_search_flags(*, batching: bool = True) -> SearchFlags:
-    """--mode and its settings, --dtype; `batching`: --batch_size and --batch_tokens."""
+    """--mode and its settings, --dtype; `batching`: --batch_size and --batch_tokens. Their choices and limits are
+    DecodeOptions' declared ones, and the dtypes a search runs in (decoding.DTYPES)."""
+    from transformer_jax.decoding import DTYPES, DecodeOptions
+
+    allowed = DecodeOptions.allowed
     holders = [
-        flags.DEFINE_enum("mode", None, SEARCH_MODES, "Decoding mode (default: beam)."),
-        flags.DEFINE_integer("beam_size", None, "Beam size (default: the run's eval.beam_size)."),
-        flags.DEFINE_float("alpha", None, "Length penalty alpha (default: the run's eval.alpha)."),
-        flags.DEFINE_integer("max_extra_length", None, "Output length limit: input length + this."),
-        flags.DEFINE_integer("seed", None, "Sampling seed (--mode=sample; default 0)."),
-        flags.DEFINE_float("temperature", None, "Sampling temperature, > 0 (--mode=sample; default 1)."),
-        flags.DEFINE_integer("top_k", None, "Sample among the k most likely tokens; 0 = all (--mode=sample; "
-                             "default 0)."),
-        flags.DEFINE_float("top_p", None, "Nucleus sampling mass in (0, 1]; 1 = all (--mode=sample; default 1)."),
-        flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Decode with weights and matmuls in this dtype "
-                          "(default: the run's eval.dtype, else the model's)."),
+        flags.DEFINE_enum("mode", None, list(DecodeOptions.choices("mode")), "Decoding mode (default: beam)."),
+        flags.DEFINE_integer("beam_size", None, f"Beam size, {allowed('beam_size')} (default: the run's "
+                             "eval.beam_size)."),
+        flags.DEFINE_float("alpha", None, f"Length penalty alpha, {allowed('alpha')} (default: the run's eval.alpha)."),
+        flags.DEFINE_integer("max_extra_length", None, f"Output length limit: input length + this, "
+                             f"{allowed('max_extra_length')} (default: the run's eval.max_extra_length)."),
+        flags.DEFINE_integer("seed", None, f"Sampling seed, {allowed('seed')} (--mode=sample; default 0)."),
+        flags.DEFINE_float("temperature", None, f"Sampling temperature, {allowed('temperature')} (--mode=sample; "
+                           "default 1)."),
+        flags.DEFINE_integer("top_k", None, f"Sample among the k most likely tokens, {allowed('top_k')}; 0 = all "
+                             "(--mode=sample; default 0)."),
+        flags.DEFINE_float("top_p", None, f"Nucleus sampling mass, {allowed('top_p')}; 1 = all (--mode=sample; "
+                           "default 1)."),
+        flags.DEFINE_enum("dtype", None, [dtype for dtype in DTYPES if dtype], "Decode with weights and matmuls in "
+                          "this dtype (default: the run's eval.dtype, else the model's)."),
     ]
     if batching:
         holders += [

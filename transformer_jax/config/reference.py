@@ -24,10 +24,11 @@ UPDATE_COMMAND = "python -m transformer_jax.config.reference --update docs/confi
 
 
 def allowed(setting: Setting) -> str:
-    """What values the setting allows, in a few characters ("> 0", "post, pre"); "" for any value of its type."""
+    """What values the setting allows, in a few characters ("> 0", "post, pre"; an empty string as ""), from its
+    declared bound or choices; "" for any value of its type."""
     if setting.bound is not None:
         return setting.bound.short
-    return ", ".join(map(str, setting.choices))
+    return ", ".join('""' if choice == "" else str(choice) for choice in setting.choices)
 
 
 def reference_rows() -> list[tuple[str, Any, str, str]]:

@@ -1,7 +1,8 @@
 """A run config checked against the declaration of every setting (config/settings.py), and a run's saved config.
 
-`check_run_config` checks each setting's type and bounds as declared, then the settings that constrain each other;
-a key the declaration lacks (a typo in a config file) fails at start-up.
+`check_run_config` checks each setting's type and bound or choices as declared (`check_settings`), then the settings
+that constrain each other (`check_combination`); a key the declaration lacks (a typo in a config file) fails at
+start-up.
 """
 
 from __future__ import annotations
@@ -13,25 +14,38 @@ from typing import Any
 
 import ml_collections
 
+from transformer_jax.base import check_value, is_number, run_keys
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.files import read_text, write_atomically
 from transformer_jax.config.derived import check_derived
 from transformer_jax.config.settings import MAX_INT32, MAX_STEP, SETTINGS, Setting, default_config, nearest_key
 from transformer_jax.data.shapes import TranslationBatching
 from transformer_jax.decoding.options import DecodeOptions
-from transformer_jax.decoding.translate import DTYPES
 from transformer_jax.errors import CheckpointError, ConfigError
 from transformer_jax.model.config import TransformerConfig
 
 
 def check_run_config(config: ml_collections.ConfigDict) -> None:
-    """Fail with one ConfigError line on a setting no run can use, before any data or device work."""
+    """Fail with one ConfigError line on a setting no run can use, before any data or device work: each setting
+    alone (`check_settings`), then the settings that constrain each other (`check_combination`)."""
+    check_settings(config)
+    check_combination(config)
+
+
+def check_settings(config: ml_collections.ConfigDict) -> None:
+    """Every key a setting of the declaration, each value of its type and inside its declared bound or choices; a
+    refusal names the key and its `--config.` flag."""
     if not isinstance(config, ml_collections.ConfigDict):
         raise ConfigError(f"get_config() returned a {type(config).__name__}, not an ml_collections.ConfigDict; "
                           "start from transformer_jax.config.default_config() and change its values (see configs/)")
     _check_known_keys(config)
     for setting in SETTINGS:
         check_setting(setting, config[setting.section][setting.name])
+
+
+def check_combination(config: ml_collections.ConfigDict) -> None:
+    """The settings that constrain each other (and wandb_project's library), each already inside its own limits
+    (`check_settings`): the model's own checks, with the vocabulary the tokenizer will have, among them."""
     if config.training.wandb_project and importlib.util.find_spec("wandb") is None:
         raise ConfigError(f"training.wandb_project={config.training.wandb_project!r} needs Weights & Biases, which "
                           "is not installed; pip install 'transformer_jax[wandb]', or leave wandb_project empty")
@@ -39,18 +53,6 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"data.row_width={config.data.row_width} is wider than data.max_length="
                           f"{config.data.max_length}; lower it, or set 0 to choose it from the corpus")
     check_derived(config)
-    for check in (decode_options, translation_batching):  # the settings of the final test translation
-        try:
-            check(config)
-        except ConfigError as error:
-            setting = str(error).split("=", 1)[0]
-            section = "data" if setting == "batch_size" else "eval"
-            key = "eval_batch_size" if setting == "batch_size" else setting
-            raise ConfigError(f"{section}.{error}; set --config.{section}.{key}") from None
-    if decoding_dtype(config) not in DTYPES:
-        raise ConfigError(f"eval.dtype={decoding_dtype(config)!r} is not one of {list(DTYPES)} ('' = the model's "
-                          "own dtype); set --config.eval.dtype")
-    # The model's own checks (d_model divisible by num_heads, ...), with the vocabulary the tokenizer will have.
     vocab_size = config.model.vocab_size or config.data.vocab_size
     model_config(config, vocab_size)
     if 2 * config.eval.beam_size > vocab_size:  # beam search keeps 2 x beam candidates among the vocabulary
@@ -59,18 +61,14 @@ def check_run_config(config: ml_collections.ConfigDict) -> None:
 
 
 def check_setting(setting: Setting, value: Any) -> None:
-    """Fail with one ConfigError line naming the setting when `value` is not of its type, or not inside its bounds
+    """Fail with one ConfigError line naming the setting when `value` is not of its type, or not inside its bound
     or choices as declared."""
-    key = setting.key
+    key, spelling = setting.key, run_keys(setting.section)
+    number = is_number(value, setting.type)
     if setting.type in (int, float):
-        # A float setting takes an int too (ml_collections casts it); an int setting no float, and neither a bool.
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        number = number and not (setting.type is int and isinstance(value, float))
         if number and isinstance(value, float) and not math.isfinite(value):  # inf passes every "> 0" bound
             raise ConfigError(f"{key}={value!r} must be a finite number; set --config.{key}")
-        if setting.bound is not None and not (number and setting.bound.admits(value)):
-            raise ConfigError(f"{key}={value!r} must be {setting.bound.wording}; set --config.{key} to a value in "
-                              "that range")
+        check_value(setting.name, value, setting.bound, (), spelling, number)
         if not number:
             kind = "an integer" if setting.type is int else "a number"
             raise ConfigError(f"{key}={value!r} must be {kind}; set --config.{key}")
@@ -83,9 +81,7 @@ def check_setting(setting: Setting, value: Any) -> None:
     elif not isinstance(value, setting.type):
         raise ConfigError(f"{key}={value!r} must be a {setting.type.__name__}, like its default {setting.default!r}; "
                           f"set --config.{key}")
-    if setting.choices and setting.section != "model" and value not in setting.choices:  # the model checks its own
-        raise ConfigError(f"{key}={value!r} must be one of {', '.join(map(str, setting.choices))}; "
-                          f"set --config.{key}")
+    check_value(setting.name, value, None, setting.choices, spelling)
     if setting.names and value and not value.strip():  # "" is each one's default; spaces name nothing
         raise ConfigError(f"{key} is blank (only spaces); pass {setting.names}, or leave the setting out")
 

@@ -1,56 +1,32 @@
-"""Every run setting, declared once: its key, default, type, bounds and meaning (`SETTINGS`).
+"""Every run setting, declared once: its key, default, type, bound or choices, and meaning (`SETTINGS`).
 
 `default_config()` builds the run config from the declaration; `config/schema.py` checks a config against it and
 `config/reference.py` writes docs/configuration.md and `--config_help` from it. The model's settings are
-TransformerConfig's fields, each with its meaning as `help` metadata (model/config.py), and their bounds and choices
-are TransformerConfig's own checks.
+TransformerConfig's fields, the search's DecodeOptions' and the translation batches' TranslationBatching's (each a
+`declared` field: default, meaning, bound, and choices from its Literal type); their rows here read those fields, and
+data.source and data.tokenizer_type take the choices their readers refuse others by (data/sources.py SOURCES,
+data/tokenizer.py TOKENIZER_TYPES), so a limit is written in one place.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
-import typing
 from typing import Any
 
 import ml_collections
 
+from transformer_jax.base import FRACTION, NON_NEGATIVE, POSITIVE, Bound, declared_limits
 from transformer_jax.data.shapes import TranslationBatching
-from transformer_jax.decoding.options import MAX_SEED, DecodeOptions
+from transformer_jax.data.sources import SOURCES
+from transformer_jax.data.tokenizer import TOKENIZER_TYPES
+from transformer_jax.decoding.options import SEED, DecodeOptions
+from transformer_jax.decoding.translate import DTYPES
 from transformer_jax.model.config import TransformerConfig
 
-_DECODING = DecodeOptions()
-_BATCHING = TranslationBatching()
 # The most steps a run counts: its step counter is an int32 on the devices (sizes and counts are too).
 MAX_INT32 = 2**31 - 1
 MAX_STEP = MAX_INT32
-
-
-@dataclasses.dataclass(frozen=True)
-class Bound:
-    """The numbers a setting may take: from `low` to `high` (either end open, or absent), and the values `also`
-    outside that range (-1 = automatic); `wording` says so in a sentence ("must be ..."), `short` in a table."""
-
-    low: float | None = None
-    high: float | None = None
-    open_low: bool = False
-    open_high: bool = False
-    also: tuple[int, ...] = ()
-    wording: str = ""
-    short: str = ""
-
-    def admits(self, value: float) -> bool:
-        """Whether `value` is in the range (or one of the values `also` allows)."""
-        if value in self.also:
-            return True
-        above = self.low is None or (value > self.low if self.open_low else value >= self.low)
-        below = self.high is None or (value < self.high if self.open_high else value <= self.high)
-        return above and below
-
-
-POSITIVE = Bound(0, open_low=True, wording="positive", short="> 0")
-NON_NEGATIVE = Bound(0, wording="zero or positive", short=">= 0")
-FRACTION = Bound(0.0, 1.0, open_high=True, wording="in [0, 1)", short="[0, 1)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,24 +62,28 @@ class Setting:
         return type(self.default)
 
 
+def declared_setting(owner: type, key: str, help: str | None = None, field: str = "") -> Setting:  # noqa: A002
+    """The run setting `key` ("eval.beam_size") that a field of dataclass `owner` declares (`field`, else the one
+    named as `key`'s name): its default, bound and choices, and its meaning (or `help`, the run's own words for it)."""
+    name = field or key.partition(".")[2]
+    declaration = next(declaration for declaration in dataclasses.fields(owner) if declaration.name == name)
+    _, bound, choices = declared_limits(owner)[name]
+    return Setting(key, declaration.default, declaration.metadata["help"] if help is None else help, bound, choices)
+
+
 def _model_settings() -> tuple[Setting, ...]:
-    """TransformerConfig's fields as the `model` section: its defaults (the paper's base model) and meanings, the
-    choices of its Literal types; a run's vocabulary size defaults to the tokenizer's."""
-    hints = typing.get_type_hints(TransformerConfig)
-    settings = []
-    for field in dataclasses.fields(TransformerConfig):
-        hint = hints[field.name]
-        choices = typing.get_args(hint) if typing.get_origin(hint) is typing.Literal else ()
-        setting = Setting(f"model.{field.name}", field.default, field.metadata["help"], choices=choices)
-        if field.name == "vocab_size":  # the run's own default: the tokenizer's
-            setting = dataclasses.replace(setting, default=0, help=setting.help + " 0 takes the tokenizer's size; "
-                                          "any other value must equal it.")
-        settings.append(setting)
-    return tuple(settings)
+    """TransformerConfig's fields as the `model` section; a run's vocabulary size defaults to the tokenizer's."""
+    settings = [declared_setting(TransformerConfig, f"model.{field.name}")
+                for field in dataclasses.fields(TransformerConfig)]
+    return tuple(dataclasses.replace(
+        setting, default=0, bound=Bound(0, wording="0 (the tokenizer's size) or a positive integer", short=">= 0"),
+        help=setting.help + " 0 takes the tokenizer's size; any other value must equal it.")
+        if setting.key == "model.vocab_size" else setting for setting in settings)
 
 
 SETTINGS: tuple[Setting, ...] = _model_settings() + (
-    Setting("data.source", "tfds", '"builtin" | "tfds" | "text" | "tsv".'),
+    Setting("data.source", "tfds", "where the corpus comes from: the built-in corpus, TFDS, or data.path's text "
+            "or tsv files.", choices=SOURCES),
     Setting("data.path", "", 'directory with train/dev/test files for "text" and "tsv" (test optional: then scored on '
             "dev).", names="the directory of the train/dev/test files"),
     Setting("data.tsv_columns", "", '"tsv": SOURCE,TARGET column indices from 0 ("" = a header line naming the '
@@ -118,7 +98,7 @@ SETTINGS: tuple[Setting, ...] = _model_settings() + (
     Setting("data.builtin_dev_size", 1_000, "built-in corpus: dev pairs.", POSITIVE),
     Setting("data.builtin_test_size", 2_000, "built-in corpus: test pairs.", POSITIVE),
     Setting("data.vocab_size", 32_000, "SentencePiece vocabulary size (joint source/target).", POSITIVE),
-    Setting("data.tokenizer_type", "unigram", 'SentencePiece model: "unigram" | "bpe".'),
+    Setting("data.tokenizer_type", "unigram", "SentencePiece model type.", choices=TOKENIZER_TYPES),
     Setting("data.byte_fallback", True, "unknown characters become byte pieces instead of <unk>."),
     Setting("data.tokenizer_sample_size", 1_000_000, "sentences sampled across the corpus to train SentencePiece.",
             POSITIVE),
@@ -136,7 +116,8 @@ SETTINGS: tuple[Setting, ...] = _model_settings() + (
             "padding)."),
     Setting("data.row_width", 0, "packed rows' width in tokens (0 = chosen from the corpus; longer pairs get rows of "
             "their own).", NON_NEGATIVE),
-    Setting("data.eval_batch_size", _BATCHING.batch_size, "sentences per dev/test batch (rows, padded).", POSITIVE),
+    declared_setting(TranslationBatching, "data.eval_batch_size", "sentences per dev/test batch (rows, padded).",
+                     field="batch_size"),
     Setting("data.prefetch_batches", 2, "training batches built and placed on the devices in the background, ahead "
             "of the step (0: between steps).", NON_NEGATIVE),
     Setting("training.num_train_steps", 100_000, "optimizer updates.", POSITIVE, steps=True),
@@ -165,7 +146,7 @@ SETTINGS: tuple[Setting, ...] = _model_settings() + (
             'interpreter off TPUs), "xla" (chunks of loss_chunk_tokens), "auto" (pallas on TPUs for a model without '
             "an output bias, else xla); unused with loss_chunk_tokens 0.", choices=("auto", "pallas", "xla")),
     Setting("training.seed", 0, "parameters, dropout and data order.",
-            Bound(0, MAX_SEED, wording="an integer in [0, 2**63 - 1]", short="[0, 2**63 - 1]")),
+            SEED),
     Setting("training.log_every", 100, "steps between training-metric logs.", POSITIVE, steps=True),
     Setting("training.eval_every", 1_000, "steps between dev-loss evaluations (logged; one at a checkpoint's step "
             "goes with that checkpoint and ranks it).", NON_NEGATIVE, steps=True),
@@ -197,15 +178,15 @@ SETTINGS: tuple[Setting, ...] = _model_settings() + (
             Bound(0, open_low=True, also=(-1,), wording="positive, or -1 (all devices not used by fsdp)",
                   short="-1, or > 0")),
     Setting("mesh.fsdp", 1, "fully sharded data-parallel axis size (parameters sharded over it).", POSITIVE),
-    # The search's defaults are DecodeOptions' (decoding/options.py), the batching's TranslationBatching's.
-    Setting("eval.beam_size", _DECODING.beam_size, "beam search width for test translation and transformer-jax "
-            "score (paper section 6.1).", POSITIVE),
-    Setting("eval.alpha", _DECODING.alpha, "length penalty ((5 + len) / 6)^alpha."),
-    Setting("eval.max_extra_length", _DECODING.max_extra_length, "output length limit: input length + this.",
-            NON_NEGATIVE),
-    Setting("eval.batch_tokens", _BATCHING.batch_tokens, "source tokens per decoding batch (0: eval_batch_size "
-            "rows).", NON_NEGATIVE),
-    Setting("eval.dtype", "", 'decode in "float32"/"bfloat16" weights and matmuls ("": the model\'s dtype).'),
+    # The search's defaults and limits are DecodeOptions' (decoding/options.py), the batching's TranslationBatching's.
+    declared_setting(DecodeOptions, "eval.beam_size", "beam search width for test translation and transformer-jax "
+                     "score (paper section 6.1)."),
+    declared_setting(DecodeOptions, "eval.alpha", "length penalty ((5 + len) / 6)^alpha; 0 turns it off."),
+    declared_setting(DecodeOptions, "eval.max_extra_length", "output length limit: input length + this."),
+    declared_setting(TranslationBatching, "eval.batch_tokens", "source tokens per decoding batch (0: "
+                     "eval_batch_size rows)."),
+    Setting("eval.dtype", "", 'the dtype decoding runs its weights and matmuls in ("": the model\'s dtype).',
+            choices=DTYPES),
     Setting("eval.average_last", 5, "checkpoints averaged by --checkpoint=average of score, average and export "
             "(paper: 5 base, 20 big).", POSITIVE),
 )

@@ -15,8 +15,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from transformer_jax.base import Bound, check_declared, declared
 from transformer_jax.decoding.options import DecodeOptions
-from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.errors import DataError
 from transformer_jax.model.config import TransformerConfig
 
 # The arrays of a training batch, all int32 [rows, length]; packed batches add segment ids and positions.
@@ -100,23 +101,22 @@ MAX_BATCHING = 2**30
 
 @dataclasses.dataclass(frozen=True)
 class TranslationBatching:
-    """How a split's sentences are cut into translation batches (shapes only: not what the search does).
+    """How a split's sentences are cut into translation batches (shapes only: not what the search does), validated
+    on construction; each field's meaning and limit are declared beside it (the run's data.eval_batch_size and
+    eval.batch_tokens read them)."""
 
-    Attributes:
-      batch_size: sentences decoded together (at most), the rows of a batch.
-      batch_tokens: when > 0, a batch holds about this many source token slots (rows x the batch's padded
-        source width, at most batch_size rows): long sentences go in fewer rows.
-    """
-
-    batch_size: int = 64
-    batch_tokens: int = 0
+    batch_size: int = declared(64, "sentences decoded together (at most), the rows of a batch.",
+                               Bound(1, MAX_BATCHING, wording=f"a positive integer, at most 2**30 = {MAX_BATCHING}",
+                                     short="[1, 2**30]"))
+    batch_tokens: int = declared(0,
+        "when > 0, a batch holds about this many source token slots (rows x the batch's padded source width, at most "
+        "batch_size rows): long sentences go in fewer rows; 0: batch_size sentences a batch.",
+        Bound(0, MAX_BATCHING, wording=f"0 (no token budget) or a positive integer, at most 2**30 = {MAX_BATCHING}",
+              short="[0, 2**30]"))
 
     def __post_init__(self) -> None:
-        for name, smallest in (("batch_size", 1), ("batch_tokens", 0)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or not smallest <= value <= MAX_BATCHING:
-                fix = "a positive integer" if smallest else "0 (batch_size sentences a batch) or a positive integer"
-                raise ConfigError(f"{name}={value!r} must be {fix}, at most 2**30 = {MAX_BATCHING}")
+        check_declared(TranslationBatching, {field.name: getattr(self, field.name)
+                                             for field in dataclasses.fields(self)})
 
     def replace(self, **changes: int | None) -> TranslationBatching:
         """A copy with some fields changed (None values are ignored; validated again)."""

@@ -28,6 +28,8 @@ from transformer_jax.base.files import is_local, object_path
 from transformer_jax.errors import DataError
 
 Pair = tuple[str, str]
+# The sources a corpus comes from (data.source): `load_splits` reads each, and refuses any other.
+SOURCES = ("builtin", "tfds", "text", "tsv")
 SPLITS = ("train", "dev", "test")
 TFDS_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
 TFDS_NAME = "wmt14_translate/de-en"
@@ -276,7 +278,7 @@ def load_splits(source: str, *, path: str | None = None, source_lang: str = "en"
                 tfds_eval_name: str = TFDS_NAME, tfds_data_dir: str | None = None,
                 tsv_columns: str = "",
                 builtin_sizes: tuple[int, int, int] = (50_000, 1_000, 2_000), seed: int = 0) -> dict[str, list[Pair]]:
-    """{split: [(source, target), ...]} from "builtin", "tfds", "text" or "tsv" (`path`: the directory).
+    """{split: [(source, target), ...]} from one of SOURCES: "builtin", "tfds", "text" or "tsv" (`path`: the directory).
 
     For "tfds" the train split comes from `tfds_train_name`, dev and test from `tfds_eval_name`
     (TFDS splits train/validation/test). `builtin_sizes` is
@@ -305,4 +307,4 @@ def load_splits(source: str, *, path: str | None = None, source_lang: str = "en"
                   else load_tsv_splits(path, splits, source_lang, target_lang, tsv_columns))
         check_references(loaded, path)
         return loaded
-    raise DataError(f"unknown data source {source!r}; use one of 'builtin', 'tfds', 'text', 'tsv'")
+    raise DataError(f"unknown data source {source!r}; use one of {', '.join(map(repr, SOURCES))}")

@@ -21,6 +21,8 @@ from transformer_jax.model.special_tokens import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer_jax.base.files import is_dir, is_file, read_bytes, write_atomically
 from transformer_jax.base import workdir as layout
 
+# The SentencePiece model types a tokenizer is trained as (data.tokenizer_type); any other is refused.
+TOKENIZER_TYPES = ("unigram", "bpe")
 
 
 class Tokenizer:
@@ -161,8 +163,9 @@ def _trained_model(sentences: Sequence[str], vocab_size: int, model_type: str, b
                    character_coverage: float, threads: int) -> bytes:
     """The serialized SentencePiece model trained on `sentences` (fewer pieces than `vocab_size` when the text
     supports fewer; see supported_vocab_size)."""
-    if model_type not in ("unigram", "bpe"):
-        raise DataError(f"tokenizer model_type={model_type!r} is not supported; use 'unigram' or 'bpe'")
+    if model_type not in TOKENIZER_TYPES:
+        raise DataError(f"tokenizer model_type={model_type!r} is not supported; use "
+                        f"{' or '.join(map(repr, TOKENIZER_TYPES))}")
     if not sentences:
         raise DataError("cannot train a tokenizer on an empty corpus; check the training data")
     model = io.BytesIO()

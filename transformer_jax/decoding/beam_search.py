@@ -26,7 +26,7 @@ from transformer_jax.decoding.step import (
     reorder_hypotheses,
 )
 from transformer_jax.decoding.lengths import length_penalty, output_lengths
-from transformer_jax.decoding.options import is_python_number, require
+from transformer_jax.decoding.options import check_search_settings, require
 from transformer_jax.decoding.top_k import top_k_in_blocks
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.special_tokens import BOS_ID, EOS_ID, PAD_ID
@@ -200,11 +200,9 @@ def beam_search(
     eos_id: int = EOS_ID,
 ) -> tuple[jax.Array, jax.Array]:
     """[B, S] source ids -> the n-best ([B, n, L] ids, [B, n] scores log P / lp), best first."""
-    require(beam_size >= 1, f"beam_size={beam_size} must be at least 1")
+    check_search_settings(beam_size=beam_size, alpha=alpha, max_extra_length=max_extra_length)
     require(1 <= num_returned <= beam_size,
              f"num_returned={num_returned} must be in [1, beam_size={beam_size}]")
-    require(not is_python_number(alpha) or alpha >= 0, f"alpha={alpha} must be >= 0 (0 turns the length penalty off)")
-    require(max_extra_length >= 1, f"max_extra_length={max_extra_length} must be at least 1")
     require(2 * beam_size <= config.vocab_size,
              f"beam_size={beam_size} needs vocab_size >= {2 * beam_size}; use a smaller beam")
     output = _beam_search(params, config, jnp.asarray(src_tokens, jnp.int32), alpha,

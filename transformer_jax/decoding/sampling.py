@@ -15,7 +15,7 @@ from transformer_jax.decoding.step import (
     prefix_step,
 )
 from transformer_jax.decoding.lengths import output_lengths
-from transformer_jax.decoding.options import is_python_number, require
+from transformer_jax.decoding.options import check_search_settings, require
 from transformer_jax.decoding.top_k import top_k_in_blocks
 from transformer_jax.model.config import TransformerConfig
 from transformer_jax.model.special_tokens import BOS_ID, EOS_ID, PAD_ID
@@ -133,7 +133,7 @@ def greedy_decode(
     use_cache: bool = True, eos_id: int = EOS_ID,
 ) -> jax.Array:
     """[B, S] source ids -> [B, L] greedy output ids (L = min(S + max_extra_length, config.max_len))."""
-    require(max_extra_length >= 1, f"max_extra_length={max_extra_length} must be at least 1")
+    check_search_settings(max_extra_length=max_extra_length)
     return _token_by_token(params, config, jnp.asarray(src_tokens, jnp.int32), jax.random.key(0),
                            1.0, 1.0, None, top_k=0, greedy=True, max_extra_length=max_extra_length,
                            use_cache=use_cache, eos_id=eos_id)
@@ -148,11 +148,9 @@ def sample_decode(
 
     Each row draws from `rng` folded with its id (`row_ids` [B], default its place in the batch): a sentence
     given the same id and key samples the same tokens in any batch, on any device."""
-    require(not is_python_number(temperature) or temperature > 0, f"temperature={temperature} must be positive (greedy_decode takes the argmax)")
-    require(0 <= top_k <= config.vocab_size,
-             f"top_k={top_k} must be in [0, vocab_size={config.vocab_size}] (0 keeps every token)")
-    require(not is_python_number(top_p) or 0 < top_p <= 1, f"top_p={top_p} must be in (0, 1] (1 keeps every token)")
-    require(max_extra_length >= 1, f"max_extra_length={max_extra_length} must be at least 1")
+    check_search_settings(temperature=temperature, top_k=top_k, top_p=top_p, max_extra_length=max_extra_length)
+    require(top_k <= config.vocab_size, f"top_k={top_k} must be at most vocab_size={config.vocab_size} (0 keeps every "
+            "token)")
     return _token_by_token(params, config, jnp.asarray(src_tokens, jnp.int32), rng, temperature, top_p,
                            None if row_ids is None else jnp.asarray(row_ids), top_k=top_k, greedy=False,
                            max_extra_length=max_extra_length, use_cache=True, eos_id=eos_id)

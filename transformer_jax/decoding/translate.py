@@ -8,6 +8,7 @@ batch whose rows are split over a device mesh, each device searching its own row
 from __future__ import annotations
 
 import functools
+import typing
 from typing import Any
 
 import jax
@@ -18,9 +19,10 @@ from transformer_jax.base.sharding import BATCH_AXES
 from transformer_jax.decoding.beam_search import beam_search
 from transformer_jax.decoding.options import DecodeOptions, require
 from transformer_jax.decoding.sampling import greedy_decode, sample_decode
-from transformer_jax.model.config import TransformerConfig
+from transformer_jax.model.config import Dtype, TransformerConfig
 
-DTYPES = ("", "float32", "bfloat16")
+# The dtypes a search runs in: "" (the model's own) or one a model computes in.
+DTYPES = ("", *typing.get_args(Dtype))
 
 
 # The parameters the model only ever reads in its compute dtype: every matmul's kernel (Flax's dense layers

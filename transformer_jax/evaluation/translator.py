@@ -105,10 +105,11 @@ class Translator:
                   batch_tokens: int | None = None, **settings: Any) -> str | list[str]:
         """The translation of one sentence (a str gives a str), or of a sequence of sentences (a list, in their
         order). `settings`: mode, beam_size, alpha, max_extra_length, seed, temperature, top_k, top_p
-        (DecodeOptions; each for its mode, see `search`); `batch_size` (>= 1) and `batch_tokens` (>= 0; 0: batches
-        of batch_size sentences) override the run's batching. Every argument is checked before any sentence is
-        translated, an empty list's too: a refused setting or batch is a ConfigError; an item that is not a str a
-        ConfigError, a str with a lone surrogate a DataError, each naming the item (texts[3])."""
+        (DecodeOptions; each for its mode, see `search`); `batch_size` and `batch_tokens` (TranslationBatching's,
+        within the limits it declares; 0 tokens: batches of batch_size sentences) override the run's batching. Every
+        argument is checked before any sentence is translated, an empty list's too: a refused setting or batch is a
+        ConfigError; an item that is not a str a ConfigError, a str with a lone surrogate a DataError, each naming
+        the item (texts[3])."""
         if isinstance(texts, str):
             return self.translate([texts], batch_size=batch_size, batch_tokens=batch_tokens, **settings)[0]
         texts = _sentences(texts)

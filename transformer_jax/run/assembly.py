@@ -43,9 +43,11 @@ class TrainingRun:
         self.checkpointer.close()
 
 
-def assemble_run(config: ml_collections.ConfigDict, workdir: str, data: RunData | None = None) -> TrainingRun:
+def assemble_run(config: ml_collections.ConfigDict, workdir: str, data: RunData | None = None, *,
+                 checked: bool = False) -> TrainingRun:
     """Check `config` and `workdir`, then build the mesh, the data (`data`, or the corpus the config names,
-    prepared in or read from the workdir), the programs for its batch shapes and the checkpointer.
+    prepared in or read from the workdir), the programs for its batch shapes and the checkpointer. `checked`: the
+    caller has checked `config` (check_run_config) already, as train.py does before it makes the workdir.
 
     The config, the workdir's layout, the settings a resume could not restore its checkpoints with and the logs are
     checked before anything is written (a refused start leaves the workdir as it was); the corpus and the tokenizer
@@ -53,7 +55,8 @@ def assemble_run(config: ml_collections.ConfigDict, workdir: str, data: RunData 
     settings (ConfigError). The checkpoints folder is made last, once the train state is known to fit the devices.
     """
     started = time.perf_counter()
-    check_run_config(config)
+    if not checked:
+        check_run_config(config)
     if (sizing := sizing_line(config)) is not None:  # the sizes chosen for the user, after their overrides
         say(sizing)
     layout.check_layout(workdir)
