@@ -1,5 +1,5 @@
 """Run one CLI (train.py, eval.py or `transformer-jax COMMAND`) on many command lines in one process (for
-tests/cli/test_bad_inputs.py).
+the catalogues tests/cli/test_bad_*_inputs.py).
 
     python tests/cli_rows.py train.py|eval.py|COMMAND|transformer-jax ROWS.json OUT.json
 

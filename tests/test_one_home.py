@@ -20,7 +20,6 @@ SAME_WORD = {
     ("transformer_jax/export/hf_directory.py", "config.json"): "a Hugging Face model directory's file, not a run's",
     ("transformer_jax/cli/cluster.py", "compilation_cache"): "the --compilation_cache flag's name",
     ("transformer_jax/config/schema.py", "wandb"): "the wandb package's name (is it installed?)",
-    ("transformer_jax/config/schema.py", "eval"): "the config's `eval` section",
     ("benchmarks/lease/gpu_run.py", "eval"): "the benchmark's eval.py phase",
     ("benchmarks/lease/records.py", "eval"): "the lease run's eval.py phase",
     ("benchmarks/suite_cpu.py", "compilation_cache"): "a JAX monitoring event's name",

@@ -12,7 +12,8 @@ from transformer_jax.config.schema import default_config
 from transformer_jax.data import pipeline
 from transformer_jax.data.batching import BatchIterator
 from transformer_jax.data.encoded import encode_pairs, filter_by_length
-from transformer_jax.data.prepared import INDEX, MANIFEST, PreparedCorpus, write_prepared
+from transformer_jax.data.corpus_writer import write_prepared
+from transformer_jax.data.prepared import INDEX, MANIFEST, PreparedCorpus
 from transformer_jax.data.sources import drop_empty_pairs
 from transformer_jax.data.tokenizer import Tokenizer
 from transformer_jax.errors import DataError

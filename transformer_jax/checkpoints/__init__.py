@@ -1,7 +1,8 @@
 """Checkpoints: Orbax save and restore, integrity checks, choosing and averaging a run's checkpoints.
 
 `integrity` (per-array checksums, finiteness and shape checks; damaged checkpoints set aside) ->
-`manager` (Checkpointer: the state, the data position and metadata, saved and restored with Orbax) ->
+`restoring` (CheckpointReader: the steps listed, metadata, the best step, a state or its parameters restored) ->
+`manager` (Checkpointer: the state, the data position and metadata saved with Orbax, and restored as a reader) ->
 `saved_run` (`Run`: a training run on disk, reopened by `open_run`) -> `selection` (latest, best, a step or
 the average of the last N; writing parameters) -> `initial` (fine-tuning from another run). This is the only
 folder that imports Orbax.

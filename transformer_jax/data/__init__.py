@@ -2,7 +2,8 @@
 
 `sources` (TFDS, text, TSV, the built-in corpus in `builtin/`) -> `tokenizer` (SentencePiece) ->
 `encoded` (the tokenized corpus as flat arrays) -> `prepared` (the training split tokenized once into
-token shards and a length index, read by row) -> `shapes` (every batch-shape rule: widths, rows,
+token shards and a length index, read by row) -> `corpus_writer` (a prepared corpus written: shards encoded by
+worker processes, then the index, dev/test text and manifest) -> `shapes` (every batch-shape rule: widths, rows,
 training, dev-loss and translation shapes) -> `batching` (token-budget batches, packed or
 length-bucketed, host shards, the resumable iterator) -> `batch_content` (an update's real tokens,
 and fairseq's --max-tokens batches on the same corpus) -> `row_width` (packed row widths chosen from
@@ -23,16 +24,8 @@ from transformer_jax.data.pipeline import (
     prepare_data,
     run_split,
 )
-from transformer_jax.data.prepared import (
-    MANIFEST,
-    SHARD_PAIRS,
-    PreparedCorpus,
-    finish_prepared,
-    shard_dtype,
-    shard_name,
-    write_prepared,
-    write_shard,
-)
+from transformer_jax.data.corpus_writer import SHARD_PAIRS, finish_prepared, shard_dtype, write_prepared, write_shard
+from transformer_jax.data.prepared import MANIFEST, PreparedCorpus, shard_name
 from transformer_jax.data.row_width import choose_packed_rows
 from transformer_jax.data.shapes import (
     PACKED_KEYS,

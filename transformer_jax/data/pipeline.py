@@ -14,14 +14,8 @@ import numpy as np
 
 from transformer_jax.data.batching import BatchIterator
 from transformer_jax.data.encoded import EncodedPairs, encode_pairs, filter_by_length
-from transformer_jax.data.prepared import (
-    MANIFEST,
-    PreparedCorpus,
-    check_can_write,
-    corpus_fix,
-    read_split,
-    write_prepared,
-)
+from transformer_jax.data.corpus_writer import check_can_write, write_prepared
+from transformer_jax.data.prepared import MANIFEST, PreparedCorpus, corpus_fix, read_split
 from transformer_jax.data.row_width import choose_packed_rows
 from transformer_jax.data.shapes import (
     WIDTH_MULTIPLE,

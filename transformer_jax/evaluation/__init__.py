@@ -4,9 +4,12 @@
 the paper's tokenized BLEU) -> `text_translation` (encoded sentences, lines, files and standard input
 translated) -> `split_evaluation` (translate and score a split: the one path the train and score commands share)
 -> `device_batches` (translation batches sized for the devices when none is given) -> `translator` (`Translator`:
-a run loaded once, from Python) -> `corpus_translation` (whole corpora, resumably)
--> `introspection` (attention weights, positional
-encodings), `plots` and `attention_plots` (figures).
+a run loaded once, from Python) -> `corpus_shards` (a corpus's shards kept whole with their records) ->
+`corpus_translation` (whole corpora, resumably) -> `introspection` (attention weights, positional encodings), `plots`
+and `attention_plots` (figures).
+
+Importing it loads no trainer (no optax, no train step, nothing of `run/`): the dev loss that `evaluate_checkpoint`
+and `evaluate_split` compute on request is imported from `training/dev_loss.py` where they compute it.
 """
 
 from transformer_jax.evaluation import corpus_translation

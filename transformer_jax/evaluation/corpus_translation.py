@@ -2,12 +2,13 @@
 
 Each input file is read once a pass, a line at a time, in shards of `shard_lines` lines; shard k of a file goes to
 process k mod (processes), which translates it with its own devices (`Translator`: sorted by length, token-budget
-batches) and writes it whole into `<output>.parts/` (write-then-rename): its text, and beside it a record of what it
-is: the job (a digest of its settings, which name the model, and of its search), the file, the shard, its sampling
-seed, a digest of the input lines it translated and one of its own text. A job stopped anywhere (SIGTERM, SIGKILL,
-a preempted VM) and started again with the same command keeps every shard whose record names all of these as this
-pass finds them, and translates the others again: an input edited between attempts, another file of the same name,
-a shard copied from another job or another place, a damaged or missing shard file are redone, never joined.
+batches) and writes it whole into `<output>.parts/` (write-then-rename; corpus_shards.py): its text, and beside it a
+record of what it is: the job (a digest of its settings, which name the model, and of its search), the file, the
+shard, its sampling seed, a digest of the input lines it translated and one of its own text. A job stopped anywhere
+(SIGTERM, SIGKILL, a preempted VM) and started again with the same command keeps every shard whose record names all
+of these as this pass finds them, and translates the others again: an input edited between attempts, another file of
+the same name, a shard copied from another job or another place, a damaged or missing shard file are redone, never
+joined.
 
 The process that finds every shard of a file intact reads the input once more: when it no longer holds the lines the
 shards translate (edited while the job ran), nothing is joined and the job stops in one line (the same command then
@@ -37,49 +38,22 @@ import glob
 import hashlib
 import json
 import os
-import re
 import time
 from typing import Any, Callable, Iterator
 
-import numpy as np
-
-from transformer_jax.base.files import (exists, is_dir, is_file, is_local, list_names, make_dirs, object_path,
-                                        read_bytes, read_text, remove, unique_name, write_atomically, write_streamed)
-from transformer_jax.data.sources import check_text_file, stream_lines
+from transformer_jax.base.files import (exists, is_file, is_local, object_path, read_bytes, write_atomically,
+                                        write_streamed)
+from transformer_jax.data.sources import check_text_file
 from transformer_jax.decoding.options import DecodeOptions
 from transformer_jax.errors import ConfigError, DataError
+from transformer_jax.evaluation.corpus_shards import (CorpusFile, begin_parts, bytes_digest, input_digest, intact_shard,
+                                                      is_link, lines_bytes, parts_settings, read_json, read_shards,
+                                                      remove_parts, shard_identity, shard_path, write_shard)
 from transformer_jax.evaluation.outputs import check_output_dir, check_writable, faults_named, file_identity, resolved
 from transformer_jax.evaluation.translator import Translator
 
-PARTS = ".parts"  # <output>.parts/: the shards written so far, and the job's settings
-SETTINGS = "settings.json"
-RECORD = ".json"  # <output>.json: the settings, counts and digests of a finished output
 LOCK = ".lock"  # <output>.lock: the job that owns the output (base.lock.Claim)
-# The names a job writes into a parts folder (its temporaries included): the only ones a join removes.
-WRITTEN_HERE = re.compile(r"(settings\.json|\d{9}\.(txt|json))(\.tmp\..+)?")
 KEPT = "run the same command again (the shards finished so far are kept in each output's .parts folder)"
-
-
-@dataclasses.dataclass(frozen=True)
-class CorpusFile:
-    """One input file and the output its translation goes to."""
-
-    input: str
-    output: str
-
-    @property
-    def parts(self) -> str:
-        return self.output + PARTS
-
-    @property
-    def record(self) -> str:
-        return self.output + RECORD
-
-    @property
-    def name(self) -> str:
-        """What the file is in its job (its shards' records and sampling seeds name it): the input's file name, the same
-        whatever else a glob matches, in whatever order, and wherever the job is started from."""
-        return os.path.basename(self.input.rstrip("/"))
 
 
 def expand_inputs(patterns: list[str]) -> list[str]:
@@ -147,18 +121,6 @@ def faults_of(files: list[CorpusFile]) -> Iterator[None]:
         yield
 
 
-def _read_json(path: str) -> dict | None:
-    try:
-        value = json.loads(read_text(path)) if exists(path) else None
-    except (ValueError, OSError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def _file_digest(path: str) -> str:
     """sha256 of a file's bytes, read a block at a time."""
     digest = hashlib.sha256()
@@ -168,28 +130,11 @@ def _file_digest(path: str) -> str:
     return digest.hexdigest()
 
 
-def _lines_bytes(lines: list[str]) -> bytes:
-    return "".join(line + "\n" for line in lines).encode("utf-8")
-
-
-def _input_digest(path: str) -> str:
-    """sha256 of an input's lines as a pass reads them (each ended by "\\n"): what a record says was translated."""
-    digest = hashlib.sha256()
-    for _, line, _ in stream_lines(path):
-        digest.update((line + "\n").encode("utf-8"))
-    return digest.hexdigest()
-
-
-def _linked(path: str) -> bool:
-    """Whether a symbolic link is at `path` (dangling or not): no place this job writes holds one that it made."""
-    return is_local(path) and os.path.islink(path)
-
-
 def finished(item: CorpusFile, settings: dict) -> bool:
     """Whether `item`'s output is there, a regular file, with a record of the same settings (check_outputs has
     checked, before any work, that the record names its digest)."""
-    record = _read_json(item.record)
-    regular = is_file(item.output) and not _linked(item.output)
+    record = read_json(item.record)
+    regular = is_file(item.output) and not is_link(item.output)
     return regular and record is not None and record.get("settings") == settings
 
 
@@ -202,23 +147,10 @@ def _check_finished(item: CorpusFile, record: dict) -> None:
     if record.get("output_sha256") != _file_digest(item.output):
         raise ConfigError(f"{item.output} is not the text its .json records (edited, cut or put there since it was "
                           "written); nothing is overwritten: remove it and its .json to translate the input again")
-    if record.get("input_sha256") != _input_digest(item.input):
+    if record.get("input_sha256") != input_digest(item.input):
         raise ConfigError(f"{item.input} changed since {item.output} was translated from it; nothing is "
                           f"overwritten: remove {item.output} and its .json to translate it again, or choose another "
                           "--output_dir")
-
-
-def parts_settings(item: CorpusFile) -> dict | None:
-    """The settings of the job that began `item`'s parts folder; None when there is none. Anything else at that
-    place (a file, a link, a folder without a job's settings) is a ConfigError: it is not this command's, and
-    nothing in it is read or removed."""
-    if not (_linked(item.parts) or exists(item.parts)):
-        return None
-    settings = _read_json(os.path.join(item.parts, SETTINGS)) if is_dir(item.parts) else None
-    if settings is None or _linked(item.parts):
-        raise ConfigError(f"{item.parts} exists but is not a translate-corpus parts folder (no {SETTINGS} of a job "
-                          "in it); nothing in it is read or removed: move it away, or choose another --output_dir")
-    return settings
 
 
 def check_outputs(files: list[CorpusFile], settings: dict) -> None:
@@ -232,11 +164,11 @@ def check_outputs(files: list[CorpusFile], settings: dict) -> None:
                               f"({_changed(begun, settings)}); run the same command as before to finish it, or remove "
                               "that folder to start anew")
         for path in (item.output, item.record):
-            if _linked(path):
+            if is_link(path):
                 raise ConfigError(f"{path} is a symbolic link (to {os.readlink(path)}), where this job writes; "
                                   "nothing is replaced that the job did not make: move it away, or choose another "
                                   "--output_dir")
-        record = _read_json(item.record)
+        record = read_json(item.record)
         ours = record is not None and record.get("settings") == settings
         if exists(item.output) and not is_file(item.output):
             raise ConfigError(f"{item.output} is a directory (or not a regular file), where this job writes its "
@@ -253,105 +185,6 @@ def check_outputs(files: list[CorpusFile], settings: dict) -> None:
                               "output; nothing is overwritten: move it away, or choose another --output_dir")
 
 
-def shard_seed(seed: int, name: str, shard: int) -> int:
-    """The sampling seed of one shard: fixed by (seed, the input file's name, shard), whichever process translates
-    it and wherever the file comes in the job's list.
-
-    The name, not the place in the expanded list: a glob over a folder that gains files (new monolingual text
-    arriving) moves the others in the list, and a seed of the place would join their kept shards with differently
-    seeded new ones; pinning the list in the settings instead would refuse the resumed job, or redo every file."""
-    name_number = int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:8], "little")
-    return int(np.random.SeedSequence([seed, name_number, shard]).generate_state(1)[0] % 2**31)
-
-
-def _shard_path(item: CorpusFile, shard: int, suffix: str) -> str:
-    return os.path.join(item.parts, f"{shard:09d}{suffix}")
-
-
-def _shard_identity(job: str, item: CorpusFile, shard: int, search: dict[str, Any]) -> dict[str, Any]:
-    """What a shard's record names besides its input and text: the job, the file, the shard and its seed."""
-    seed = shard_seed(search.get("seed") or 0, item.name, shard) if search.get("mode") == "sample" else None
-    return {"job": job, "file": item.name, "shard": shard, "seed": seed}
-
-
-def _shards(item: CorpusFile, shard_lines: int) -> Iterator[tuple[int, list[str], int, int]]:
-    """(shard number, its lines, bytes read so far, the file's size) of `item`'s input, read a line at a time."""
-    size = os.path.getsize(item.input) if is_local(item.input) else object_path(item.input).stat().length
-    lines: list[str] = []
-    shard, position = 0, 0
-    for _, line, position in stream_lines(item.input):
-        lines.append(line)
-        if len(lines) == shard_lines:
-            yield shard, lines, position, size
-            shard, lines = shard + 1, []
-    if lines:
-        yield shard, lines, position, size
-
-
-def _intact_shard(item: CorpusFile, identity: dict[str, Any], input_digest: str) -> dict | None:
-    """The record of a shard when its text is there, is what the record says, and translates the input lines of
-    digest `input_digest` as this job's shard `identity`; else None (missing, damaged, of other input, or another
-    job's or place's: to be translated again)."""
-    record = _read_json(_shard_path(item, identity["shard"], ".json"))
-    if record is None or record.get("input_sha256") != input_digest:
-        return None
-    if any(record.get(key) != value for key, value in identity.items()):
-        return None
-    try:
-        text = read_bytes(_shard_path(item, identity["shard"], ".txt"))
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None
-    if _digest(text) != record.get("output_sha256") or text.count(b"\n") != record.get("lines"):
-        return None
-    return record
-
-
-def _begin_parts(item: CorpusFile, settings: dict) -> None:
-    """Make `item`'s parts folder with the job's settings in it, in one step (unless it is there, with them)."""
-    content = json.dumps(settings, indent=2) + "\n"
-    if not is_local(item.parts):  # an object store has no folders: the settings object makes the "folder"
-        if not exists(os.path.join(item.parts, SETTINGS)):
-            write_atomically(os.path.join(item.parts, SETTINGS), content)
-        return
-    if exists(item.parts):
-        return
-    make_dirs(os.path.dirname(os.path.abspath(item.parts)))
-    staging = unique_name(f"{item.parts}.new")
-    try:
-        os.mkdir(staging)
-        write_atomically(os.path.join(staging, SETTINGS), content)
-        os.rename(staging, item.parts)  # fails when another process of the job made it first: theirs is kept
-    except OSError as error:
-        if not exists(os.path.join(item.parts, SETTINGS)):
-            raise OSError(error.errno, error.strerror, item.parts) from error  # the folder, not its staging name
-    finally:
-        for name in os.listdir(staging) if os.path.isdir(staging) else []:
-            os.remove(os.path.join(staging, name))
-        if os.path.isdir(staging):
-            os.rmdir(staging)
-
-
-def _write_shard(item: CorpusFile, identity: dict[str, Any], lines: list[str], outputs: list[str],
-                 truncated: int) -> None:
-    text = "".join(output + "\n" for output in outputs).encode("utf-8")
-    record = {**identity, "lines": len(lines), "empty": sum(not line.strip() for line in lines),
-              "truncated": truncated, "input_sha256": _digest(_lines_bytes(lines)), "output_sha256": _digest(text)}
-    write_atomically(_shard_path(item, identity["shard"], ".json"), json.dumps(record) + "\n")
-    write_atomically(_shard_path(item, identity["shard"], ".txt"), text)
-
-
-def _remove_parts(item: CorpusFile) -> None:
-    """Remove what this command wrote into `item`'s parts folder (its settings last: a cut removal leaves a resumable
-    record), then the folder when nothing else is in it."""
-    ours = [name for name in (list_names(item.parts) if is_dir(item.parts) else []) if WRITTEN_HERE.fullmatch(name)]
-    for name in sorted(ours, key=lambda n: n == SETTINGS):
-        with contextlib.suppress(FileNotFoundError):  # another process joining the same file removed it
-            remove(os.path.join(item.parts, name))
-    if is_local(item.parts):  # an object store has no folders to remove
-        with contextlib.suppress(FileNotFoundError, OSError):  # removed by another process, or not ours left in it
-            os.rmdir(item.parts)
-
-
 def _join(item: CorpusFile, records: list[dict], settings: dict, input_digest: str) -> dict:
     """Write `<output>.json`, then `<output>` from its shards (each checked against its record on the way); remove
     the parts this command wrote. Returns the record. The record comes first: a file at `<output>` is this job's only
@@ -361,9 +194,9 @@ def _join(item: CorpusFile, records: list[dict], settings: dict, input_digest: s
 
     def texts() -> Iterator[bytes]:
         for shard, record in enumerate(records):
-            text = read_bytes(_shard_path(item, shard, ".txt"))
-            if _digest(text) != record["output_sha256"]:  # changed since it was checked: join nothing
-                raise DataError(f"{_shard_path(item, shard, '.txt')} changed while {item.output} was being joined; "
+            text = read_bytes(shard_path(item, shard, ".txt"))
+            if bytes_digest(text) != record["output_sha256"]:  # changed since it was checked: join nothing
+                raise DataError(f"{shard_path(item, shard, '.txt')} changed while {item.output} was being joined; "
                                 "run the same command again (it translates that shard again)")
             yield text
 
@@ -374,7 +207,7 @@ def _join(item: CorpusFile, records: list[dict], settings: dict, input_digest: s
               "output_sha256": output_digest.hexdigest()}
     write_atomically(item.record, json.dumps(record, indent=2) + "\n")
     write_streamed(item.output, texts())
-    _remove_parts(item)
+    remove_parts(item)
     return record
 
 
@@ -416,40 +249,40 @@ class Job:
     def digest(self) -> str:
         """Names the job in each shard's record: its settings (the model's fingerprint among them) and its search."""
         named = json.dumps({"settings": self.settings, "search": self.search}, sort_keys=True, default=str)
-        return _digest(named.encode("utf-8"))[:16]
+        return bytes_digest(named.encode("utf-8"))[:16]
 
 
 def _translate_file(translator: Translator, item: CorpusFile, job: Job, progress: Progress) -> dict | None:
     """Translate this process's shards of `item` that are not intact; join them when all are. Returns the output's
     record when it is finished."""
     if finished(item, job.settings):
-        _remove_parts(item)  # what a join cut after its output left
+        remove_parts(item)  # what a join cut after its output left
         progress.say(f"{item.output}: already translated")
-        return _read_json(item.record)
+        return read_json(item.record)
     identities, digests, read = [], [], hashlib.sha256()  # of every shard as this pass reads the input
     progress.file_seconds, job_digest = 0.0, job.digest
-    for shard, lines, position, size in _shards(item, job.shard_lines):
-        text = _lines_bytes(lines)
+    for shard, lines, position, size in read_shards(item, job.shard_lines):
+        text = lines_bytes(lines)
         read.update(text)
-        identities.append(_shard_identity(job_digest, item, shard, job.search))
-        digests.append(_digest(text))
-        if shard % job.process_count != job.process_index or _intact_shard(item, identities[-1], digests[-1]):
+        identities.append(shard_identity(job_digest, item, shard, job.search))
+        digests.append(bytes_digest(text))
+        if shard % job.process_count != job.process_index or intact_shard(item, identities[-1], digests[-1]):
             continue
         start = time.perf_counter()
         truncated_before = translator.truncated
         search = job.search if identities[-1]["seed"] is None else {**job.search, "seed": identities[-1]["seed"]}
         outputs = translator.translate(lines, **DecodeOptions(**search).settings())  # its mode's alone
-        _begin_parts(item, job.settings)
-        _write_shard(item, identities[-1], lines, outputs, translator.truncated - truncated_before)
+        begin_parts(item, job.settings)
+        write_shard(item, identities[-1], lines, outputs, translator.truncated - truncated_before)
         progress.shard_done(item, shard, len(lines), time.perf_counter() - start, position, size)
-    intact = [_intact_shard(item, identity, digest) for identity, digest in zip(identities, digests)]
+    intact = [intact_shard(item, identity, digest) for identity, digest in zip(identities, digests)]
     if finished(item, job.settings):  # another process joined it meanwhile
-        return _read_json(item.record)
+        return read_json(item.record)
     if not all(record is not None for record in intact):
         progress.say(f"{item.input}: this process's shards are done; the other processes' are not all written yet "
                      "(the last to finish writes the output)")
         return None
-    if _input_digest(item.input) != read.hexdigest():
+    if input_digest(item.input) != read.hexdigest():
         raise DataError(f"{item.input} changed while it was being translated, so {item.output} is not written; "
                         f"{KEPT}: it translates again the shards whose lines changed")
     check_outputs([item], job.settings)  # nothing of the user's came to <output> while the job ran
@@ -458,7 +291,7 @@ def _translate_file(translator: Translator, item: CorpusFile, job: Job, progress
     except OSError:  # another process joined it first and removed the shards under this one
         if not finished(item, job.settings):
             raise
-        record = _read_json(item.record)
+        record = read_json(item.record)
     progress.say(f"{item.output}: {record['lines']} lines ({record['empty']} empty, {record['truncated']} cut to the "
                  "model's max_len)")
     return record

@@ -32,7 +32,6 @@ from transformer_jax.evaluation.outputs import write_together
 from transformer_jax.evaluation.scores import translation_scores
 from transformer_jax.evaluation.text_translation import replicate, translate_encoded
 from transformer_jax.model.config import TransformerConfig
-from transformer_jax.training.dev_loss import dev_loss_step, evaluate_loss
 
 
 def evaluate_split(
@@ -58,6 +57,9 @@ def evaluate_split(
     results: dict[str, Any] = {"sentences": len(encoded),
                                **translation_scores(hypotheses, references, target_lang)}
     if loss_step is not None:
+        # Here, not at the top: translating (a Translator, the train command's BLEU) loads no train step nor optax.
+        from transformer_jax.training.dev_loss import evaluate_loss
+
         rows = min(batching.batch_size, len(encoded))  # more would be all padding (--batch_size=2**30: memory)
         results.update(evaluate_loss(loss_step, params, encoded, rows, mesh, interrupt=interrupt))
     return results, hypotheses
@@ -95,6 +97,8 @@ def evaluate_checkpoint(run: Run, spec: str, split: str, options: DecodeOptions,
         if is_dir(path):
             raise CheckpointError(f"{path} is a directory, where the translations and scores are written; move it "
                                   "away and run the same command again")
+    from transformer_jax.training.dev_loss import dev_loss_step  # the trainer's, loaded only by the score command
+
     platform = mesh_platform(mesh) if mesh is not None else jax.default_backend()
     loss_step = dev_loss_step(run.model_config.runnable_on(platform), run.config.training.label_smoothing, mesh)
     params = checkpoint_params(run, steps)

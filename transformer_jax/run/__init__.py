@@ -7,8 +7,9 @@ jitted programs on its mesh, shared by the Trainer, the preflight and the benchm
 (StopFlag; StopAgreement: the stop agreed by every process, and the bound on the host's lead; the stop's grace
 check) -> `failures` (non-finite updates, device faults: the line saying what to change) -> `prefetch` (batches built ahead in the background) -> `profile` (a jax.profiler
 trace of a few updates) -> `trace_summary` (what the trace says per update) -> `assembly` (`assemble_run`:
-the config and workdir checked, then mesh, data, programs and checkpointer) -> `loop` (`Trainer`: trains an
-assembled run, resuming from `transformer_jax.checkpoints`).
+the config and workdir checked, then mesh, data, programs and checkpointer) -> `updates` (`UpdateRunner`: the
+state, batches read ahead and placed on the mesh, one update dispatched) -> `loop` (`Trainer`: trains an assembled
+run, resuming from `transformer_jax.checkpoints`).
 
 Needs the `train` extra (ml_collections, Orbax, the data pipeline, tqdm); the paper's loss, schedule, state and
 step, which need only the base install, are in `transformer_jax.training` (with the dev-loss sums the score

@@ -1,8 +1,8 @@
 """The training loop: `Trainer` trains a run that `assemble_run` (assembly.py) built, resuming.
 
-The loop's helpers live beside it: `log_window` (train metrics and progress), `periodic_eval` (dev loss and
-BLEU), `dev_loss`, `prefetch`, `preemption`, and the checkpoints of `transformer_jax.checkpoints` (save and
-resume).
+The loop's helpers live beside it: `updates` (the `UpdateRunner` it extends: the state, batches read ahead and
+placed, one update dispatched), `log_window` (train metrics and progress), `periodic_eval` (dev loss and BLEU),
+`preemption`, `failures`, and the checkpoints of `transformer_jax.checkpoints` (save and resume).
 
 `assemble_run` refuses a damaged workdir before writing anything (a file where a folder belongs, a damaged
 log). A write the storage refuses (a full disk, a quota, a read-only file system) or a workdir removed
@@ -25,62 +25,44 @@ import jax
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.console import say
 from transformer_jax.base.files import storage_errno, storage_error, storage_remedy
-from transformer_jax.base.sharding import global_batch
 from transformer_jax.checkpoints.initial import initial_params
 from transformer_jax.config.schema import write_run_config
 from transformer_jax.errors import ConfigError, DeviceError, StorageError
 from transformer_jax.run.assembly import TrainingRun
 from transformer_jax.run.failures import (attention_in_use, check_skip_streak, check_trained, device_failure,
                                           is_device_fault, kept_checkpoint, non_finite_advice)
-from transformer_jax.training.dev_loss import evaluate_loss
 from transformer_jax.run.log_window import LogWindow, open_window_problem
 from transformer_jax.run.periodic_eval import MetricsOf, PeriodicEval
 from transformer_jax.run.preemption import EvaluationAbandoned, StopAgreement, StopFlag, grace_problem
-from transformer_jax.run.prefetch import Prefetcher
 from transformer_jax.run.profile import UpdateProfile
 from transformer_jax.run.setting_changes import CHANGES, describe, record_changes
+from transformer_jax.run.updates import UpdateRunner
+from transformer_jax.training.dev_loss import evaluate_loss
 from transformer_jax.training.state import TrainState
 
-class Trainer:
-    """Trains an assembled run (`assemble_run`): `run()` trains to `num_train_steps`, resuming if checkpoints exist."""
+
+class Trainer(UpdateRunner):
+    """Trains an assembled run (`assemble_run`): `run()` trains to `num_train_steps`, resuming if checkpoints exist.
+    Each update is `UpdateRunner`'s (updates.py)."""
 
     def __init__(self, run: TrainingRun) -> None:
         self.started = run.started  # the start-up's clock (timing.jsonl's startup_seconds)
-        self.config, self.workdir, self.mesh, self.data = run.config, run.workdir, run.mesh, run.data
-        self.programs, self.checkpointer = run.programs, run.checkpointer
-        self.model_config, self.schedule = self.programs.model_config, self.programs.schedule
+        self.workdir, self.checkpointer = run.workdir, run.checkpointer
+        self.model_config, self.schedule = run.programs.model_config, run.programs.schedule
         try:
-            self.shardings = self.programs.shardings
-            self.programs.check_state_fits()
-            self._state: TrainState | None = None  # made when first needed: a resumed run's is the checkpoint's
-            self.micro_steps = self.programs.micro_steps()
+            super().__init__(run)
             self.workdir_watch = layout.RunWatch(run.workdir)  # to tell when it vanishes under the run
         except BaseException:  # a Trainer that was not made cannot be closed: release what the run holds
             run.close()
             raise
-        self.input: Prefetcher | None = None  # started by the first update (after a resume sets the position)
         self.failed = False  # whether `run` raised
-        self.step_host = (0.0, 0.0)  # the last update's host seconds: (getting its batches, dispatching it)
         self.stopped_by = ""  # what stopped training before its last step (a signal), once it has
         self.stop_signal = 0  # its number (SIGTERM's for a signal to another process): the exit status is 128 + it
-        self.running = ""  # what the loop last dispatched (a program, a restore): the one a device failure names
         self.start_step = self.start_applied = self.step_reached = 0  # where `run` started, and the step reached
         self.must_stop: StopAgreement | None = None  # made by `run`: the stop agreement and the bound on the lead
         self.abandoned_at: int | None = None  # the step whose dev evaluation a stop abandoned
         self.write_seconds: float | None = None  # the first save of this start, from its call to its files on disk
         self.grace_checked = False  # whether the stop was checked against training.stop_grace_seconds
-
-    @property
-    def state(self) -> TrainState:
-        """The train state: the newest checkpoint's once restored, else the initial one, made when first asked for
-        (a run that resumes never makes it: no initialising program is compiled or run)."""
-        if self._state is None:
-            self._state = self.programs.init_state()
-        return self._state
-
-    @state.setter
-    def state(self, state: TrainState) -> None:
-        self._state = state
 
     def restore_latest(self) -> tuple[int, dict[str, Any]]:
         """Resume from the newest checkpoint that restores intact (damaged newer ones are reported and set aside).
@@ -110,81 +92,6 @@ class Trainer:
             return f"its data-iterator record is malformed ({problem})"
         problem = open_window_problem(meta.get("open_window", []))
         return f"its meta record is malformed ({problem})" if problem else None
-
-    def update(self) -> dict[str, jax.Array]:
-        """One optimizer update from `accumulation_steps` micro-batches; returns its metrics (on device).
-
-        Runs under a transfer guard: the batches' copy to the devices is the one transfer of a step;
-        anything else crossing between host and device (a Python scalar or NumPy array passed to a
-        jitted step, a value read back) raises an error.
-        """
-        accumulation = self.config.training.accumulation_steps
-        with jax.transfer_guard("disallow"):
-            started = time.perf_counter()
-            batches = [self._next_global_batch() for _ in range(accumulation)]
-            fetched = time.perf_counter()
-            metrics = self._dispatch(batches)
-            self.step_host = (fetched - started, time.perf_counter() - fetched)
-            return metrics
-
-    def _dispatch(self, batches: list[dict[str, jax.Array]]) -> dict[str, jax.Array]:
-        """Dispatch one update on `batches` (its micro-batches) and return its metrics (on device)."""
-        programs = self.programs
-        if len(batches) == 1:
-            self.running = "train_step"
-            self.state, metrics = programs.train_step(self.state, batches[0])
-            return metrics
-        self.running = "micro_gradients"
-        grads, sums = programs.micro_gradients(self.state, batches[0], self.micro_steps[0])
-        for index, batch in enumerate(batches[1:], start=1):
-            more_grads, more_sums = programs.micro_gradients(self.state, batch, self.micro_steps[index])
-            grads, sums = programs.add_trees(grads, more_grads), programs.add_trees(sums, more_sums)
-        self.running = "apply_gradients"
-        self.state, metrics = programs.apply_gradients(self.state, grads, sums)
-        return metrics
-
-    def _next_global_batch(self) -> dict[str, jax.Array]:
-        """The next batch on the mesh: built and placed `data.prefetch_batches` ahead in the background (0:
-        built here, between steps)."""
-        depth = self.config.data.get("prefetch_batches", 0)
-        if not depth:
-            return self._place(next(self.data.train))
-        if self.input is None:
-            self.input = Prefetcher(self.data.train, self._place, depth)
-        return next(self.input)
-
-    def _place(self, local: dict[str, Any]) -> dict[str, jax.Array]:
-        """This process's rows placed on the mesh: the intended host-to-device copy, allowed by name.
-
-        (With several processes the placement uses make_array_from_process_local_data, which the
-        transfer guard counts as implicit.)
-        """
-        with jax.transfer_guard_host_to_device("allow"):
-            return global_batch(local, self.mesh)
-
-    def input_state(self) -> dict[str, Any]:
-        """The training iterator's position after the last batch a step consumed (what a checkpoint records)."""
-        return self.input.state() if self.input is not None else self.data.train.get_state()
-
-    def stop_input(self) -> None:
-        """Stop reading ahead; the iterator is left after the last batch a step consumed."""
-        if self.input is not None:
-            self.input.close()
-            self.data.train.set_state(self.input.state())
-            self.input = None
-
-    def compile_steps(self) -> list[tuple[int, int]]:
-        """Compile the update for every batch shape of the training data, before the first step; returns them.
-
-        A shape first met mid-run would be compiled then, each process at its own pace, while the others
-        wait for it in the step's collectives (which time out on a loaded host).
-        """
-        start = time.perf_counter()
-        self.programs.compile_train(self.state, self.micro_steps[0])  # each checked to fit the devices
-        shapes = list(self.programs.shapes.train)
-        logging.info("compiled the train step for batches of %s (rows x tokens) in %.1f s",
-                     ", ".join(f"{rows}x{length}" for rows, length in shapes), time.perf_counter() - start)
-        return shapes
 
     def dev_loss(self, params: Any = None, interrupt: Callable[[], None] | None = None) -> dict[str, float]:
         """Loss, NLL, perplexity and token accuracy on the whole dev set (of the current state by default);
