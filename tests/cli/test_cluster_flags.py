@@ -31,6 +31,8 @@ MISTAKES = [
     (["--multihost", "--coordinator_address=127.0.0.1:1", "--num_processes=0", "--process_id=0"],
      ["--num_processes=0 must be at least 1"]),
     (["--multihost", "--cluster_timeout=0"], ["--cluster_timeout=0 must be a positive number of seconds"]),
+    (["--peer_timeout=5"], ["--peer_timeout=5 is given without --multihost"]),
+    (["--multihost", "--peer_timeout=1"], ["--peer_timeout=1 must be at least 2 seconds"]),
 ]
 
 

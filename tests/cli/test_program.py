@@ -15,7 +15,7 @@ from transformer_jax.__main__ import COMMANDS
 from transformer_jax.cli.flag_parsing import packaged_config, packaged_config_names
 from transformer_jax.cli.old_forms import eval_command
 
-CLUSTER = {"multihost", "coordinator_address", "num_processes", "process_id", "compilation_cache", "cluster_timeout"}
+CLUSTER = {"multihost", "coordinator_address", "num_processes", "process_id", "compilation_cache", "cluster_timeout", "peer_timeout"}
 RUN = {"workdir", "checkpoint"}
 SEARCH = {"mode", "beam_size", "alpha", "max_extra_length", "seed", "temperature", "top_k", "top_p", "dtype"}
 BATCHES = {"batch_size", "batch_tokens", "cpu_devices"}

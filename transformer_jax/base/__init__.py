@@ -5,7 +5,10 @@ its lock and its logs.
 progress bars) -> `sharding` (the (data, fsdp) mesh, logical-axis rules, shardings, CPU device counts) ->
 `workdir` (every file and folder name of a run directory) -> `lock` (one job owns a run directory or a bulk
 output: claims, their heartbeat, stale ones taken over) -> `log_records` (a run's JSON-lines logs read
-back) -> `tensorboard` (its TensorBoard event files) -> `compile_cache` (JAX's persistent compilation cache).
+back) -> `tensorboard` (its TensorBoard event files) -> `compile_cache` (JAX's persistent compilation cache) ->
+`coordination_service` (JAX's, in a process beside process 0) -> `peer_watch` (a multi-process run whose peer
+dies ends in one line on every process).
+Beside them, `limits`: how a setting declares its bound or choices, and how a refusal names it.
 Nothing here imports another folder of the package but `errors`.
 """
 
@@ -30,8 +33,38 @@ from transformer_jax.base.files import (
     unique_name,
     write_atomically,
 )
+from transformer_jax.base.limits import (
+    FLAGS,
+    FRACTION,
+    KEYWORDS,
+    NON_NEGATIVE,
+    POSITIVE,
+    POSITIVE_INTEGER,
+    Bound,
+    Spelling,
+    as_float32,
+    check_declared,
+    check_value,
+    declared,
+    declared_limits,
+    is_number,
+    run_keys,
+)
 from transformer_jax.base.lock import Claim, RunLock, WorkdirLockedError, holding, owning
 from transformer_jax.base.log_records import check_logs, read_metrics, read_records
+from transformer_jax.base.coordination_service import (
+    ServiceNotStarted,
+    start_coordination_service,
+    stop_coordination_service,
+)
+from transformer_jax.base.peer_watch import (
+    DEFAULT_PEER_TIMEOUT,
+    PEER_LOST_EXIT,
+    announce_end,
+    await_verdict_if_lost_peer,
+    jax_heartbeat_seconds,
+    start_peer_watch,
+)
 from transformer_jax.base.sharding import (
     BATCH_AXES,
     DATA_AXIS,
@@ -49,9 +82,33 @@ from transformer_jax.base.sharding import (
 
 __all__ = [
     "Claim",
+    "DEFAULT_PEER_TIMEOUT",
+    "ServiceNotStarted",
+    "start_coordination_service",
+    "stop_coordination_service",
+    "PEER_LOST_EXIT",
+    "announce_end",
+    "await_verdict_if_lost_peer",
+    "jax_heartbeat_seconds",
+    "start_peer_watch",
     "BATCH_AXES",
     "DATA_AXIS",
     "FSDP_AXIS",
+    "FLAGS",
+    "FRACTION",
+    "KEYWORDS",
+    "NON_NEGATIVE",
+    "POSITIVE",
+    "POSITIVE_INTEGER",
+    "Bound",
+    "Spelling",
+    "as_float32",
+    "check_declared",
+    "check_value",
+    "declared",
+    "declared_limits",
+    "is_number",
+    "run_keys",
     "RunLock",
     "WorkdirLockedError",
     "abstract_with_shardings",

@@ -12,7 +12,8 @@ from typing import Any, Iterator
 
 from absl import flags
 
-from transformer_jax.base import default_cache_dir, use_compilation_cache
+from transformer_jax.base import (DEFAULT_PEER_TIMEOUT, ServiceNotStarted, default_cache_dir, jax_heartbeat_seconds,
+                                  start_coordination_service, start_peer_watch, use_compilation_cache)
 from transformer_jax.cli.flag_parsing import register_key_flags
 from transformer_jax.cli.user_errors import USER_ERROR_EXIT, NamedOutput
 from transformer_jax.errors import ConfigError
@@ -45,13 +46,19 @@ def wait_for_coordinator(coordinator_address: str, timeout: float, poll_seconds:
             time.sleep(poll_seconds)
 
 
+# What the line of a lost peer ends with, unless the command says otherwise.
+RESUME_BY_RERUN = "Run the same command again on every process."
+
+
 def initialize_distributed(coordinator_address: str | None, num_processes: int | None,
-                           process_id: int | None, timeout: int = 300) -> None:
+                           process_id: int | None, timeout: int = 300,
+                           peer_timeout: float = DEFAULT_PEER_TIMEOUT, resume: str = RESUME_BY_RERUN) -> None:
     """Join a multi-process run (jax.distributed.initialize); a wrong setting is one ConfigError line.
 
     A process other than 0 first waits, at most `timeout` seconds and interruptibly, for the coordinator to
     answer (wait_for_coordinator); every process then waits at most `timeout` seconds for all of them to
-    register (join_watchdog), a wait that ends in one line of ours, never in JAX's abort.
+    register (join_watchdog), a wait that ends in one line of ours, never in JAX's abort. Once joined, a peer
+    silent for `peer_timeout` seconds ends every process with one line ending in `resume` (base/peer_watch.py).
     On CPU the processes exchange data with JAX's default CPU collectives (gloo over TCP).
     """
     import jax
@@ -70,10 +77,12 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
                           "process")
     if coordinator_address is not None and process_id not in (None, 0):
         wait_for_coordinator(coordinator_address, timeout)
+    service = service_beside_process_0(coordinator_address, num_processes, process_id, peer_timeout)
     try:
         with join_watchdog(timeout, _not_joined(coordinator_address, num_processes, process_id, timeout)):
             jax.distributed.initialize(coordinator_address, num_processes, process_id,
-                                       initialization_timeout=timeout + JAX_JOIN_MARGIN_SECONDS)
+                                       initialization_timeout=timeout + JAX_JOIN_MARGIN_SECONDS,
+                                       heartbeat_timeout_seconds=jax_heartbeat_seconds(peer_timeout), **service)
     except (ValueError, RuntimeError) as error:
         detail = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise ConfigError(
@@ -81,6 +90,29 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
             "--coordinator_address=HOST:PORT --num_processes=N --process_id=I"
         ) from None
     native_output_to_stderr()
+    start_peer_watch(jax.process_index(), jax.process_count(), peer_timeout, resume)
+
+
+def service_beside_process_0(coordinator_address: str | None, num_processes: int | None, process_id: int | None,
+                             peer_timeout: float) -> dict[str, str]:
+    """On process 0 of a run named by the three flags: JAX's coordination service started in a process of its own
+    (base/coordination_service.py: it outlives process 0, so the others end in the peer watch's line, not JAX's
+    abort) and JAX's in-process one moved to an unused local port. Returns jax.distributed.initialize's keyword
+    arguments for that. Clusters JAX detects by itself (TPU pods, SLURM) keep JAX's service inside process 0."""
+    import socket
+
+    if process_id != 0 or not num_processes or num_processes < 2 or coordinator_address is None:
+        return {}
+    port = coordinator_address.rpartition(":")[2]
+    try:
+        start_coordination_service(f"[::]:{port}", num_processes, jax_heartbeat_seconds(peer_timeout),
+                                   linger_seconds=2 * peer_timeout + 10)
+    except ServiceNotStarted as error:
+        raise ConfigError(f"--coordinator_address={coordinator_address}: process 0 cannot serve on port {port} "
+                          f"({error}); free the port or pass another, the same on every process") from None
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return {"coordinator_bind_address": f"127.0.0.1:{probe.getsockname()[1]}"}
 
 
 # How much longer than --cluster_timeout JAX's own join may wait: ours (join_watchdog) must end the wait first.
@@ -159,16 +191,18 @@ class ClusterFlags:
     process_id: flags.FlagHolder
     compilation_cache: flags.FlagHolder
     cluster_timeout: flags.FlagHolder
+    peer_timeout: flags.FlagHolder
 
     def use_compilation_cache(self, workdir: str) -> str:
         """Point JAX's compilation cache where --compilation_cache says (base.compile_cache)."""
         return use_compilation_cache(self.compilation_cache.value, workdir, self.multihost.value)
 
-    def join(self) -> None:
-        """With --multihost, join the run (jax.distributed); then start JAX's backends (start_backends)."""
+    def join(self, resume: str = RESUME_BY_RERUN) -> None:
+        """With --multihost, join the run (jax.distributed); then start JAX's backends (start_backends).
+        `resume`: what the line of a lost peer tells the user to do."""
         if self.multihost.value:  # the flags were checked as they were parsed (check_cluster_flags)
             initialize_distributed(self.coordinator_address.value, self.num_processes.value, self.process_id.value,
-                                   self.cluster_timeout.value)
+                                   self.cluster_timeout.value, self.peer_timeout.value, resume)
         start_backends()
 
 
@@ -217,6 +251,9 @@ def define_cluster_flags() -> ClusterFlags:
             f"host), else {default_cache_dir()}."),
         flags.DEFINE_integer("cluster_timeout", 300, "Seconds to wait for the coordinator to answer, and then for "
                              "every process to join (multihost)."),
+        flags.DEFINE_integer("peer_timeout", DEFAULT_PEER_TIMEOUT, "Seconds a process of the run may be silent "
+                             "(dead, or its host lost) before every process ends with one line and exit status 4 "
+                             "(multihost)."),
     )
     register_key_flags([getattr(cluster, field.name) for field in dataclasses.fields(ClusterFlags)])
     # As the command line is parsed, before any work; a ConfigError of a validator reaches parse_flags as it is
@@ -228,7 +265,8 @@ def define_cluster_flags() -> ClusterFlags:
 
 def _multihost_only(cluster: ClusterFlags) -> tuple[flags.FlagHolder, ...]:
     """The flags that mean something only with --multihost."""
-    return cluster.coordinator_address, cluster.num_processes, cluster.process_id, cluster.cluster_timeout
+    return (cluster.coordinator_address, cluster.num_processes, cluster.process_id, cluster.cluster_timeout,
+            cluster.peer_timeout)
 
 
 def check_cluster_flags(cluster: ClusterFlags) -> bool:
@@ -253,4 +291,7 @@ def check_cluster_flags(cluster: ClusterFlags) -> bool:
                           "--coordinator_address and a different one on each process")
     if cluster.cluster_timeout.value <= 0:
         raise ConfigError(f"--cluster_timeout={cluster.cluster_timeout.value} must be a positive number of seconds")
+    if cluster.peer_timeout.value < 2:
+        raise ConfigError(f"--peer_timeout={cluster.peer_timeout.value} must be at least 2 seconds (each process "
+                          "writes a beat every second)")
     return True

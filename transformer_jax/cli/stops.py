@@ -20,6 +20,7 @@ import threading
 import types
 from typing import Callable, Iterator, NoReturn
 
+from transformer_jax.base import announce_end, await_verdict_if_lost_peer, stop_coordination_service
 from transformer_jax.cli.flag_parsing import parse_flags
 from transformer_jax.cli.user_errors import INTERRUPTED_EXIT, TERMINATED_EXIT
 from transformer_jax.early_signals import ARRIVED, record
@@ -160,8 +161,10 @@ def end_process(code: int | str | None) -> NoReturn:
     interpreter's teardown; a signal meanwhile is named in one line (the command's work was finished)."""
     arrived: list[int] = []
     _handled_signals(lambda number, frame: arrived.append(number))
+    announce_end(code if isinstance(code, int) else 0 if code is None else 1)  # to the run's other processes
     threading._shutdown()  # what Python's own exit does first: joins non-daemon threads (Orbax's writers)
     atexit._run_exitfuncs()
+    stop_coordination_service()  # JAX's shutdown barrier (an exit function) passed: every process is done with it
     if arrived:
         name = signal.Signals(arrived[0]).name
         print(f"{name} arrived as the command was exiting; it had finished, and all it printed was written",
@@ -176,15 +179,20 @@ def end_process(code: int | str | None) -> NoReturn:
 def run_command(main: Callable[[list[str]], None], argv: list[str] | None = None,
                 module: types.ModuleType | None = None) -> NoReturn:
     """absl's app.run of `main` with this project's flag parsing (`parse_flags`), ended by the process itself:
-    at once after a stop's line (`Stopped`), else by `end_process`. A bug's traceback is Python's own.
+    at once after a stop's line (`Stopped`), else by `end_process`. A bug's traceback is Python's own; a
+    collective broken by the death of another process ends in the peer watch's line (base/peer_watch.py).
     `module`: the command's module, whose docstring and flags `--help` prints (else the script's)."""
     from absl import app
 
     try:
         app.run(main, argv=argv, flags_parser=functools.partial(parse_flags, module=module))
     except Stopped as stop:
+        announce_end(stop.code)
         _flush_standard_streams()
         os._exit(stop.code)
     except SystemExit as exit_:
         end_process(exit_.code)
+    except Exception as error:  # a collective another process's death broke: the peer watch's line, not this
+        await_verdict_if_lost_peer(error)
+        raise
     end_process(0)

@@ -19,7 +19,7 @@ from transformer_jax.cli.flag_parsing import refuse_blank
 from transformer_jax.cli.run_directory import training_kept, training_workdir
 from transformer_jax.cli.user_errors import user_errors
 from transformer_jax.cli.stops import interrupts_reported
-from transformer_jax.config import check_run_config, decode_options, decoding_dtype, translation_batching
+from transformer_jax.config import check_combination, check_settings, decode_options, decoding_dtype, translation_batching
 from transformer_jax.evaluation import evaluate_split, plot_learning_curves, write_results
 from transformer_jax.run import Trainer, assemble_run
 
@@ -35,7 +35,7 @@ BARE_WORD_FLAG = _WORKDIR
 
 def train(config, workdir: str, stage: list[str]) -> None:
     """Train (resuming), then translate and score the test split; `stage` says what is finished so far."""
-    trainer = Trainer(assemble_run(config, workdir))
+    trainer = Trainer(assemble_run(config, workdir, checked=True))  # main checked the config
     data, model_config = trainer.data, trainer.model_config
     translation = dict(batching=translation_batching(config), dtype=decoding_dtype(config),
                        target_lang=config.data.target_lang, mesh=trainer.mesh)
@@ -77,12 +77,14 @@ def main(argv: list[str]) -> None:
     with user_errors(), interrupts_reported(finished, resumable=True):
         _CLUSTER.use_compilation_cache(_WORKDIR.value)
         config, workdir = _CONFIG.value, _WORKDIR.value
-        check_run_config(config)  # before any work, so a bad value leaves no trace in the workdir
-        # Fine-tuning: the architecture of training.init_from; the command line's own settings of it are checked.
+        # The config is checked once, before any work (a bad value leaves no trace in the workdir): each setting,
+        # then, with the model training.init_from fixes (fine-tuning) in place, the settings together.
+        check_settings(config)
         config = adopt_initial_model(config, workdir, config_flags.get_override_values(flags.FLAGS["config"]))
-        check_run_config(config)
+        check_combination(config)
         set_gpu_flags(config.model)  # before JAX starts its backends (join)
-        _CLUSTER.join()
+        _CLUSTER.join(resume="Restart every process with the same command: the run resumes from its last "
+                             "checkpoint.")
         with training_workdir(workdir):  # one job owns the workdir (run.lock) until it returns
             train(config, workdir, stage)
 

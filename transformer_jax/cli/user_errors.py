@@ -16,6 +16,8 @@ from transformer_jax.errors import DeviceError, UserError
 USER_ERROR_EXIT = 2
 # Exit status of a run stopped because a program failed on the device (errors.DeviceError).
 DEVICE_ERROR_EXIT = 3
+# Exit status of a process of a multi-process run ended because another one died: PEER_LOST_EXIT (4), declared
+# with the watch that ends it (base/peer_watch.py).
 # Exit status of a command stopped by Ctrl-C (128 + SIGINT, as shells report it).
 INTERRUPTED_EXIT = 130
 # Exit status of a command whose standard output was closed by its reader (128 + SIGPIPE, as shells report it).

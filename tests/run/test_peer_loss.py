@@ -1,0 +1,147 @@
+"""A process of a multi-process run dies: every other process ends with one line of ours naming it and exit status 4
+(base/peer_watch.py), never JAX's abort (a C++ stack, status 134) nor a traceback of the collective it broke; the
+same command on every process then resumes the run. Through train.py itself, killed with SIGKILL on localhost."""
+
+import json
+import pathlib
+import signal
+import subprocess
+import time
+
+import pytest
+
+from runs import finish_all, free_port, script_env, start_script, write_config
+from transformer_jax.base import PEER_LOST_EXIT, jax_heartbeat_seconds
+from transformer_jax.base.peer_watch import PeerWatch
+
+PEER_TIMEOUT = 3
+
+
+def start_run(config: str, workdir: pathlib.Path, processes: int, steps: int) -> list[subprocess.Popen]:
+    """The tiny run as `processes` processes of train.py with one CPU device each."""
+    port = free_port()
+    processes = [start_script("train.py", f"--config={config}", f"--workdir={workdir}", "--multihost",
+                         f"--coordinator_address=localhost:{port}", f"--num_processes={processes}",
+                         f"--process_id={index}", f"--config.training.num_train_steps={steps}",
+                         "--config.training.log_every=1", f"--peer_timeout={PEER_TIMEOUT}", env=script_env(1))
+                 for index in range(processes)]
+    for process in processes:
+        process.port = port
+    return processes
+
+
+def services_on(port: int) -> list[str]:
+    """The coordination-service processes (base/coordination_service.py) serving `port` on this machine."""
+    found = []
+    for cmdline in pathlib.Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            words = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(word.endswith("coordination_service.py") for word in words) and f"[::]:{port}" in words:
+            found.append(cmdline.parent.name)
+    return found
+
+
+def records(workdir: pathlib.Path) -> list[dict]:
+    path = workdir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def wait_for(condition, processes: list[subprocess.Popen], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline and all(p.poll() is None for p in processes), "the run ended early"
+        time.sleep(0.05)
+
+
+def assert_ended_by_the_watch(process: subprocess.Popen, lost: int, count: int, killed_at: float) -> None:
+    """`process` ended with status 4 within the watch's time, its one error line naming process `lost`."""
+    _, stderr = process.communicate(timeout=120)
+    took = time.monotonic() - killed_at
+    assert process.returncode == PEER_LOST_EXIT, stderr[-3000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert errors == [errors[0]] and f"process {lost} of {count} stopped answering" in errors[0], stderr[-3000:]
+    assert "restart every process with the same command" in errors[0].lower(), errors[0]
+    for mark in ("Traceback", "Check failure", "Fatal Python error", "Gloo"):
+        assert mark not in stderr.replace("[Gloo] Rank", ""), stderr[-3000:]
+    # The watch's wait, its acknowledgements' wait on process 0, a few beats and a loaded CI machine: not JAX's 100 s.
+    assert took < 3 * PEER_TIMEOUT + 45, took
+
+
+def test_a_peer_killed_mid_run_ends_every_other_process_with_one_line(tmp_path):
+    """Three processes; process 2 is killed while they train: 0 and 1 (which hears of it from 0) both end."""
+    config, workdir = write_config(tmp_path), tmp_path / "run"
+    processes = start_run(config, workdir, 3, steps=400)
+    wait_for(lambda: len(records(workdir)) >= 2, processes)
+    processes[2].send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    for index in (0, 1):
+        assert_ended_by_the_watch(processes[index], 2, 3, killed_at)
+    processes[2].wait()
+
+
+def test_process_0_killed_mid_run_ends_the_others_with_the_line_not_jax_abort(tmp_path):
+    """Process 0 holds JAX's coordination service; ours runs it in a process of its own that outlives process 0, so
+    process 1 hears of the death from its watch, not from a closed connection (JAX's abort, status 134)."""
+    config, workdir = write_config(tmp_path), tmp_path / "run"
+    processes = start_run(config, workdir, 2, steps=400)
+    wait_for(lambda: len(records(workdir)) >= 2, processes)
+    processes[0].send_signal(signal.SIGKILL)
+    assert_ended_by_the_watch(processes[1], 0, 2, time.monotonic())
+    processes[0].wait()
+
+
+def test_a_peer_killed_after_training_ends_process_0_and_the_same_command_finishes_the_run(tmp_path):
+    """Two processes; process 1 is killed once training is over (the test translation): process 0 ends with the
+    line, its checkpoint whole; the same command on both processes then finishes the run."""
+    config, workdir, steps = write_config(tmp_path), tmp_path / "run", 6
+    processes = start_run(config, workdir, 2, steps)
+    wait_for(lambda: any(r["step"] == steps and r["split"] == "dev" for r in records(workdir)), processes)
+    processes[1].send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    assert_ended_by_the_watch(processes[0], 1, 2, killed_at)
+    processes[1].wait()
+    assert not (workdir / "test_final.json").exists()
+    rerun = start_run(config, workdir, 2, steps)
+    wait_for(lambda: services_on(rerun[0].port), rerun)  # serving while the run goes on
+    finish_all(rerun)
+    assert not services_on(rerun[0].port)  # a finished run leaves no service behind
+    assert json.loads((workdir / "test_final.json").read_text())["step"] == steps
+    assert [r["step"] for r in records(workdir) if r["split"] == "train"] == list(range(1, steps + 1))
+
+
+def watch(process_id: int, ended: int | None = None, processes: int = 3) -> PeerWatch:
+    """A watch whose verdicts are read directly (no thread, no store): `ended` as if announced."""
+    peer = PeerWatch(None, process_id, processes, timeout=5, resume="Rerun.")
+    peer._ended = ended
+    return peer
+
+
+@pytest.mark.parametrize("values, ended, verdict", [
+    ({1: "run 3", 2: "run 4"}, None, None),                       # every peer beating
+    ({1: "end 0 3", 2: "run 4"}, None, None),                     # a finished peer still beating (the barrier)
+    ({1: "end 2 3", 2: "run 4"}, 143, None),                      # both ending, each with its own line
+    ({1: "end 2 3", 2: "run 4"}, None, "process 1 of 3 ended with exit status 2"),
+])
+def test_process_0_ends_the_run_for_a_peer_ended_by_an_error_only_after_the_timeout(values, ended, verdict):
+    peer, seen = watch(0, ended), {}
+    assert peer._verdict(values, seen, now=100.0) is None  # never at once
+    beats = {key: f"{value[:-1]}9" for key, value in values.items()}  # later beats of the same state
+    found = peer._verdict(beats, seen, now=106.0)
+    assert (found and found[0].split(" (")[0]) == verdict and (found is None or found[1] == 1)
+
+
+def test_a_silent_peer_is_lost_after_the_timeout_finished_or_not_and_process_0_relays_the_loss():
+    peer, seen = watch(0, ended=0), {}
+    assert peer._verdict({1: "end 0 3", 2: "run 4"}, seen, now=100.0) is None
+    assert peer._verdict({1: "end 0 4", 2: "run 4"}, seen, now=104.9) is None  # process 2 silent 4.9 s of 5
+    line, lost = peer._verdict({1: "end 0 5", 2: "run 4"}, seen, now=105.0)
+    assert lost == 2 and line.startswith("process 2 of 3 stopped answering 5 s ago") and line.endswith("Rerun.")
+    follower = watch(1)
+    assert follower._verdict({0: f"lost 9 {line}"}, {}, now=0.0) == (line, 0)
+
+
+def test_jax_finds_a_dead_process_only_after_ours_and_its_acknowledgements():
+    for timeout in (2, 30, 120):
+        assert jax_heartbeat_seconds(timeout) >= max(100, 2 * timeout + 10)
