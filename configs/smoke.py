@@ -2,7 +2,10 @@
 
 Command:  transformer-jax train --config=smoke --workdir=/tmp/smoke
           (in a checkout, the same: python train.py --config=configs/smoke.py --workdir=/tmp/smoke)
-Hardware: any CPU; about 30 seconds, most of it compiling.
+Hardware: any CPU. On 2 cores (Intel Xeon, 2026-12-07): about 25 s of CPU from an empty compile cache,
+          most of it compiling, and 8 s with the cache filled; 15-20 s of wall time cold with the cores
+          free, 61-99 s cold and 20-28 s warm while other jobs loaded them
+          (benchmarks/results/smoke-time-2026-12-07.txt, docs/benchmarks/demo_and_install.md).
 Expected: every stage runs (tokenizer, training with dev loss and checkpoints, beam-search test
           translation, SacreBLEU); the BLEU itself is near 0 after 6 steps. The test suite builds
           its runs from this config (tests/conftest.py).

@@ -1,5 +1,7 @@
 """BENCHMARKS.md is a summary a reader can navigate: one page per benchmark under docs/benchmarks/, each naming
-the raw output it comes from, and every figure the README's benchmark paragraphs cite is on the page they link to."""
+the raw output it comes from, and every figure the README's benchmark paragraphs cite is on the page they link to.
+Every figure of the README's results and of BENCHMARKS.md's tables leads to a raw file with a row in
+benchmarks/results/INDEX.md."""
 
 import pathlib
 import re
@@ -198,3 +200,133 @@ def test_every_raw_file_has_a_row_in_the_results_index():
     assert not sorted(set(raw) - set(indexed)), f"no row of INDEX.md names {sorted(set(raw) - set(indexed))}"
     assert not sorted(set(indexed) - set(raw)), f"INDEX.md names files not there: {sorted(set(indexed) - set(raw))}"
     assert len(indexed) == len(set(indexed)), "INDEX.md names a file in two rows"
+
+
+# A raw file behind every headline figure. A figure of README.md's "Results" or of BENCHMARKS.md's result sections
+# belongs to the first link after it in its table row or paragraph (to the last link when none follows), and that
+# link must lead to its raw output: a file under benchmarks/results/ that INDEX.md has a row for, or a section page
+# heading (or a whole page) that a row of INDEX.md links to as where its file is written up.
+NOT_RESULTS = {"Contents", "Machines", "Rerunning"}  # BENCHMARKS.md's sections without figures of ours
+GROUPED_COUNT = re.compile(r"(?<![\w.,])\d{1,3}(?:,\d{3})+(?![\d]|[.,]\d)")
+
+
+def sections(text: str) -> dict[str, str]:
+    """A page's `## ` sections by heading, fenced blocks and HTML comments left out."""
+    text = re.sub(r"<!--.*?-->", "", re.sub(r"```.*?```", "", text, flags=re.S), flags=re.S)
+    return {part.split("\n", 1)[0].strip(): part.split("\n", 1)[-1] for part in re.split(r"^## ", text, flags=re.M)[1:]}
+
+
+def blocks(text: str) -> list[str]:
+    """The table rows and the paragraphs of a section, each one block."""
+    found = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        rows = [line for line in paragraph.splitlines() if line.startswith("|")]
+        found += rows if rows else [paragraph]
+    return found
+
+
+def raw_places() -> tuple[set[str], set[tuple[pathlib.Path, str | None]]]:
+    """The raw files INDEX.md has rows for, and the (page, heading anchor; None: the whole page) its rows link to."""
+    rows = index_table(INDEX.read_text(encoding="utf-8"))
+    files = {name for row in rows for name in files_of_row(row)}
+    places = {((INDEX.parent / target).resolve(), anchor or None) for row in rows
+              for _, target, anchor in LINK.findall(row) if target and "://" not in target}
+    return files, places
+
+
+def leads_to_raw_output(target: pathlib.Path, anchor: str | None, files: set[str],
+                        places: set[tuple[pathlib.Path, str | None]]) -> bool:
+    """Whether a link leads to raw output: an indexed raw file, or a page (heading) an INDEX.md row links to."""
+    target = target.resolve()
+    if target.parent == RESULTS.resolve():
+        return target.exists() and target.name in files
+    return (target, anchor) in places or (target, None) in places
+
+
+def counted_by_a_test(block: str) -> bool:
+    """A block of counts, not measurements (the model sizes): it names a test file that states each of its
+    grouped whole numbers (63,073,280 as 63_073_280 or 63073280); its percentages follow from them."""
+    counts = GROUPED_COUNT.findall(strip_code(block))
+    tests = [ROOT / name for name in re.findall(r"tests/[\w/]+\.py", block) if (ROOT / name).exists()]
+    stated = "".join(path.read_text(encoding="utf-8") for path in tests).replace("_", "")
+    return bool(counts and tests) and all(states(stated, count.replace(",", "")) for count in counts)
+
+
+def figures_without_raw_output(text: str, base: pathlib.Path, headings: set[str] | None = None,
+                               exclude: set[str] = frozenset()) -> tuple[list[str], int]:
+    """The figures of a page's result sections (`headings`, or every section but `exclude`) without raw output, as
+    "figure (where its link leads)", with every raw file named there that lacks an INDEX.md row; and how many
+    figures were checked. A block (table row or paragraph) that names a raw file with a row backs all its figures.
+    A table row whose last cell says "not measured" cites others' figures (the paper's); a block counted by a test
+    needs no raw file."""
+    unbacked, checked = [], 0
+    files, places = raw_places()
+    for heading, body in sections(text).items():
+        if (headings is not None and heading not in headings) or heading in exclude:
+            continue
+        for block in blocks(body):
+            if block.startswith("|") and block.rstrip(" |").rsplit("|", 1)[-1].strip().startswith("not measured"):
+                continue
+            if counted_by_a_test(block):
+                continue
+            named = raw_files_named(block)
+            unbacked += [f"benchmarks/results/{name} (no INDEX.md row)" for name in sorted(named - files)]
+            prose = strip_code(block)
+            links = list(LINK.finditer(prose))
+            for match in FIGURE.finditer(prose):
+                if VERSION_BEFORE.search(prose[:match.start()]):
+                    continue
+                checked += 1
+                if named & files:
+                    continue
+                link = next((link for link in links if link.start() > match.start()), links[-1] if links else None)
+                if link is None:
+                    unbacked.append(f"{match.group(1)} (no link) in {prose[:60]!r}")
+                    continue
+                target = (base / link.group(2)) if link.group(2) else base
+                if not leads_to_raw_output(target, link.group(3), files, places):
+                    unbacked.append(f"{match.group(1)} ({link.group(2)}#{link.group(3) or ''})")
+    return unbacked, checked
+
+
+def test_every_headline_figure_leads_to_a_raw_file_with_an_index_row():
+    readme_unbacked, readme_checked = figures_without_raw_output(README.read_text(encoding="utf-8"), ROOT,
+                                                                 headings={"Results"})
+    summary_unbacked, summary_checked = figures_without_raw_output(SUMMARY.read_text(encoding="utf-8"), ROOT,
+                                                                   exclude=NOT_RESULTS)
+    # The README's results (the demo, accelerators, CPU speed, time to BLEU) and every table of the summary.
+    assert readme_checked >= 40 and summary_checked >= 150, (readme_checked, summary_checked)
+    assert not readme_unbacked, f"README.md's results cite figures without raw output: {readme_unbacked}"
+    assert not summary_unbacked, f"BENCHMARKS.md cites figures without raw output: {summary_unbacked}"
+
+
+def test_the_raw_output_check_catches_a_figure_without_a_raw_file():
+    measured = "docs/benchmarks/accelerators.md#measured-on-one-nvidia-h100-2026-11-26"  # a row of INDEX.md links it
+    unindexed = "docs/benchmarks/data_pipeline.md#a-section-no-row-links"
+    suite_raw = "benchmarks/results/test-suite-2026-12-07.txt"
+    page = ("# Page\n\n## Results\n\n"
+            "| run | BLEU | status |\n|---|---|---|\n"
+            "| ours | 79.85 ([demo](docs/benchmarks/no_such_page.md)) | measured |\n"
+            f"| ours | 78.56 ([history](docs/benchmarks/no_such_page.md); raw `{suite_raw}`) | measured |\n"
+            "| paper | 27.3 | not measured yet; the paper reports 27.3 |\n\n"
+            f"On one H100 ours took 0.58× the example's time ([accelerators]({measured})); start-up took "
+            f"95.3 s ([data]({unindexed})).\n\n"
+            "Raw: 12.5 s ([file](benchmarks/results/no-such-file.txt)).\n\n"
+            "1,192 s ([suite](docs/benchmarks/test_suite.md)); 7.5 s after the last link.\n\n"
+            "A run of 3.25 s, no link.\n\n"
+            "63,073,280 and 214,226,944 parameters (+0.58%; `tests/model/test_transformer.py`).\n\n"
+            "63,073,281 parameters (`tests/model/test_transformer.py`).\n\n"
+            "## Other\n\n1.5 s, not a result section.\n")
+    unbacked, checked = figures_without_raw_output(page, ROOT, headings={"Results"})
+    assert unbacked == ["79.85 (docs/benchmarks/no_such_page.md#)",
+                        f"95.3 ({unindexed})",
+                        "benchmarks/results/no-such-file.txt (no INDEX.md row)",
+                        "12.5 (benchmarks/results/no-such-file.txt#)",
+                        "3.25 (no link) in 'A run of 3.25 s, no link.'",
+                        "63,073,281 (no link) in '63,073,281 parameters ().'"], unbacked
+    # Checked: 79.85, 78.56 (its row names a raw file with a row), 0.58, 95.3, 12.5, 1,192 and 7.5 (a page that a row
+    # links as a whole), 3.25, 63,073,281; not the paper's row, the counted block or another section.
+    assert checked == 9
+    assert counted_by_a_test("63,073,280 parameters (`tests/model/test_transformer.py`)")
+    assert not counted_by_a_test("63,073,280 parameters (`tests/no_such_test.py`)")
+    assert not counted_by_a_test("0.58× (`tests/model/test_transformer.py`)")
