@@ -80,13 +80,32 @@ def corpus(tmp_path_factory) -> pathlib.Path:
     return write_corpus(tmp_path_factory.mktemp("mono") / "mono.en", 8 * SHARD_LINES + 13)  # 9 shards
 
 
-@pytest.mark.parametrize("processes, search", [(1, ["--mode=sample", "--top_k=5", "--seed=3"]),
-                                               (2, ["--mode=sample", "--temperature=0.7", "--top_p=0.9"])])
-def test_a_job_killed_at_random_points_ends_with_the_bytes_of_one_never_stopped(trained_run, corpus, tmp_path,
-                                                                                  processes, search):
+# Two sampling searches (the tiny run's greedy outputs are empty lines: sampling shows the text).
+TOP_K, TOP_P = ("--mode=sample", "--top_k=5", "--seed=3"), ("--mode=sample", "--temperature=0.7", "--top_p=0.9")
+
+
+@pytest.fixture(scope="module")
+def never_stopped(trained_run, corpus, tmp_path_factory):
+    """`whole(search, processes)`: the output folder of the job on `corpus` run to its end without a stop, made once
+    per module (the killed job's reference and the comparison of process counts share the two-process one)."""
+    made: dict[tuple[tuple[str, ...], int], pathlib.Path] = {}
+
+    def whole(search: tuple[str, ...], processes: int) -> pathlib.Path:
+        if (search, processes) not in made:
+            out = tmp_path_factory.mktemp("whole")
+            run_job(trained_run["workdir"], corpus, out, *search, processes=processes)
+            made[search, processes] = out
+        return made[search, processes]
+
+    return whole
+
+
+@pytest.mark.parametrize("processes, search", [(1, TOP_K), (2, TOP_P)])
+def test_a_job_killed_at_random_points_ends_with_the_bytes_of_one_never_stopped(trained_run, corpus, never_stopped,
+                                                                                  tmp_path, processes, search):
     workdir = trained_run["workdir"]
-    run_job(workdir, corpus, tmp_path / "whole", *search, processes=processes)
-    expected = (tmp_path / "whole" / "mono.en.de").read_bytes()
+    whole = never_stopped(search, processes)
+    expected = (whole / "mono.en.de").read_bytes()
     assert expected.count(b"\n") == 8 * SHARD_LINES + 13
     assert len(set(expected.split(b"\n"))) > 100  # translations, not a column of empty lines
 
@@ -100,19 +119,19 @@ def test_a_job_killed_at_random_points_ends_with_the_bytes_of_one_never_stopped(
     stderrs = [stderr for _, stderr in run_job(workdir, corpus, out, *search, processes=processes)]
     assert (out / "mono.en.de").read_bytes() == expected, f"seed {seed}"
     record = json.loads((out / "mono.en.de.json").read_text())
-    assert record == json.loads((tmp_path / "whole" / "mono.en.de.json").read_text())
+    assert record == json.loads((whole / "mono.en.de.json").read_text())
     assert record["lines"] == 8 * SHARD_LINES + 13 and record["empty"] == len([i for i in range(333) if i % 37 == 0])
     assert not parts.exists() and sorted(os.listdir(out)) == ["mono.en.de", "mono.en.de.json"]
     redone = sum(stderr.count("mono.en: shard ") for stderr in stderrs)
     assert redone < 9 or "already translated" in "".join(stderrs), f"the rerun started over (seed {seed})"
 
 
-def test_outputs_do_not_depend_on_the_number_of_processes(trained_run, corpus, tmp_path):
+def test_outputs_do_not_depend_on_the_number_of_processes(never_stopped):
     """A shard is translated the same by any process (its samples drawn from its own seed): one process's output
-    is the two-process job's. (The tiny run's greedy outputs are empty lines: sampling shows the text.)"""
-    run_job(trained_run["workdir"], corpus, tmp_path / "one", "--mode=sample", "--seed=5")
-    run_job(trained_run["workdir"], corpus, tmp_path / "two", "--mode=sample", "--seed=5", processes=2)
-    assert (tmp_path / "one" / "mono.en.de").read_bytes() == (tmp_path / "two" / "mono.en.de").read_bytes()
+    is the two-process job's."""
+    one, two = ((never_stopped(TOP_P, processes) / "mono.en.de").read_bytes() for processes in (1, 2))
+    assert len(set(two.split(b"\n"))) > 100  # translations, not a column of empty lines
+    assert one == two
 
 
 def test_bad_input_is_one_line_and_nothing_is_overwritten(trained_run, tmp_path):

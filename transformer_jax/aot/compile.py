@@ -32,6 +32,7 @@ COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "coll
 HLO_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4,
                    "u32": 4, "f64": 8, "s64": 8, "u64": 8}
 _SHAPE = re.compile(r"\b(pred|[suf]\d+|bf16)\[([\d,]*)\]")
+_COLLECTIVE = re.compile(r"=\s*(.*?)\s(" + "|".join(COLLECTIVES) + r")(-start)?\(")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +62,11 @@ class Program:
 def collectives_in(hlo_text: str) -> dict[str, tuple[int, int]]:
     """{op: (count, bytes)} of the collectives in optimized HLO text (async pairs counted once)."""
     found: dict[str, list[int]] = {}
-    for line in hlo_text.splitlines():
-        match = re.search(r"=\s*(.*?)\s(" + "|".join(COLLECTIVES) + r")(-start)?\(", line)
+    # The pattern's lazy prefix backtracks over each whole line: it is tried only on the few lines that name a
+    # collective (47 of the 11,844 of the base model's one-layer train step on v5e-8; all lines cost the pod's
+    # six-layer preflight about 4 s).
+    for line in (line for line in hlo_text.splitlines() if any(op in line for op in COLLECTIVES)):
+        match = _COLLECTIVE.search(line)
         if not match:
             continue
         shapes = [(dtype, dims) for dtype, dims in _SHAPE.findall(match.group(1))]
