@@ -1,4 +1,5 @@
-# Two entry points: `make demo` (the main job) and `make test` (the test suite).
+# Two entry points: `make demo` (the main job) and `make test` (the test suite); `.ci/run` runs `make test-user` (the
+# user-compile lane, tests/README.md) after the suite.
 # Both create a virtualenv under .venv and install the package with what it needs.
 PYTHON ?= python3
 VENV := .venv
@@ -11,7 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[train]'
 	touch $@
 
-.PHONY: install test demo bench
+.PHONY: install test test-user demo bench
 install: $(VENV)/.installed
 
 # The tests also compile for TPU topologies on this CPU host (the `tpu` extra: libtpu, ~700 MB) and check the
@@ -25,6 +26,15 @@ $(VENV)/.test: $(VENV)/.installed
 # On every core (pytest-xdist: a test at a time to whichever worker is free), with the 25 slowest listed.
 test: $(VENV)/.installed $(VENV)/.test
 	$(PY) -m pytest -n auto --dist worksteal --durations=25 tests; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
+
+# The user-compile lane (tests/README.md): the tests behind user-facing promises again, compiled as a user's run
+# compiles (no suite XLA_FLAGS, no start-up hook). The tests are the first column of tests/README.md's lane table; a
+# file to a worker (--dist loadfile), so each module's trained runs are made once.
+USER_LANE = $(shell sed -n 's/^| `\(tests\/[^`]*\)` |.*/\1/p' tests/README.md)
+test-user: $(VENV)/.installed $(VENV)/.test
+	@if [ -z "$(USER_LANE)" ]; then echo "tests/README.md's lane table lists no tests" >&2; exit 5; fi
+	TRANSFORMER_JAX_USER_COMPILE=1 $(PY) -m pytest -n auto --dist loadfile --durations=10 $(USER_LANE); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$rc
 
 demo: $(VENV)/.installed

@@ -14,6 +14,9 @@ Every Python process a test starts imports tests/startup/sitecustomize.py first 
 the other processes of a jax.distributed run load the programs process 0 stored, as TPU and GPU hosts do, instead of
 compiling each anew (about 10 s of CPU a process).
 
+With $TRANSFORMER_JAX_USER_COMPILE=1 (`make test-user`, the user-compile lane: tests/README.md) neither holds: XLA_FLAGS
+are unset and no process imports the hook, so the tests compile exactly as a user's run compiles.
+
 The slowest tests, and why (2 cores, 2 workers, 2026-12-04 evening: the suite 1,028 s and 967 s wall in two runs
 one after the other, all passing, 1,892 s and 1,775 s of the tests' CPU; the same tests took 1,234 s before the
 quicker XLA:CPU compiles and the loads from process 0 below, and 1,856-2,083 s that morning, when the machine ran
@@ -29,7 +32,8 @@ imports about 2 s, tracing, lowering and loading its cached programs 2 s, its si
   be cached; the train step alone is most of it); the big model on v5p:4x4x8 with one layer per stack 54 s;
 - SIGTERM at random points of train.py runs whose updates take about a second (tests/run/test_stop_latency.py:
   37 s one process, 101 s two, in the 2026-12-07 run on machine B, docs/benchmarks/test_suite.md): the bound on a
-  stop is a promise about updates of seconds, so each launch trains a model sized for them, three launches a case;
+  stop is a promise about updates of seconds, so each launch trains a model sized for them (three launches for one
+  process, two for two: one stop each, the one-process case stopping again after it resumes);
 - the multi-process runs (tests/run/test_multiprocess.py 33-48 s,
   tests/evaluation/test_eval_multihost.py 30 s; tests/evaluation/test_split_evaluation.py's 8-device fixture 37 s:
   20 compiles of the search): each launch starts JAX in 1-2 fresh processes that join a jax.distributed cluster;
@@ -64,22 +68,33 @@ os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["TRANSFORMER_JAX_TEST_CACHE
 # hit reads them in a few milliseconds (an eval.py launch: 0.85 s less CPU).
 os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
 os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+# The user-compile lane (tests/README.md): the processes of the run compile as a user's do, without the two speed-ups
+# below (the start-up hook, the quicker XLA:CPU compiles).
+USER_COMPILE = os.environ.get("TRANSFORMER_JAX_USER_COMPILE") == "1"  # as runs.USER_COMPILE (imported below)
 # Every Python process a test starts imports tests/startup/sitecustomize.py first: on CPU, the other processes of a
 # jax.distributed run then load the programs process 0 stored, as TPU and GPU hosts do (its docstring says why).
 STARTUP = str(pathlib.Path(__file__).resolve().parent / "startup")
-if STARTUP not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [STARTUP, os.environ.get("PYTHONPATH")]))
+_paths = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path and path != STARTUP]
+_paths = _paths if USER_COMPILE else [STARTUP, *_paths]
+if _paths:
+    os.environ["PYTHONPATH"] = os.pathsep.join(_paths)
+else:
+    os.environ.pop("PYTHONPATH", None)
 # The checkout's modules keep their compiled bytecode (in __pycache__/, which git ignores) for the processes tests
 # start: where the machine sets $PYTHONDONTWRITEBYTECODE (this one does), each of the suite's ~300 processes would
 # otherwise compile transformer_jax's 18,000 lines anew (0.15-0.2 s of CPU a process). Only where bytecode is kept
 # changes.
 os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 sys.dont_write_bytecode = False
-# Also before JAX starts: XLA:CPU's quicker compiles (runs.CPU_COMPILE_FLAGS says which and why).
-from runs import CPU_COMPILE_FLAGS, tiny_run_config  # noqa: E402
+# Also before JAX starts: XLA:CPU's quicker compiles (runs.CPU_COMPILE_FLAGS says which and why); in the user-compile
+# lane, XLA_FLAGS unset, as a user's run has them, in this process and (runs.script_env) the processes tests start.
+import runs  # noqa: E402
+from runs import tiny_run_config  # noqa: E402
 
-if CPU_COMPILE_FLAGS not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = f"{CPU_COMPILE_FLAGS} {os.environ.get('XLA_FLAGS', '')}".strip()
+if USER_COMPILE:  # runs.CPU_COMPILE_FLAGS is empty there: script_env's XLA_FLAGS are the device count alone
+    os.environ.pop("XLA_FLAGS", None)
+elif runs.CPU_COMPILE_FLAGS not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{runs.CPU_COMPILE_FLAGS} {os.environ.get('XLA_FLAGS', '')}".strip()
 
 import jax  # noqa: E402 - after the cache's directory is set
 import jax.numpy as jnp  # noqa: E402
@@ -102,6 +117,12 @@ if jax.default_backend() == "gpu":
 # it, so the suite takes SIGINT back (its children inherit the default).
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(scope="session")
+def user_compile() -> bool:
+    """Whether this is the user-compile lane ($TRANSFORMER_JAX_USER_COMPILE=1): no suite XLA_FLAGS, no start-up hook."""
+    return USER_COMPILE
 
 
 @pytest.fixture

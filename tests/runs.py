@@ -37,17 +37,18 @@ FALLBACK_COMPILE_CACHE = pathlib.Path(tempfile.gettempdir()) / f"transformer_jax
 # cpu_xla_flags keep them next to a device count). libtpu's compiles for the preflight's TPU topologies give the same
 # memory, cost and cycle figures with them (compared 2026-11-28; with the elemental emitters 2026-12-04: the base model
 # with one layer on v5e-8, the same report line for line).
+# The user-compile lane (`make test-user`, tests/README.md) has none of them: its processes compile as a user's do.
 DEFAULT_EMITTER_FLAGS = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-CPU_COMPILE_FLAGS = f"{DEFAULT_EMITTER_FLAGS} --xla_cpu_use_fusion_emitters=false"
+USER_COMPILE = os.environ.get("TRANSFORMER_JAX_USER_COMPILE") == "1"
+CPU_COMPILE_FLAGS = "" if USER_COMPILE else f"{DEFAULT_EMITTER_FLAGS} --xla_cpu_use_fusion_emitters=false"
 # One compile with XLA:CPU's own fused-loop emitters: `jitted.lower(...).compile(compiler_options=FUSION_EMITTERS)`.
 FUSION_EMITTERS = {"xla_cpu_use_fusion_emitters": True}
 
 
 def cpu_xla_flags(devices: int | None = None, flags: str = CPU_COMPILE_FLAGS) -> str:
     """XLA_FLAGS for a test's JAX process: the suite's compile `flags`, with `devices` CPU devices when given."""
-    if devices is None:
-        return flags
-    return f"{flags} --xla_force_host_platform_device_count={devices}"
+    count = None if devices is None else f"--xla_force_host_platform_device_count={devices}"
+    return " ".join(filter(None, [flags, count]))
 
 
 def compile_cache() -> str:

@@ -349,3 +349,17 @@ def test_the_back_translation_recipe_runs_in_its_order(tmp_path):
     assert len(union) == 120 + 40 == len((tmp_path / "union" / "train.de").read_text().splitlines())
     assert all(line.startswith("<BT> ") for line in union[120:]) and not union[0].startswith("<BT>")
     assert "SacreBLEU" in done.stdout  # the last line scored the forward model
+
+
+def test_the_user_compile_lane_lists_tests_that_exist_each_with_the_promise_it_backs():
+    """tests/README.md's lane table is the lane (the Makefile's test-user reads its first column, as this does): each
+    row names a test function that exists and links the page making the promise, and its links lead somewhere."""
+    lane = ROOT / "tests" / "README.md"
+    rows = re.findall(r"^\| `(tests/[^`]*)` \|(.*)$", lane.read_text(encoding="utf-8"), re.M)
+    assert len(rows) >= 5
+    for test_id, rest in rows:
+        path, _, name = test_id.partition("::")
+        assert (ROOT / path).is_file() and re.search(rf"^def {name}\(", (ROOT / path).read_text(), re.M), test_id
+        promise = rest.split(" | ")[0]
+        assert "](../" in promise or "the lane itself" in promise, f"{test_id} names no page: {promise}"
+    assert not broken_links(lane), broken_links(lane)

@@ -1,5 +1,6 @@
 """Imported at the start of every Python process the suite starts (tests/conftest.py puts this directory on
-$PYTHONPATH): on the CPU backend, JAX's compilation cache keys name the processes' devices, not the host's topology.
+$PYTHONPATH; not in the user-compile lane, tests/README.md): on the CPU backend, JAX's compilation cache keys name the
+processes' devices, not the host's topology.
 
 JAX keys a cached program by, among others, the topology of the devices it runs on. XLA:CPU has no topology shared
 by the processes of a jax.distributed run: each process's differs, so the program process 0 stored (JAX stores from
