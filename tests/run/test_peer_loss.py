@@ -145,3 +145,18 @@ def test_a_silent_peer_is_lost_after_the_timeout_finished_or_not_and_process_0_r
 def test_jax_finds_a_dead_process_only_after_ours_and_its_acknowledgements():
     for timeout in (2, 30, 120):
         assert jax_heartbeat_seconds(timeout) >= max(100, 2 * timeout + 10)
+
+
+def test_process_0_refuses_a_coordinator_port_something_already_listens_on(tmp_path):
+    """gRPC would share the port (an earlier process 0's lingering service, say), and the join could reach it."""
+    import socket
+
+    from runs import assert_one_line_error, run_script
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = run_script("train.py", f"--config={write_config(tmp_path)}", f"--workdir={tmp_path / 'run'}",
+                            "--multihost", f"--coordinator_address=localhost:{port}", "--num_processes=2",
+                            "--process_id=0", env=script_env(1))
+    assert_one_line_error(result, f"--coordinator_address=localhost:{port}", f"port {port} is in use on this host")
+    assert not (tmp_path / "run").exists()

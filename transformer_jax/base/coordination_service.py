@@ -31,7 +31,9 @@ _CHILD: list[subprocess.Popen] = []
 
 def start_coordination_service(bind_address: str, num_processes: int, heartbeat_seconds: int,
                                linger_seconds: float, timeout: float = 60) -> subprocess.Popen:
-    """Start the service on `bind_address` in a child process; returns once it listens."""
+    """Start the service on `bind_address` in a child process; returns once it listens. A port something on this
+    host already listens on is refused: gRPC would share it, and process 0 might join an earlier run's service."""
+    _check_port_free(int(bind_address.rpartition(":")[2]))
     child = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__), bind_address, str(num_processes), str(heartbeat_seconds),
          str(linger_seconds)],
@@ -61,6 +63,21 @@ def stop_coordination_service() -> None:
         child.wait(timeout=10)
     except subprocess.TimeoutExpired:
         child.kill()
+
+
+def _check_port_free(port: int) -> None:
+    import errno
+    import socket
+
+    try:
+        with socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True):
+            return
+    except OSError as error:
+        if error.errno == errno.EADDRINUSE:
+            raise ServiceNotStarted(f"port {port} is in use on this host; the service of an earlier process 0 stays "
+                                    "up to 2 x --peer_timeout + 10 s after it died") from None
+        if error.errno not in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL):  # no IPv6 here: the service will say
+            raise ServiceNotStarted(str(error)) from None
 
 
 def _first_line(stream: IO[str], timeout: float) -> str:
