@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import jax
 
+from transformer_jax.base import await_verdict_if_lost_peer
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.console import say
 from transformer_jax.base.files import storage_errno, storage_error, storage_remedy
@@ -154,6 +155,7 @@ class Trainer(UpdateRunner):
             return self._run(dev_bleu)
         except BaseException as error:
             self.failed = True
+            await_verdict_if_lost_peer(error)  # a collective a dead process broke: the peer watch's line, not ours
             if is_device_fault(error):
                 raise self._device_failure(error) from None
             failure = self._storage_failure(error) if isinstance(error, Exception) else None
