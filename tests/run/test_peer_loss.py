@@ -160,3 +160,20 @@ def test_process_0_refuses_a_coordinator_port_something_already_listens_on(tmp_p
                             "--process_id=0", env=script_env(1))
     assert_one_line_error(result, f"--coordinator_address=localhost:{port}", f"port {port} is in use on this host")
     assert not (tmp_path / "run").exists()
+
+
+def test_an_error_waits_for_the_watch_once_however_many_places_catch_it(monkeypatch):
+    """The Trainer and run_command both give the watch its time; an error they both see is waited for once."""
+    from transformer_jax.base import await_verdict_if_lost_peer, peer_watch
+
+    monkeypatch.setattr(peer_watch, "BEAT_SECONDS", 0.05)
+    monkeypatch.setattr(peer_watch, "_WATCH", [PeerWatch(None, 1, 2, timeout=0.3, resume="Rerun.")])
+    error = ValueError("UNKNOWN: Gloo AllGather failed: Connection closed by peer [127.0.0.1]:1")
+    began = time.monotonic()
+    await_verdict_if_lost_peer(error)
+    first = time.monotonic() - began
+    await_verdict_if_lost_peer(error)
+    assert first >= 0.5 and time.monotonic() - began - first < 0.1
+    began = time.monotonic()
+    await_verdict_if_lost_peer(ValueError("a bug of ours"))  # not a collective a peer broke: no wait
+    assert time.monotonic() - began < 0.1

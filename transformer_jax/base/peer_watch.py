@@ -16,8 +16,10 @@ Process 0 then publishes the loss, waits for the other processes to acknowledge 
 exits), prints the same line and exits: process 0 holds the service, so it goes last. JAX's own heartbeat
 timeout is raised above ours (`jax_heartbeat_seconds`), so the line comes first.
 
-What this cannot turn into a line: the death of process 0 itself. The service dies with it, and JAX's client
-in every other process aborts as soon as its connection closes (a native thread, before Python can act).
+Process 0's own death: JAX keeps the service inside process 0, and with it gone JAX's client in every other
+process aborts as soon as its connection closes (a native thread, before Python can act). So where process 0 is
+known before the join (the three cluster flags), it runs the service in a process of its own that outlives it
+(base/coordination_service.py); on clusters JAX detects by itself, that death still ends in JAX's abort.
 """
 
 from __future__ import annotations
@@ -69,8 +71,8 @@ class PeerWatch:
         return self
 
     def announce_end(self, status: int) -> None:
-        """This process is ending with `status` (0: finished): its silence from now on is not a death, and a
-        non-zero status tells process 0 that the run cannot go on without it."""
+        """This process is ending with `status` (0: finished; it keeps beating until it leaves JAX's shutdown
+        barrier with every other process); a non-zero status tells process 0 that the run cannot go on without it."""
         with self._lock:
             self._ended = status
         with contextlib.suppress(Exception):
@@ -188,9 +190,12 @@ def announce_end(status: int) -> None:
 def await_verdict_if_lost_peer(error: BaseException) -> None:
     """When `error` is a collective that failed because a peer's connection closed, give the watch its time to
     end the process with the line that names the peer (it does so within `timeout` and a few beats)."""
-    text = str(error)
-    if _WATCH and any(mark in text for mark in LOST_PEER_MARKS):
-        _WATCH[0].await_verdict(_WATCH[0].timeout + 4 * BEAT_SECONDS)
+    if not _WATCH or getattr(error, "_peer_verdict_awaited", False) or not any(
+            mark in str(error) for mark in LOST_PEER_MARKS):
+        return
+    with contextlib.suppress(AttributeError, TypeError):  # once an error: the Trainer's wait, not run_command's too
+        error._peer_verdict_awaited = True
+    _WATCH[0].await_verdict(_WATCH[0].timeout + 4 * BEAT_SECONDS)
 
 
 # How a collective reports that a peer's connection closed: gloo (CPU), NCCL (GPU).

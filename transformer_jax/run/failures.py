@@ -12,7 +12,6 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from transformer_jax.base import await_verdict_if_lost_peer
 from transformer_jax.errors import DeviceError, TrainingError
 from transformer_jax.model.attention_kernels import resolve_backend
 from transformer_jax.model.config import TransformerConfig
@@ -128,10 +127,8 @@ def is_device_fault(error: BaseException) -> bool:
 def device_failure(error: Exception, program: str, attention: str, config: ml_collections.ConfigDict,
                    kept_step: int | None) -> DeviceError:
     """The one line for `program` failing on the device with `error` (a JaxRuntimeError): what failed, the attention
-    backend it ran, the setting to try (a smaller batch for out of memory), and the checkpoint kept.
-    A collective that failed because another process vanished first gives the peer watch its time to end the
-    process with the line that names that process (base/peer_watch.py): it is not this device's fault."""
-    await_verdict_if_lost_peer(error)
+    backend it ran, the setting to try (a smaller batch for out of memory), and the checkpoint kept. (A collective
+    broken by a dead process never gets here: the Trainer gives the peer watch its time first, base/peer_watch.py.)"""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
     detail = lines[0].removesuffix("Traceback (most recent call last):").rstrip(": ")
     detail = (detail + (f" ... {lines[-1]}" if len(lines) > 1 else ""))[:300]
