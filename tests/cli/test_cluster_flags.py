@@ -93,3 +93,27 @@ def test_process_0_whose_peer_never_joins_ends_in_one_line_within_the_timeout(tm
     assert 5 < elapsed < 5 + 10 + start_up, (elapsed, start_up)  # generous: the machine is shared
     assert elapsed - start_up < 5 + 4, (elapsed, start_up)  # the wait itself; JAX's own ended after about 10 s
     assert not workdir.exists()
+
+
+SLURM = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "node[007-009],other", "SLURM_NTASKS": "3",
+         "SLURM_PROCID": "2", "SLURM_LOCALID": "0"}
+
+
+@pytest.mark.parametrize("environment, given, found", [
+    ({}, (None, None, None), (None, None, None)),  # no cluster: JAX's join says what is missing
+    (SLURM, (None, None, None), (f"node007:{4242 % 4096 + 61440}", 3, 2)),
+    (dict(SLURM, JAX_COORDINATOR_PORT="9999"), (None, None, None), ("node007:9999", 3, 2)),
+    (SLURM, ("10.0.0.2:1234", 4, None), ("10.0.0.2:1234", 4, 2)),  # what a flag gives wins
+    ({"JAX_COORDINATOR_ADDRESS": "10.0.0.3:5"}, (None, 2, 1), ("10.0.0.3:5", 2, 1)),
+])
+def test_the_join_settings_jax_would_detect_are_found_before_the_join(monkeypatch, environment, given, found):
+    """Process 0 of a cluster JAX detects must know it is process 0 before the join, to run the coordination
+    service beside itself (tests/run/test_peer_loss.py kills it in SLURM's environment)."""
+    from transformer_jax.cli.cluster import detect_cluster
+
+    for name in [*SLURM, "JAX_COORDINATOR_PORT", "JAX_COORDINATOR_ADDRESS", "KUBERNETES_SERVICE_HOST",
+                 "OMPI_MCA_orte_hnp_uri"]:  # this machine's own cluster, if any
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert detect_cluster(*given, timeout=5) == found

@@ -17,16 +17,24 @@ from transformer_jax.base.peer_watch import PeerWatch
 PEER_TIMEOUT = 3
 
 
-def start_run(config: str, workdir: pathlib.Path, processes: int, steps: int) -> list[subprocess.Popen]:
-    """The tiny run as `processes` processes of train.py with one CPU device each."""
+def start_run(config: str, workdir: pathlib.Path, count: int, steps: int, slurm: bool = False
+              ) -> list[subprocess.Popen]:
+    """The tiny run as `count` processes of train.py with one CPU device each: joined by the three cluster flags,
+    or (`slurm`) by `--multihost` alone in the environment SLURM gives a job's tasks, which JAX detects."""
     port = free_port()
-    processes = [start_script("train.py", f"--config={config}", f"--workdir={workdir}", "--multihost",
-                         f"--coordinator_address=localhost:{port}", f"--num_processes={processes}",
-                         f"--process_id={index}", f"--config.training.num_train_steps={steps}",
-                         "--config.training.log_every=1", f"--peer_timeout={PEER_TIMEOUT}", env=script_env(1))
-                 for index in range(processes)]
-    for process in processes:
-        process.port = port
+    processes = []
+    for index in range(count):
+        if slurm:
+            cluster = []
+            env = script_env(1, SLURM_JOB_ID="4242", SLURM_STEP_NODELIST="localhost", SLURM_NTASKS=str(count),
+                             SLURM_PROCID=str(index), SLURM_LOCALID=str(index), JAX_COORDINATOR_PORT=str(port))
+        else:
+            cluster = [f"--coordinator_address=localhost:{port}", f"--num_processes={count}", f"--process_id={index}"]
+            env = script_env(1)
+        processes.append(start_script("train.py", f"--config={config}", f"--workdir={workdir}", "--multihost",
+                                      *cluster, f"--config.training.num_train_steps={steps}",
+                                      "--config.training.log_every=1", f"--peer_timeout={PEER_TIMEOUT}", env=env))
+        processes[-1].port = port
     return processes
 
 
@@ -83,10 +91,13 @@ def test_a_peer_killed_mid_run_ends_every_other_process_with_one_line(tmp_path):
 
 def test_process_0_killed_mid_run_ends_the_others_with_the_line_not_jax_abort(tmp_path):
     """Process 0 holds JAX's coordination service; ours runs it in a process of its own that outlives process 0, so
-    process 1 hears of the death from its watch, not from a closed connection (JAX's abort, status 134)."""
+    process 1 hears of the death from its watch, not from a closed connection (JAX's abort, status 134). On a
+    cluster JAX detects (here SLURM's environment, `--multihost` alone): process 0 is found before the join, so
+    its service runs beside it as with the three flags (the last test checks that case's service)."""
     config, workdir = write_config(tmp_path), tmp_path / "run"
-    processes = start_run(config, workdir, 2, steps=400)
+    processes = start_run(config, workdir, 2, steps=400, slurm=True)
     wait_for(lambda: len(records(workdir)) >= 2, processes)
+    assert services_on(processes[0].port)
     processes[0].send_signal(signal.SIGKILL)
     assert_ended_by_the_watch(processes[1], 0, 2, time.monotonic())
     processes[0].wait()

@@ -17,9 +17,9 @@ exits), prints the same line and exits: process 0 holds the service, so it goes 
 timeout is raised above ours (`jax_heartbeat_seconds`), so the line comes first.
 
 Process 0's own death: JAX keeps the service inside process 0, and with it gone JAX's client in every other
-process aborts as soon as its connection closes (a native thread, before Python can act). So where process 0 is
-known before the join (the three cluster flags), it runs the service in a process of its own that outlives it
-(base/coordination_service.py); on clusters JAX detects by itself, that death still ends in JAX's abort.
+process aborts as soon as its connection closes (a native thread, before Python can act). So process 0, found
+before the join (the three cluster flags, or the cluster JAX detects: cli/cluster.detect_cluster), runs the
+service in a process of its own that outlives it (base/coordination_service.py).
 """
 
 from __future__ import annotations

@@ -68,6 +68,8 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
     # is driven by SIGTERM alone (jaxlib's only notifier), which our own handler and the loop's per-step
     # agreement (run/preemption.py) already hear, on every platform and at every point of the run.
     jax.config.update("jax_enable_preemption_service", False)
+    coordinator_address, num_processes, process_id = detect_cluster(coordinator_address, num_processes, process_id,
+                                                                    timeout)
     if coordinator_address is not None and not coordinator_address.rpartition(":")[2].isdigit():
         raise ConfigError(f"--coordinator_address={coordinator_address} has no port; pass HOST:PORT of process 0 "
                           "(e.g. --coordinator_address=10.0.0.2:8476), the same on every process")
@@ -93,12 +95,32 @@ def initialize_distributed(coordinator_address: str | None, num_processes: int |
     start_peer_watch(jax.process_index(), jax.process_count(), peer_timeout, resume)
 
 
+def detect_cluster(coordinator_address: str | None, num_processes: int | None, process_id: int | None,
+                   timeout: int) -> tuple[str | None, int | None, int | None]:
+    """The three settings of the join, those not given found as JAX's join would find them: JAX_COORDINATOR_ADDRESS,
+    then the cluster this process runs on (TPU pods, SLURM, Kubernetes, Open MPI; JAX_COORDINATOR_PORT). Known
+    before the join, process 0 can start the coordination service beside itself (service_beside_process_0), as it
+    does with the three flags. JAX's detection is private API (jax._src.clusters, jax 0.10): where it is missing
+    or changed, what was not given stays unset and JAX's join detects it, with the service inside process 0."""
+    coordinator_address = coordinator_address or os.environ.get("JAX_COORDINATOR_ADDRESS")
+    if None not in (coordinator_address, num_processes, process_id):
+        return coordinator_address, num_processes, process_id
+    try:
+        from jax._src.clusters import ClusterEnv
+
+        found = ClusterEnv.auto_detect_unset_distributed_params(coordinator_address, num_processes, process_id,
+                                                                None, None, timeout)
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return coordinator_address, num_processes, process_id
+    return found[0], found[1], found[2]
+
+
 def service_beside_process_0(coordinator_address: str | None, num_processes: int | None, process_id: int | None,
                              peer_timeout: float) -> dict[str, str]:
     """On process 0 of a run named by the three flags: JAX's coordination service started in a process of its own
     (base/coordination_service.py: it outlives process 0, so the others end in the peer watch's line, not JAX's
     abort) and JAX's in-process one moved to an unused local port. Returns jax.distributed.initialize's keyword
-    arguments for that. Clusters JAX detects by itself (TPU pods, SLURM) keep JAX's service inside process 0."""
+    arguments for that. The settings of clusters JAX detects (TPU pods, SLURM) are found first (detect_cluster)."""
     import socket
 
     if process_id != 0 or not num_processes or num_processes < 2 or coordinator_address is None:
