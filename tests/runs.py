@@ -128,6 +128,27 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def wait_until_idle(process: subprocess.Popen, quiet: float = 1.0, timeout: float = 120) -> None:
+    """Until `process` (and its threads) used no more than 2% of a core for `quiet` seconds: past its imports (CPU
+    bound) and into a wait. Sooner than a fixed sleep long enough for a loaded machine, which idles a worker."""
+    import time
+
+    def cpu() -> float:
+        fields = pathlib.Path(f"/proc/{process.pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    deadline, last, since = time.monotonic() + timeout, cpu(), time.monotonic()
+    while time.monotonic() < deadline:
+        assert process.poll() is None, "the process ended"
+        time.sleep(quiet / 4)
+        now = cpu()
+        if now - last > 0.02 * (time.monotonic() - since):
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet:
+            return
+    raise AssertionError(f"the process was still busy after {timeout:g} s")
+
+
 def finish_all(processes: list[subprocess.Popen], timeout: float = 300, status: int = 0) -> list[tuple[str, str]]:
     """Wait for every process (killing all of them on a timeout); their (stdout, stderr), each exited with `status`
     (0: finished; 143: stopped by SIGTERM before the last step)."""

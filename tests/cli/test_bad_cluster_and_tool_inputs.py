@@ -41,12 +41,12 @@ def test_a_coordinator_that_does_not_answer_ends_in_one_line_within_the_timeout(
 
 
 def test_sigterm_while_waiting_for_the_coordinator_stops_at_once(setup):
-    from runs import free_port, start_script
+    from runs import free_port, start_script, wait_until_idle
 
     process = start_script("train.py", f"--config={setup['config']}", f"--workdir={setup['dir'] / 'joining'}",
                            "--multihost", f"--coordinator_address=127.0.0.1:{free_port()}", "--num_processes=2",
                            "--process_id=1", "--cluster_timeout=600")
-    time.sleep(15)  # past the imports, into the wait
+    wait_until_idle(process)  # past the imports, into the wait
     stopped = time.monotonic()
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=60)
