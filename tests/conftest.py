@@ -30,10 +30,11 @@ imports about 2 s, tracing, lowering and loading its cached programs 2 s, its si
 - the README's pod preflight (tests/test_recipes.py, 90 s): the base model compiled for v5e-256 through libtpu, the
   one full-size TPU case (libtpu's compile does not shrink with the topology, and compile-only TPU programs cannot
   be cached; the train step alone is most of it); the big model on v5p:4x4x8 with one layer per stack 54 s;
-- SIGTERM at random points of train.py runs whose updates take about a second (tests/run/test_stop_latency.py:
-  37 s one process, 101 s two, in the 2026-12-07 run on machine B, docs/benchmarks/test_suite.md): the bound on a
-  stop is a promise about updates of seconds, so each launch trains a model sized for them (three launches for one
-  process, two for two: one stop each, the one-process case stopping again after it resumes);
+- SIGTERM at random points of train.py runs whose updates take about a second (tests/run/test_stop_latency.py,
+  40-48 s each case in the 2026-12-07 runs on machine B before the two-process case's processes were given half of
+  the one-process tokens each): the bound on a stop is a promise about updates of seconds, so each launch trains a
+  model sized for them (three launches for one process, two for two: one stop each, the one-process case stopping
+  again after it resumes);
 - the multi-process runs (tests/run/test_multiprocess.py 33-48 s,
   tests/evaluation/test_eval_multihost.py 30 s; tests/evaluation/test_split_evaluation.py's 8-device fixture 37 s:
   20 compiles of the search): each launch starts JAX in 1-2 fresh processes that join a jax.distributed cluster;

@@ -254,11 +254,13 @@ def test_make_targets_in_the_docs_exist():
             assert re.search(rf"^{target}:", makefile, re.M), f"{path.name} runs make {target}; the Makefile has no such target"
 
 
-# The recipes' trainings below, capped at a few steps of 1,024-token batches and one layer per stack (the tier's
-# two layers cost each training ~15 s more CPU on 2 cores, most of it compiling): the tests show the lines run, not
+# The recipes' trainings below, capped at a few steps of 1,024-token batches, one layer per stack (the tier's
+# two layers cost each training ~15 s more CPU on 2 cores, most of it compiling) and one dev evaluation, at the last
+# step (the 6 steps would otherwise evaluate at every one: ~1 s of CPU a training): the tests show the lines run, not
 # BLEU. The tier's own sizes are checked in tests/config/test_parallel_text.py.
 CAPPED_TRAINING = ("--config.training.num_train_steps=6", "--config.training.warmup_steps=3",
-                   "--config.data.tokens_per_batch=1024", "--config.model.num_layers=1")
+                   "--config.data.tokens_per_batch=1024", "--config.model.num_layers=1",
+                   "--config.training.eval_every=6")
 
 
 def test_the_own_text_lines_train_and_evaluate_on_files_as_written(tmp_path):

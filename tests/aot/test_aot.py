@@ -98,9 +98,12 @@ def test_cycle_estimates_count_each_loop_trip_and_every_kernel():
     assert estimate_of(hlo.replace("estimated_cycles", "other")) is None
 
 
-def test_an_fsdp_mesh_gathers_parameters():
-    _, _, _, programs = compiled("v5e:2x2", data=2, fsdp=2)
-    assert "all-gather" in named(programs, "train step ").collectives
+def test_an_fsdp_mesh_gathers_parameters(fsdp_command):
+    """Read from the command's table (fsdp_command: v5e:2x2 as data=2 x fsdp=2), whose train-step row lists the
+    collectives the TPU compiler put in that program."""
+    assert "mesh            data=2 x fsdp=2" in fsdp_command.stdout
+    [train] = [line for line in fsdp_command.stdout.splitlines() if line.startswith("train step ")]
+    assert "all-gather" in train, train
 
 
 def test_a_multi_host_topology_and_gradient_accumulation_compile():
@@ -108,7 +111,9 @@ def test_a_multi_host_topology_and_gradient_accumulation_compile():
     assert len(topology.devices) == 16 and topology.hosts == 4
     config = small_run(data=-1, fsdp=1)
     config.training.accumulation_steps = 2
-    shapes, programs = compile_run(config, mesh_for(topology, -1, 1))
+    # The train programs alone: accumulation is theirs (the dev loss and search on v5e:4x4 compile in
+    # multi_host_command's preflight).
+    shapes, programs = compile_run(config, mesh_for(topology, -1, 1), which=("train",))
     names = [p.name for p in programs]
     assert names[:2] == [f"micro-step gradients {shapes.rows}x{shapes.width}", "apply accumulated gradients"]
     assert shapes.rows == 16 and shapes.rows % 16 == 0
@@ -141,10 +146,17 @@ def run_aot(tmp_path, *args):
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
-def test_the_command_prints_the_table_and_fits(tmp_path):
-    # translate-corpus's batching given as its flags (without them it is sized for the devices: the batches line).
-    result = run_aot(tmp_path, "--topology=v5e-4", "--config.mesh.fsdp=2", "--search_width=16",
-                     "--batch_tokens=512", "--batch_size=64")
+@pytest.fixture(scope="module")
+def fsdp_command(tmp_path_factory):
+    """The preflight of small_run on v5e-4 (v5e:2x2) with fsdp=2 and translate-corpus's batching given as its flags
+    (without them it is sized for the devices: the batches line); test_an_fsdp_mesh_gathers_parameters reads its
+    train step's collectives too."""
+    return run_aot(tmp_path_factory.mktemp("fsdp"), "--topology=v5e-4", "--config.mesh.fsdp=2", "--search_width=16",
+                   "--batch_tokens=512", "--batch_size=64")
+
+
+def test_the_command_prints_the_table_and_fits(fsdp_command):
+    result = fsdp_command
     assert result.returncode == 0, result.stderr[-3000:]
     assert "mesh            data=2 x fsdp=2" in result.stdout and "all-gather" in result.stdout
     assert "host input      not measured: no corpus" in result.stdout
@@ -181,16 +193,34 @@ def test_the_search_line_is_one_decode_step_at_the_roofline_times_the_output_len
     assert "2.00 ms a decode step" in line and ": 1,000-1,000 sentences/s" in line and " 27.8-27.8 hours" in line
 
 
-def test_on_a_prepared_corpus_the_preflight_compiles_its_widths_and_times_one_host_s_input(tmp_path):
+MULTI_HOST_SEARCH = ("--search_width=16", "--mode=sample", "--top_k=10", "--temperature=0.7", "--dtype=bfloat16",
+                     "--batch_size=64", "--batch_tokens=384", "--max_extra_length=8")
+
+
+@pytest.fixture(scope="module")
+def multi_host_command(tmp_path_factory):
+    """One preflight of small_run on v5e:4x4 (4 host processes) that two tests read: on a prepared corpus (rows of up
+    to 256 tokens, max_len 512), with translate-corpus's search flags (MULTI_HOST_SEARCH). The corpus sets the
+    training shapes and the host-input and batch-content lines; the flags set the bulk search line alone. Returns
+    (the corpus's directory, the finished process)."""
+    from transformer_jax.data import prepare_corpus
+
+    directory = tmp_path_factory.mktemp("multi_host")
+    corpus = directory / "prepared"
+    prepare_corpus(small_run(), str(corpus))
+    result = run_aot(directory, "--topology=v5e:4x4", f"--config.data.prepared={corpus}",
+                     "--config.data.max_length=256", "--config.model.max_len=512",
+                     "--config.data.tokens_per_batch=8192", *MULTI_HOST_SEARCH)
+    return corpus, result
+
+
+def test_on_a_prepared_corpus_the_preflight_compiles_its_widths_and_times_one_host_s_input(multi_host_command):
     """v5e:4x4 is 4 host processes: the preflight times building one of their four blocks of rows."""
     from transformer_jax.aot.host_input import HostInput
-    from transformer_jax.data import prepare_corpus, prepare_data
+    from transformer_jax.data import prepare_data
 
     config = small_run()
-    corpus = tmp_path / "prepared"
-    prepare_corpus(config, str(corpus))
-    result = run_aot(tmp_path, "--topology=v5e:4x4", f"--config.data.prepared={corpus}", "--config.data.max_length=256",
-                     "--config.model.max_len=512", "--config.data.tokens_per_batch=8192")
+    corpus, result = multi_host_command
     assert result.returncode == 0, result.stderr[-3000:]
     config.data.update(prepared=str(corpus), max_length=256, tokens_per_batch=8192)
     config.model.max_len = 512
@@ -215,16 +245,14 @@ def test_a_tiny_memory_does_not_fit_and_names_what_to_change(tmp_path):
     assert last.startswith("does not fit:") and "--config.mesh.fsdp=2" in last and "model.remat=full" in last
 
 
-def test_the_bulk_line_prices_translate_corpus_s_search_flags_on_each_host_s_devices(tmp_path):
-    """v5e:4x4 is 4 host processes of 4 chips: translate-corpus's batch is split over one process's 4 devices (24
-    rows of 16 tokens in --batch_tokens=384, a multiple of 4; over all 16 devices it would be 16 rows), and the 4
-    processes translate at 4 times its rate."""
+def test_the_bulk_line_prices_translate_corpus_s_search_flags_on_each_host_s_devices(multi_host_command):
+    """v5e:4x4 is 4 host processes of 4 chips: translate-corpus's batch (MULTI_HOST_SEARCH) is split over one
+    process's 4 devices (24 rows of 16 tokens in --batch_tokens=384, a multiple of 4; over all 16 devices it would be
+    16 rows), and the 4 processes translate at 4 times its rate."""
     topology = describe("v5e:4x4")
     one_host = host_devices(topology)
     assert len(one_host) == 4 and len({device.process_index for device in one_host}) == 1
-    result = run_aot(tmp_path, "--topology=v5e:4x4", "--search_width=16", "--mode=sample", "--top_k=10",
-                     "--temperature=0.7", "--dtype=bfloat16", "--batch_size=64", "--batch_tokens=384",
-                     "--max_extra_length=8")
+    _, result = multi_host_command
     assert result.returncode == 0, result.stderr[-3000:]
     widest, bulk = [line for line in result.stdout.splitlines() if line.startswith("search ")]
     assert widest.startswith("search          beam search (beam 2, alpha 0.6) "), widest  # the run's own search

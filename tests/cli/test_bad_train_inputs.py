@@ -2,8 +2,10 @@
 
 Every row expects: a non-zero exit, exactly one `error: ...` line naming the problem and the fix, no traceback, and
 an existing workdir left byte for byte as it was. The rows run against one trained workdir (runs.run_rows, one
-process); the other tests start train.py on copies of it: learning rates that make the loss non-finite, parameters in
-bfloat16, a damaged checkpoint to resume past, a fine-tune's settings.
+process); the other tests' command lines run in that process too, after the rows (TRAININGS: a read-only or
+unwritable workdir, learning rates that make the loss non-finite, parameters in bfloat16), except the resume past a
+damaged checkpoint, whose promise includes what the process prints as it exits (its own train.py process); a
+fine-tune's settings are checked in this process.
 """
 
 import dataclasses
@@ -284,18 +286,53 @@ TRAIN_ROWS = [
 ]
 
 
+NON_FINITE_RATES = [
+    ("--config.training.learning_rate_scale=1e30", "lower training.learning_rate_scale (it is 1e+30)"),
+    ("--config.training.peak_learning_rate=1e9", "lower training.peak_learning_rate (it is 1e+09)"),
+    ("--config.training.peak_learning_rate=1e30", "lower training.peak_learning_rate (it is 1e+30)"),
+]
+
+
+def trainings(s: dict) -> dict[str, list[str]]:
+    """The other tests' train.py command lines given the setup (whole: --config and --workdir included), run after
+    TRAIN_ROWS in the same process; "read-only" runs while s["dir"]/"disk" is a read-only file system."""
+    config = f"--config={s['config']}"
+    lines = {
+        "read-only": [config, f"--workdir={s['dir'] / 'disk' / 'run'}"],
+        "unwritable": [config, f"--workdir={s['dir'] / 'a_file' / 'run'}"],
+        "non-finite after a checkpoint": [config, f"--workdir={s['dir'] / 'non_finite'}",
+                                          "--config.training.num_train_steps=12",
+                                          "--config.training.learning_rate_scale=1e30",
+                                          "--config.training.max_skipped_updates=2"],
+        "bfloat16": [config, f"--workdir={s['dir'] / 'bfloat16'}", "--config.model.param_dtype=bfloat16",
+                     "--config.training.num_train_steps=2", "--config.training.eval_every=0",
+                     "--config.training.checkpoint_every=2"],
+    }
+    for index, (rate, _) in enumerate(NON_FINITE_RATES):
+        lines[rate] = [config, f"--workdir={s['dir'] / f'new{index}' / 'run'}", "--config.training.num_train_steps=3",
+                       rate, "--config.training.max_skipped_updates=2", "--config.training.eval_every=0"]
+    return lines
+
+
 @pytest.fixture(scope="module")
 def train_results(setup):
-    """Every TRAIN_ROWS command (after --config and --workdir of the trained run), and the workdirs before and after."""
+    """Every TRAIN_ROWS command (after --config and --workdir of the trained run), and the workdirs before and after;
+    then, in the same process, the trainings' command lines (their results under their own names, in the first
+    dict)."""
     workdirs = [setup["workdir"], setup["owned"]]
+    shutil.copytree(setup["workdir"], setup["dir"] / "non_finite")
     before = [snapshot(w) for w in workdirs]
     rows = []
     for _, flags, _ in TRAIN_ROWS:
         row = flags(setup)  # a row's own --config replaces the tiny run's (two would both be loaded)
         config = [] if any(flag.startswith("--config=") for flag in row) else [f"--config={setup['config']}"]
         rows.append([*config, f"--workdir={setup['workdir']}", *row])
-    results = run_rows("train.py", rows, setup["dir"])
-    return dict(zip([row[0] for row in TRAIN_ROWS], results)), before, [snapshot(w) for w in workdirs]
+    extra = trainings(setup)
+    with small_disk(setup["dir"] / "disk", "1m") as disk:
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        results = run_rows("train.py", rows + list(extra.values()), setup["dir"])
+    named = dict(zip([row[0] for row in TRAIN_ROWS] + list(extra), results))
+    return named, before, [snapshot(w) for w in workdirs]
 
 
 @pytest.mark.parametrize("row", TRAIN_ROWS, ids=[row[0] for row in TRAIN_ROWS])
@@ -315,18 +352,15 @@ def test_get_config_returning_none_is_the_only_line(setup, train_results):
     assert stderr.startswith("error: ") and len(stderr.splitlines()) == 1, stderr
 
 
-def test_a_workdir_on_a_read_only_file_system_says_so(setup, tmp_path):
-    with small_disk(tmp_path / "disk", "1m") as disk:
-        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
-        result = run_script("train.py", f"--config={setup['config']}", f"--workdir={disk / 'run'}")
-    assert_one_line_error(result, f"writing to the workdir {disk / 'run'}", "read-only file system",
-                          "make", "writable or choose another --workdir")
+def test_a_workdir_on_a_read_only_file_system_says_so(setup, train_results):
+    disk = setup["dir"] / "disk"  # a 1m file system, read-only while the command ran
+    assert_one_line_error(train_results[0]["read-only"], f"writing to the workdir {disk / 'run'}",
+                          "read-only file system", "make", "writable or choose another --workdir")
 
 
-def test_unwritable_workdir(setup):
+def test_unwritable_workdir(setup, train_results):
     # A path under a regular file cannot be created, even by root (which ignores permission bits).
-    result = run_script("train.py", f"--config={setup['config']}", f"--workdir={setup['dir'] / 'a_file' / 'run'}")
-    assert_one_line_error(result, "a_file/run is not writable", "choose another --workdir")
+    assert_one_line_error(train_results[0]["unwritable"], "a_file/run is not writable", "choose another --workdir")
     assert (setup["dir"] / "a_file").read_text() == "not a directory"
 
 
@@ -346,44 +380,32 @@ def test_resuming_past_a_damaged_checkpoint_prints_one_warning_and_no_traceback(
     assert "resuming from step 4" in about_it[0]
 
 
-def test_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(setup, tmp_path):
-    workdir = tmp_path / "run"
-    shutil.copytree(setup["workdir"], workdir)
-    checkpoints = snapshot(workdir / "checkpoints")
-    result = run_script("train.py", f"--config={setup['config']}", f"--workdir={workdir}",
-                        "--config.training.num_train_steps=12", "--config.training.learning_rate_scale=1e30",
-                        "--config.training.max_skipped_updates=2")
-    assert_one_line_error(result, "non-finite loss or gradient", "lower training.learning_rate_scale",
-                          "(the last good checkpoint, step 6, is kept)")
-    assert snapshot(workdir / "checkpoints") == checkpoints
+def test_non_finite_loss_stops_training_and_keeps_the_last_good_checkpoint(setup, train_results):
+    workdir = setup["dir"] / "non_finite"  # a copy of the trained run; its checkpoints are the trained run's
+    assert_one_line_error(train_results[0]["non-finite after a checkpoint"], "non-finite loss or gradient",
+                          "lower training.learning_rate_scale", "(the last good checkpoint, step 6, is kept)")
+    assert snapshot(workdir / "checkpoints") == snapshot(setup["workdir"] / "checkpoints")
     checkpointer = Checkpointer(str(workdir / "checkpoints"), read_only=True)
     params = checkpointer.restore_params(checkpointer.latest_step())
     assert checkpointer.latest_step() == 6
     assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params))
 
 
-@pytest.mark.parametrize("rate,advice", [
-    ("--config.training.learning_rate_scale=1e30", "lower training.learning_rate_scale (it is 1e+30)"),
-    ("--config.training.peak_learning_rate=1e9", "lower training.peak_learning_rate (it is 1e+09)"),
-    ("--config.training.peak_learning_rate=1e30", "lower training.peak_learning_rate (it is 1e+30)"),
-])
-def test_non_finite_loss_before_any_checkpoint_names_the_rate_and_leaves_no_workdir(setup, tmp_path, rate, advice):
+@pytest.mark.parametrize("rate,advice", NON_FINITE_RATES)
+def test_non_finite_loss_before_any_checkpoint_names_the_rate_and_leaves_no_workdir(setup, train_results, rate,
+                                                                                   advice):
     """The advice names the learning-rate setting the run uses; a first start that saved nothing leaves nothing."""
-    result = run_script("train.py", f"--config={setup['config']}", f"--workdir={tmp_path / 'new' / 'run'}",
-                        "--config.training.num_train_steps=3", rate,
-                        "--config.training.max_skipped_updates=2", "--config.training.eval_every=0")
-    assert_one_line_error(result, "non-finite loss or gradient", "(no checkpoint was written)", advice)
-    assert not (tmp_path / "new").exists()
+    assert_one_line_error(train_results[0][rate], "non-finite loss or gradient", "(no checkpoint was written)", advice)
+    index = [r for r, _ in NON_FINITE_RATES].index(rate)
+    assert not (setup["dir"] / f"new{index}").exists()
 
 
-def test_bfloat16_parameters_train_save_and_score_through_the_command_line(setup, tmp_path):
+def test_bfloat16_parameters_train_save_and_score_through_the_command_line(setup, train_results):
     # model.param_dtype=bfloat16 is documented; its compiled step failed (gradients promoted to float32).
-    result = run_script("train.py", f"--config={setup['config']}", f"--workdir={tmp_path / 'run'}",
-                        "--config.model.param_dtype=bfloat16", "--config.training.num_train_steps=2",
-                        "--config.training.eval_every=0", "--config.training.checkpoint_every=2")
+    result = train_results[0]["bfloat16"]
     assert result.returncode == 0, result.stderr[-3000:]
     assert "test SacreBLEU" in result.stdout
-    params = Checkpointer(str(tmp_path / "run" / "checkpoints"), read_only=True).restore_params(2)
+    params = Checkpointer(str(setup["dir"] / "bfloat16" / "checkpoints"), read_only=True).restore_params(2)
     assert {np.asarray(leaf).dtype.name for leaf in jax.tree.leaves(params)} == {"bfloat16"}
 
 

@@ -1,4 +1,10 @@
-"""train.py and eval.py as a user runs them: outputs, preemption, checkpoint choice, translation, errors."""
+"""train.py and eval.py as a user runs them: outputs, preemption, checkpoint choice, translation, errors.
+
+The eval.py command lines on the shared trained run whose checks read only their output and files (scores, an
+average, an export, errors) run in one process (runs.run_rows: eval.py's own flag parsing and main, one command line
+after another), as do train.py's refusals of a bad config; the rest start their own processes (standard input, device
+counts, signals).
+"""
 
 import json
 import os
@@ -14,7 +20,7 @@ import jax
 import numpy as np
 import pytest
 
-from runs import CPU_COMPILE_FLAGS, assert_one_line_error, copy_run, write_config
+from runs import CPU_COMPILE_FLAGS, assert_one_line_error, copy_run, run_rows, write_config
 from transformer_jax.checkpoints.manager import Checkpointer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -34,6 +40,39 @@ def trained(script_trained_run, tmp_path_factory):
     return script_trained_run["config"], workdir, printed
 
 
+@pytest.fixture(scope="module")
+def evaluations(trained, tmp_path_factory):
+    """{name: result} of the eval.py command lines below on the module's run (and on broken copies of it), all in one
+    process (runs.run_rows), in this order; "directory": where the copies and outputs were made."""
+    _, workdir, _ = trained
+    directory = tmp_path_factory.mktemp("evaluations")
+    (directory / "not_a_run").mkdir()
+    empty = directory / "empty_run"
+    empty.mkdir()
+    for name in ("config.json", "tokenizer.model"):
+        shutil.copy(workdir / name, empty / name)
+    mismatched = directory / "mismatched"
+    shutil.copytree(workdir, mismatched)
+    config = json.loads((mismatched / "config.json").read_text())
+    config["model"]["d_ff"] = 128
+    (mismatched / "config.json").write_text(json.dumps(config))
+    rows = {
+        "latest": [f"--workdir={workdir}", "--checkpoint=latest", "--beam_size=2"],
+        "average:2": [f"--workdir={workdir}", "--checkpoint=average:2", f"--write_averaged={directory / 'averaged'}"],
+        "export": [f"--workdir={workdir}", f"--export=ctranslate2:{directory / 'ct2'}"],
+        "export again": [f"--workdir={workdir}", f"--export=ctranslate2:{directory / 'ct2'}"],
+        "average": [f"--workdir={workdir}", "--checkpoint=average", "--split=dev", "--mode=greedy"],
+        "missing workdir": [f"--workdir={directory / 'missing'}"],
+        "no config.json": [f"--workdir={directory / 'not_a_run'}"],
+        "average:9": [f"--workdir={workdir}", "--checkpoint=average:9"],
+        "no checkpoint": [f"--workdir={empty}"],
+        "mismatched": [f"--workdir={mismatched}"],
+    }
+    mismatched_hyp = (mismatched / "test_final.hyp").read_text()
+    results = dict(zip(rows, run_rows("eval.py", list(rows.values()), directory)))
+    return {**results, "directory": directory, "mismatched_hyp_before": mismatched_hyp}
+
+
 def test_train_prints_sacrebleu_with_signature_and_writes_outputs(trained):
     _, workdir, result = trained
     assert "test SacreBLEU" in result.stdout and "nrefs:1|case:mixed|eff:no|tok:13a" in result.stdout
@@ -44,9 +83,9 @@ def test_train_prints_sacrebleu_with_signature_and_writes_outputs(trained):
     assert (workdir / "tokenizer.model").exists() and (workdir / "config.json").exists()
 
 
-def test_eval_latest_and_average_write_results_next_to_the_run(trained):
+def test_eval_latest_and_average_write_results_next_to_the_run(trained, evaluations):
     _, workdir, _ = trained
-    latest = run("eval.py", f"--workdir={workdir}", "--checkpoint=latest", "--beam_size=2")
+    latest = evaluations["latest"]
     assert latest.returncode == 0, latest.stderr[-3000:]
     assert "SacreBLEU" in latest.stdout and "paper-style; not comparable" in latest.stdout
     results = json.loads((workdir / "eval" / "test.step_6.json").read_text())
@@ -54,8 +93,8 @@ def test_eval_latest_and_average_write_results_next_to_the_run(trained):
     assert len((workdir / "eval" / "test.step_6.hyp").read_text().splitlines()) == 16
 
     steps = Checkpointer(str(workdir / "checkpoints"), asynchronous=False).steps()
-    averaged = workdir / "averaged"
-    result = run("eval.py", f"--workdir={workdir}", "--checkpoint=average:2", f"--write_averaged={averaged}")
+    averaged = evaluations["directory"] / "averaged"
+    result = evaluations["average:2"]  # --checkpoint=average:2 --write_averaged=averaged
     assert result.returncode == 0, result.stderr[-3000:]
     import orbax.checkpoint as ocp
 
@@ -103,7 +142,7 @@ def test_eval_splits_a_files_batches_over_cpu_devices_with_the_same_translations
     assert outputs["3"] == outputs["1"] and outputs[None] == outputs["1"]
 
 
-def test_eval_exports_a_ctranslate2_model_that_scores_as_ours(trained, tmp_path):
+def test_eval_exports_a_ctranslate2_model_that_scores_as_ours(trained, evaluations):
     ctranslate2 = pytest.importorskip("ctranslate2")
     import sentencepiece as spm
 
@@ -112,8 +151,8 @@ def test_eval_exports_a_ctranslate2_model_that_scores_as_ours(trained, tmp_path)
     from transformer_jax.checkpoints.selection import checkpoint_params, select_steps
 
     _, workdir, _ = trained
-    out = tmp_path / "ct2"
-    result = run("eval.py", f"--workdir={workdir}", f"--export=ctranslate2:{out}")
+    out = evaluations["directory"] / "ct2"
+    result = evaluations["export"]  # --export=ctranslate2:out
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"model to {out}" in result.stdout
     translator = ctranslate2.Translator(str(out), device="cpu")
@@ -132,42 +171,35 @@ def test_eval_exports_a_ctranslate2_model_that_scores_as_ours(trained, tmp_path)
     ours = np.asarray(jax.nn.log_softmax(logits[0]))[np.arange(len(tgt)), tgt]
     np.testing.assert_allclose(ct2_log_probs, ours, atol=1e-4)
 
-    again = run("eval.py", f"--workdir={workdir}", f"--export=ctranslate2:{out}")
+    again = evaluations["export again"]  # the same command line, after it
     assert_one_line_error(again, "not empty")
 
 
-def test_eval_errors_name_the_problem_and_what_exists(trained, tmp_path):
-    _, workdir, _ = trained
-    assert_one_line_error(run("eval.py", f"--workdir={tmp_path / 'missing'}"), "does not exist")
-    assert_one_line_error(run("eval.py", f"--workdir={tmp_path}"), "no config.json")
-    assert_one_line_error(run("eval.py", f"--workdir={workdir}", "--checkpoint=average:9"),
-                          "available steps:")
-    empty = tmp_path / "empty_run"
-    empty.mkdir()
-    for name in ("config.json", "tokenizer.model"):
-        shutil.copy(workdir / name, empty / name)
-    assert_one_line_error(run("eval.py", f"--workdir={empty}"), "no checkpoint in")
-    mismatched = tmp_path / "mismatched"
-    shutil.copytree(workdir, mismatched)
-    config = json.loads((mismatched / "config.json").read_text())
-    config["model"]["d_ff"] = 128
-    (mismatched / "config.json").write_text(json.dumps(config))
-    before = (mismatched / "test_final.hyp").read_text()
-    assert_one_line_error(run("eval.py", f"--workdir={mismatched}"), "does not match the config", "(128,) in the model")
-    assert (mismatched / "test_final.hyp").read_text() == before
+def test_eval_errors_name_the_problem_and_what_exists(evaluations):
+    assert_one_line_error(evaluations["missing workdir"], "does not exist")
+    assert_one_line_error(evaluations["no config.json"], "no config.json")
+    assert_one_line_error(evaluations["average:9"], "available steps:")
+    assert_one_line_error(evaluations["no checkpoint"], "no checkpoint in")  # config.json and tokenizer alone
+    # config.json's model.d_ff changed to 128: the checkpoint's parameters do not fit, and nothing is overwritten.
+    assert_one_line_error(evaluations["mismatched"], "does not match the config", "(128,) in the model")
+    mismatched = evaluations["directory"] / "mismatched"
+    assert (mismatched / "test_final.hyp").read_text() == evaluations["mismatched_hyp_before"]
 
 
 def test_bad_config_fails_at_start_with_one_line(tmp_path):
+    """Each command line through train.py's flag parsing and main, all in one process (runs.run_rows)."""
     config = write_config(tmp_path)
     workdir = tmp_path / "workdir"
-    assert_one_line_error(run("train.py", f"--config={config}", f"--workdir={workdir}",
-                              "--config.model.num_hedas=2"), "did you mean --config.model.num_heads=2?")
-    assert_one_line_error(run("train.py", f"--config={config}", f"--workdir={workdir}",
-                              "--config.model.num_heads=3"), "not divisible by num_heads=3")
-    assert_one_line_error(run("train.py", f"--config={tmp_path / 'none.py'}", f"--workdir={workdir}"),
-                          "none.py: no such file; pass the path of a config file")
-    assert_one_line_error(run("train.py", "--config=demo2", f"--workdir={workdir}"),
-                          "no config of that name ships with the package", "demo, ")
+    typo, indivisible, missing, unknown = run_rows("train.py", [
+        [f"--config={config}", f"--workdir={workdir}", "--config.model.num_hedas=2"],
+        [f"--config={config}", f"--workdir={workdir}", "--config.model.num_heads=3"],
+        [f"--config={tmp_path / 'none.py'}", f"--workdir={workdir}"],
+        ["--config=demo2", f"--workdir={workdir}"],
+    ], tmp_path)
+    assert_one_line_error(typo, "did you mean --config.model.num_heads=2?")
+    assert_one_line_error(indivisible, "not divisible by num_heads=3")
+    assert_one_line_error(missing, "none.py: no such file; pass the path of a config file")
+    assert_one_line_error(unknown, "no config of that name ships with the package", "demo, ")
 
 
 def test_a_log_file_gets_plain_lines_not_a_carriage_return_bar(script_trained_run):
@@ -208,11 +240,11 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
     assert steps == list(range(1, saved + 3))
 
 
-def test_eval_checkpoint_average_uses_the_runs_average_last(trained):
+def test_eval_checkpoint_average_uses_the_runs_average_last(trained, evaluations):
     """`--checkpoint=average` averages the run's eval.average_last (2 in the smoke config), not a default 5."""
     _, workdir, _ = trained
     assert json.loads((workdir / "config.json").read_text())["eval"]["average_last"] == 2
-    result = run("eval.py", f"--workdir={workdir}", "--checkpoint=average", "--split=dev", "--mode=greedy")
+    result = evaluations["average"]  # --checkpoint=average --split=dev --mode=greedy
     assert result.returncode == 0, result.stderr[-3000:]
     steps = Checkpointer(str(workdir / "checkpoints"), asynchronous=False).steps()
     results = json.loads((workdir / "eval" / f"dev.average_2_to_{steps[-1]}.json").read_text())

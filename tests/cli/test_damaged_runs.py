@@ -3,7 +3,7 @@
 Every row, run as the real command line, expects exit status 2, exactly one `error: ...` line naming the file
 and its repair, no traceback, and the damaged workdir left as it was, byte for byte and folder for folder (the
 refusal comes before anything is written: base.workdir.check_layout, the logs' check, the lock's own). The
-rows run in one process (runs.run_rows).
+rows run in one process (runs.run_rows), eval.py's command line on a damaged run after them.
 """
 
 import json
@@ -14,6 +14,7 @@ import shutil
 import pytest
 
 from runs import assert_one_line_error, copy_run, run_rows, snapshot
+from transformer_jax.cli.old_forms import eval_command
 from transformer_jax.checkpoints.manager import Checkpointer
 
 # Bytes no UTF-8 text holds, across several lines: as a bad disk or a stray `cat` leaves them.
@@ -114,7 +115,9 @@ def tree(directory: pathlib.Path) -> tuple[dict[str, str], list[str]]:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory, trained_run):
-    """Each ROWS command on its damaged copy, the copies before and after; then one crash-cut log that resumes."""
+    """Each ROWS command on its damaged copy, the copies before and after; then the damaged records' resumes, a
+    diverging run, one crash-cut log that resumes, a run without its metrics log, and eval.py on a run with a file
+    where its newest checkpoint belongs."""
     directory = tmp_path_factory.mktemp("damaged_runs")
     workdirs = []
     for index, (_, damage, _) in enumerate(ROWS):
@@ -140,10 +143,18 @@ def results(tmp_path_factory, trained_run):
     (unlogged / "metrics.jsonl").unlink()
     command_lines.append([f"--config={trained_run['config']}", f"--workdir={unlogged}",
                           "--config.training.num_train_steps=8"])
-    done = run_rows("train.py", command_lines, directory)
+    # eval.py on a run whose newest checkpoint's place holds a file, as eval.py hands it to its command.
+    evaluated = copy_run(trained_run, directory / "evaluated")
+    file_for_folder(evaluated, "checkpoints/6")
+    evaluated_before = tree(evaluated)
+    name, argv = eval_command(["eval.py", f"--workdir={evaluated}", "--mode=greedy"])
+    # Each row names its command (`transformer-jax train`, what train.py runs, then eval.py's), in one process.
+    done = run_rows("transformer-jax", [["train", *line] for line in command_lines] + [[name, *argv[1:]]], directory)
+    evaluated_result = done.pop()
     unlogged_result = done.pop()
     return {"rows": dict(zip([row[0] for row in ROWS], done)), "resumed": done[-1], "cut": cut,
             "unlogged": (unlogged_result, unlogged),
+            "evaluated": (evaluated_result, evaluated, evaluated_before),
             "records": dict(zip([row[0] for row in DAMAGED_RECORDS], done[len(ROWS):])), "diverged": done[-2],
             "before": dict(zip([row[0] for row in ROWS], before)),
             "after": dict(zip([row[0] for row in ROWS], [tree(workdir) for workdir in workdirs]))}
@@ -197,11 +208,8 @@ def test_reading_a_run_changes_nothing_and_warns_about_nothing(trained_run, tmp_
     assert tree(workdir) == before
 
 
-def test_eval_py_on_a_file_where_the_newest_checkpoint_belongs_names_it(trained_run, tmp_path):
-    workdir = copy_run(trained_run, tmp_path / "run")
-    file_for_folder(workdir, "checkpoints/6")
-    before = tree(workdir)
-    [result] = run_rows("eval.py", [[f"--workdir={workdir}", "--mode=greedy"]], tmp_path)
+def test_eval_py_on_a_file_where_the_newest_checkpoint_belongs_names_it(results):
+    result, workdir, before = results["evaluated"]  # a copy of the run with a file at checkpoints/6
     assert_one_line_error(result, "checkpoints/6 is a file, not a checkpoint directory",
                           "choose another with --checkpoint=STEP")
     assert tree(workdir) == before

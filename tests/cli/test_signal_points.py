@@ -4,6 +4,10 @@ finishes the run.
 
 The loop's own handling (a checkpoint at a step boundary) is tested in tests/run/test_loop.py and,
 across processes, in tests/run/test_multiprocess.py.
+
+Each stop is a train.py process of its own; the same command lines that then finish the stopped runs of one
+parametrized test run in one process (runs.run_rows: train.py's own flag parsing and main, each on its workdir), made
+once for the module by a fixture that records what each stop left before any rerun touches it.
 """
 
 import json
@@ -16,7 +20,7 @@ import time
 
 import pytest
 
-from runs import ROOT, run_script, script_env, write_config
+from runs import ROOT, run_rows, run_script, script_env, write_config
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.log_records import read_metrics
 
@@ -38,30 +42,60 @@ def signalled_run(config, workdir, point, *flags):
                       env=script_env(SIGNAL_AT=point))
 
 
-def assert_stopped_cleanly(result, workdir, finished):
+def left_by_the_stop(workdir: pathlib.Path) -> dict:
+    """What a stopped run left in its workdir (read before a rerun changes it): the lock, anything half written."""
+    everything = list(workdir.rglob("*"))
+    return {"lock": (workdir / layout.LOCK).exists(), "tmp": [path for path in everything if ".tmp" in path.name],
+            "all": everything}
+
+
+def assert_stopped_cleanly(result, left, finished):
+    """`left`: left_by_the_stop of the run's workdir, read right after the stop."""
     assert result.returncode == 143, result.stderr[-3000:]
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"stopped by SIGTERM: {finished}") and last.endswith("resumes the run"), last
-    assert not (workdir / layout.LOCK).exists()
-    assert not [path for path in workdir.rglob("*") if ".tmp" in path.name], list(workdir.rglob("*"))
+    assert not left["lock"]
+    assert not left["tmp"], left["all"]
 
 
-@pytest.mark.parametrize("point, flags, finished", [
+def rerun_each(config: str, workdirs: list[pathlib.Path], directory: pathlib.Path) -> list:
+    """The same command (train.py --config --workdir) on each stopped workdir, all in one process (runs.run_rows)."""
+    return run_rows("train.py", [[f"--config={config}", f"--workdir={workdir}"] for workdir in workdirs], directory)
+
+
+OUTSIDE_THE_LOOP = [
     ("preparation", ("--multihost", "--num_processes=1", "--process_id=0"), "nothing; training had not started"),
     ("compiling", (), "nothing; training had not started"),
     ("final translation", (), "training finished at step 6"),
-])
-def test_sigterm_outside_the_loop_stops_cleanly_and_the_same_command_finishes(tmp_path, point, flags, finished):
+]
+
+
+@pytest.fixture(scope="module")
+def outside_the_loop(tmp_path_factory):
+    """{point: (the stopped run, what it left, whether its corpus manifest was written, the rerun)} for each point of
+    OUTSIDE_THE_LOOP: each stopped in its own process, then the same commands finishing them in one."""
     from runs import free_port
 
-    config, workdir = write_config(tmp_path), tmp_path / "run"
-    if flags:  # joined through jax.distributed, whose runtime must not take SIGTERM away from us
-        flags += (f"--coordinator_address=localhost:{free_port()}",)
-    assert_stopped_cleanly(signalled_run(config, workdir, point, *flags), workdir, finished)
+    directory = tmp_path_factory.mktemp("outside_the_loop")
+    config, stopped, workdirs = write_config(directory), {}, []
+    for point, flags, _ in OUTSIDE_THE_LOOP:
+        workdir = directory / point.replace(" ", "_")
+        if flags:  # joined through jax.distributed, whose runtime must not take SIGTERM away from us
+            flags += (f"--coordinator_address=localhost:{free_port()}",)
+        result = signalled_run(config, workdir, point, *flags)
+        stopped[point] = (result, left_by_the_stop(workdir), (workdir / layout.CORPUS / "manifest.json").exists())
+        workdirs.append(workdir)
+    reruns = rerun_each(config, workdirs, directory)
+    return {point: (*stopped[point], rerun) for (point, _, _), rerun in zip(OUTSIDE_THE_LOOP, reruns)}
+
+
+@pytest.mark.parametrize("point, flags, finished", OUTSIDE_THE_LOOP)
+def test_sigterm_outside_the_loop_stops_cleanly_and_the_same_command_finishes(outside_the_loop, point, flags, finished):
+    stopped, left, manifest, rerun = outside_the_loop[point]
+    assert_stopped_cleanly(stopped, left, finished)
     if point == "preparation":
-        assert not (workdir / layout.CORPUS / "manifest.json").exists()  # an unfinished corpus is not taken
-    rerun = run_script("train.py", f"--config={config}", f"--workdir={workdir}")
+        assert not manifest  # an unfinished corpus is not taken
     assert rerun.returncode == 0 and "test SacreBLEU" in rerun.stdout, rerun.stderr[-3000:]
     if point == "final translation":
         assert "resumed from" in rerun.stdout  # training was not redone
@@ -80,34 +114,54 @@ def test_sigterm_during_a_periodic_evaluation_abandons_it_and_the_restart_does_i
     assert not (workdir / layout.LOCK).exists()
     assert sorted(int(p.name) for p in (workdir / layout.CHECKPOINTS).iterdir() if p.name.isdigit())[-1] == 3
     # Stopped again while the resumed run compiles: the line says what is on disk, not "nothing".
-    assert_stopped_cleanly(signalled_run(config, workdir, "compiling"), workdir, "the newest checkpoint is step 3")
+    compiling = signalled_run(config, workdir, "compiling")
+    assert_stopped_cleanly(compiling, left_by_the_stop(workdir), "the newest checkpoint is step 3")
     rerun = run_script("train.py", f"--config={config}", f"--workdir={workdir}")
     assert rerun.returncode == 0 and "test SacreBLEU" in rerun.stdout, rerun.stderr[-3000:]
     assert "resumed from" in rerun.stdout
     assert [r["step"] for r in read_metrics(str(workdir)) if r["split"] == "dev"] == [3, 6]  # step 3's done first
 
 
-@pytest.mark.parametrize("point, again", [("update", None), ("update twice", "SIGTERM"),
-                                          ("update and save", "SIGTERM"), ("update and save", "SIGINT")])
-def test_a_stop_before_the_first_checkpoint_keeps_its_promise(tmp_path, point, again):
+BEFORE_THE_FIRST_CHECKPOINT = [("update", None), ("update twice", "SIGTERM"), ("update and save", "SIGTERM"),
+                               ("update and save", "SIGINT")]
+
+
+@pytest.fixture(scope="module")
+def before_the_first_checkpoint(tmp_path_factory):
+    """{(point, again): (the stopped run, its timing records, its checkpoint folder's names, whether the lock is left,
+    the rerun)} for each case of BEFORE_THE_FIRST_CHECKPOINT: each stopped in its own process, then the same commands
+    resuming them in one."""
+    directory = tmp_path_factory.mktemp("before_the_first_checkpoint")
+    config, stopped, workdirs = write_config(directory), [], []
+    for index, (point, again) in enumerate(BEFORE_THE_FIRST_CHECKPOINT):
+        workdir = directory / f"run{index}"
+        result = run_script("tests/signal_at.py", f"--config={config}", f"--workdir={workdir}",
+                            env=script_env(SIGNAL_AT=point, SIGNAL_AGAIN=again or ""))
+        timing = [json.loads(line) for line in (workdir / layout.TIMING).read_text().splitlines()] \
+            if (workdir / layout.TIMING).exists() else []
+        names = sorted(p.name for p in (workdir / layout.CHECKPOINTS).iterdir()) \
+            if (workdir / layout.CHECKPOINTS).is_dir() else []
+        stopped.append((result, timing, names, (workdir / layout.LOCK).exists()))
+        workdirs.append(workdir)
+    reruns = rerun_each(config, workdirs, directory)
+    return {case: (*stop, rerun) for case, stop, rerun in zip(BEFORE_THE_FIRST_CHECKPOINT, stopped, reruns)}
+
+
+@pytest.mark.parametrize("point, again", BEFORE_THE_FIRST_CHECKPOINT)
+def test_a_stop_before_the_first_checkpoint_keeps_its_promise(before_the_first_checkpoint, point, again):
     """One signal, or a second one (SIGTERM or Ctrl-C's SIGINT) while the stop's checkpoint is being written: the
     checkpoint is finished whole, the line says so, and the same command resumes from it."""
-    config, workdir = write_config(tmp_path), tmp_path / "run"
-    stopped = run_script("tests/signal_at.py", f"--config={config}", f"--workdir={workdir}",
-                         env=script_env(SIGNAL_AT=point, SIGNAL_AGAIN=again or ""))
+    stopped, timing, names, lock_left, rerun = before_the_first_checkpoint[point, again]
     assert stopped.returncode == 143 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
     step, checkpoint, seconds, arrived, _ = stop_line(stopped.stdout)
     assert step == checkpoint == 2 and arrived == 1  # sent while update 2 was being dispatched
-    timing = [json.loads(line) for line in (workdir / layout.TIMING).read_text().splitlines()]
     (record,) = [t for t in timing if "stop_seconds" in t]
     assert record["step"] == 2 and record["signal_step"] == 1 and abs(record["stop_seconds"] - seconds) <= 0.05
     if again:
         number = getattr(signal, again).value
         assert f"signal {number} again: stopping after the checkpoint is written" in stopped.stdout, stopped.stdout
-    names = sorted(p.name for p in (workdir / layout.CHECKPOINTS).iterdir())
     assert [name for name in names if name.isdigit()] == ["2"] and not [n for n in names if "tmp" in n], names
-    assert not (workdir / layout.LOCK).exists()
-    rerun = run_script("train.py", f"--config={config}", f"--workdir={workdir}")
+    assert not lock_left
     assert rerun.returncode == 0 and "resumed from" in rerun.stdout and "test SacreBLEU" in rerun.stdout, \
         rerun.stderr[-3000:]
 

@@ -3,6 +3,10 @@
 Stale: the text it was prepared from edited since, keeping its size and time (`cp -p`, `rsync -t`), in the
 run's own corpus or given as data.prepared beside a data.path. Damaged: one byte of a token shard (not at an
 end of sentence), of dev.json or of test.json (still valid JSON). Each ends in one line naming the file.
+
+The run resumed on edited text is trained once for the module (each case edits the text at the run's own path, then
+puts it back); the commands given a prepared corpus run in one process (runs.run_rows: train.py's own flag parsing
+and main, one command line after another).
 """
 
 import json
@@ -14,7 +18,7 @@ import sys
 
 import pytest
 
-from runs import ROOT, assert_one_line_error, run_script, script_env, write_config
+from runs import ROOT, assert_one_line_error, run_rows, run_script, script_env, write_config
 from transformer_jax.data.sources import load_splits
 
 
@@ -77,49 +81,91 @@ def copy_of(setup, tmp_path, *names):
     return copies
 
 
-@pytest.mark.parametrize("edited", ["train.en", "dev.de"])
-def test_a_run_resumed_on_edited_text_of_the_same_size_and_time_is_refused(text_run, tmp_path, edited):
-    text = write_text(tmp_path / "text")  # the run's own text, at its own path
-    flags = [f"--config={text_run['config']}", "--config.data.source=text", f"--config.data.path={text}",
-             f"--workdir={tmp_path / 'run'}"]
-    first = run_script("train.py", *flags, "--config.training.num_train_steps=2")
+@pytest.fixture(scope="module")
+def own_text_run(text_run):
+    """A run trained 2 steps on its own text files (data.source=text): {"text": their directory, "workdir": the run,
+    "flags": the command's flags but --workdir}."""
+    text = write_text(text_run["dir"] / "own_text")
+    flags = [f"--config={text_run['config']}", "--config.data.source=text", f"--config.data.path={text}"]
+    first = run_script("train.py", *flags, f"--workdir={text_run['dir'] / 'own_run'}",
+                       "--config.training.num_train_steps=2")
     assert first.returncode == 0, first.stderr[-3000:]
+    return {"text": text, "workdir": text_run["dir"] / "own_run", "flags": flags}
+
+
+@pytest.mark.parametrize("edited", ["train.en", "dev.de"])
+def test_a_run_resumed_on_edited_text_of_the_same_size_and_time_is_refused(own_text_run, tmp_path, edited):
+    text = own_text_run["text"]  # the run's own text, at its own path (put back as it was after the case)
+    workdir = tmp_path / "run"
+    shutil.copytree(own_text_run["workdir"], workdir)
+    original, stat = (text / edited).read_bytes(), (text / edited).stat()
     edit_keeping_size_and_time(text / edited)
-    result = run_script("train.py", *flags, "--config.training.num_train_steps=4")
+    try:
+        result = run_script("train.py", *own_text_run["flags"], f"--workdir={workdir}",
+                            "--config.training.num_train_steps=4")
+    finally:
+        (text / edited).write_bytes(original)
+        os.utime(text / edited, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert_one_line_error(result, f"the files in data.path={text} changed since", f"({edited} differ)",
                           "restore them")
 
 
-@pytest.mark.parametrize("edited", ["train.en", "test.de"])
-def test_a_prepared_corpus_beside_other_text_than_it_was_prepared_from_is_refused(text_run, tmp_path, edited):
-    copies = copy_of(text_run, tmp_path, "text")
-    edit_keeping_size_and_time(copies["text"] / edited)
-    result = run_script("train.py", f"--config={text_run['config']}", "--config.data.source=text",
-                        f"--config.data.path={copies['text']}", f"--config.data.prepared={text_run['corpus']}",
-                        f"--workdir={tmp_path / 'new'}")
-    assert_one_line_error(result, f"the files in data.path={copies['text']} are not the ones",
-                          f"({edited} differ)")
-    assert not (tmp_path / "new").exists()
-    # The same corpus beside the text it was prepared from (a copy elsewhere, its times new) is taken.
-    same = tmp_path / "same"
-    shutil.copytree(text_run["text"], same, copy_function=shutil.copyfile)
-    fine = run_script("train.py", f"--config={text_run['config']}", "--config.data.source=text",
-                      f"--config.data.path={same}", f"--config.data.prepared={text_run['corpus']}",
-                      f"--workdir={tmp_path / 'ok'}", "--config.training.num_train_steps=1")
-    assert fine.returncode == 0, fine.stderr[-3000:]
-
-
-@pytest.mark.parametrize("damage, named", [
+BESIDE_OTHER_TEXT = ["train.en", "test.de"]
+DAMAGES = [
     (flip_a_token_byte, "holds tokens that do not match its index (damaged shard)"),
     (lambda corpus: change_a_pair(corpus / "dev.json"), "dev.json changed since the corpus was prepared"),
     (lambda corpus: change_a_pair(corpus / "test.json"), "test.json changed since the corpus was prepared"),
-], ids=["token shard", "dev.json", "test.json"])
-def test_a_damaged_prepared_corpus_is_refused_naming_the_file(text_run, tmp_path, damage, named):
-    copies = copy_of(text_run, tmp_path, "corpus")
-    damage(copies["corpus"])
-    # One batch holds every pair (shards are checked pair by pair as they are read: this run reads them all).
-    result = run_script("train.py", f"--config={text_run['config']}", "--config.data.source=text",
-                        f"--config.data.prepared={copies['corpus']}", f"--workdir={tmp_path / 'new'}",
-                        "--config.data.tokens_per_batch=16384", "--config.training.num_train_steps=2")
+]
+DAMAGE_IDS = ["token shard", "dev.json", "test.json"]
+
+
+@pytest.fixture(scope="module")
+def prepared_runs(text_run):
+    """The train.py commands given text_run's corpus (or a damaged copy of it) as data.prepared, all in one process
+    (runs.run_rows): {"beside": {edited file: (the text copy, the refusal, its workdir)}, "taken": the same corpus
+    beside an unedited copy of its text, "damaged": {damage id: (the refusal, its workdir)}}."""
+    directory = text_run["dir"] / "prepared_runs"
+    directory.mkdir()
+    base = [f"--config={text_run['config']}", "--config.data.source=text"]
+    rows, beside, damaged = [], {}, {}
+    for edited in BESIDE_OTHER_TEXT:
+        case = directory / f"beside_{edited}"
+        copies = copy_of(text_run, case, "text")
+        edit_keeping_size_and_time(copies["text"] / edited)
+        beside[edited] = (copies["text"], case / "new")
+        rows.append([*base, f"--config.data.path={copies['text']}", f"--config.data.prepared={text_run['corpus']}",
+                     f"--workdir={case / 'new'}"])
+    # The same corpus beside the text it was prepared from (a copy elsewhere, its times new).
+    same = directory / "same"
+    shutil.copytree(text_run["text"], same, copy_function=shutil.copyfile)
+    rows.append([*base, f"--config.data.path={same}", f"--config.data.prepared={text_run['corpus']}",
+                 f"--workdir={directory / 'ok'}", "--config.training.num_train_steps=1"])
+    for (damage, _), name in zip(DAMAGES, DAMAGE_IDS):
+        case = directory / f"damaged_{name}"
+        copies = copy_of(text_run, case, "corpus")
+        damage(copies["corpus"])
+        damaged[name] = case / "new"
+        # One batch holds every pair (shards are checked pair by pair as they are read: this run reads them all).
+        rows.append([*base, f"--config.data.prepared={copies['corpus']}", f"--workdir={case / 'new'}",
+                     "--config.data.tokens_per_batch=16384", "--config.training.num_train_steps=2"])
+    results = run_rows("train.py", rows, directory)
+    return {"beside": {edited: (text, results[i], new) for i, (edited, (text, new)) in enumerate(beside.items())},
+            "taken": results[len(beside)],
+            "damaged": {name: (results[len(beside) + 1 + i], new) for i, (name, new) in enumerate(damaged.items())}}
+
+
+@pytest.mark.parametrize("edited", BESIDE_OTHER_TEXT)
+def test_a_prepared_corpus_beside_other_text_than_it_was_prepared_from_is_refused(prepared_runs, edited):
+    text, result, new = prepared_runs["beside"][edited]
+    assert_one_line_error(result, f"the files in data.path={text} are not the ones", f"({edited} differ)")
+    assert not new.exists()
+    # The same corpus beside the text it was prepared from (a copy elsewhere, its times new) is taken.
+    fine = prepared_runs["taken"]
+    assert fine.returncode == 0, fine.stderr[-3000:]
+
+
+@pytest.mark.parametrize("damage, named", DAMAGES, ids=DAMAGE_IDS)
+def test_a_damaged_prepared_corpus_is_refused_naming_the_file(prepared_runs, request, damage, named):
+    result, new = prepared_runs["damaged"][request.node.callspec.id]
     assert_one_line_error(result, named, "prepare it again")
-    assert not (tmp_path / "new").exists()  # a first start that saved nothing leaves nothing
+    assert not new.exists()  # a first start that saved nothing leaves nothing

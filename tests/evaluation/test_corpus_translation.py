@@ -1,6 +1,7 @@
 """Bulk translation (`transformer-jax translate-corpus`): an output the same bytes after SIGKILLs at random points as
-without them, with one process and with two; bad input named in one line, nothing overwritten. Inputs edited during
-a job: test_corpus_translation_edits.py; what stands at an output's places: test_corpus_translation_places.py."""
+without them, with one process and with two (two processes' the bytes of one); bad input named in one line, nothing
+overwritten. Inputs edited during a job: test_corpus_translation_edits.py; what stands at an output's places:
+test_corpus_translation_places.py."""
 
 import json
 import os
@@ -86,25 +87,30 @@ TOP_K, TOP_P = ("--mode=sample", "--top_k=5", "--seed=3"), ("--mode=sample", "--
 
 @pytest.fixture(scope="module")
 def never_stopped(trained_run, corpus, tmp_path_factory):
-    """`whole(search, processes)`: the output folder of the job on `corpus` run to its end without a stop, made once
-    per module (the killed job's reference and the comparison of process counts share the two-process one)."""
-    made: dict[tuple[tuple[str, ...], int], pathlib.Path] = {}
+    """`whole(search)`: the output folder of the one-process job on `corpus` run to its end without a stop, made once
+    per module (the killed jobs' reference, of one process and of two; the bucket's job with TOP_K shares it)."""
+    made: dict[tuple[str, ...], pathlib.Path] = {}
 
-    def whole(search: tuple[str, ...], processes: int) -> pathlib.Path:
-        if (search, processes) not in made:
+    def whole(search: tuple[str, ...]) -> pathlib.Path:
+        if search not in made:
             out = tmp_path_factory.mktemp("whole")
-            run_job(trained_run["workdir"], corpus, out, *search, processes=processes)
-            made[search, processes] = out
-        return made[search, processes]
+            run_job(trained_run["workdir"], corpus, out, *search)
+            made[search] = out
+        return made[search]
 
     return whole
 
 
-@pytest.mark.parametrize("processes, search", [(1, TOP_K), (2, TOP_P)])
+# (processes, search, kills): the one-process job is killed 3 times (a resumed job killed again, maybe while joining,
+# at least 2 landing before it finished); the two-process job twice, at least once before it finished: one kill already
+# proves that two processes' shards resume to the bytes of one never stopped (each kill of it costs two start-ups).
+@pytest.mark.parametrize("processes, search, kills", [(1, TOP_K, 3), (2, TOP_P, 2)])
 def test_a_job_killed_at_random_points_ends_with_the_bytes_of_one_never_stopped(trained_run, corpus, never_stopped,
-                                                                                  tmp_path, processes, search):
+                                                                                  tmp_path, processes, search, kills):
+    """The reference is the one-process job never stopped, for the two-process job too: a shard is translated the same
+    by any process (its samples drawn from its own seed), so two processes' output is one process's."""
     workdir = trained_run["workdir"]
-    whole = never_stopped(search, processes)
+    whole = never_stopped(search)
     expected = (whole / "mono.en.de").read_bytes()
     assert expected.count(b"\n") == 8 * SHARD_LINES + 13
     assert len(set(expected.split(b"\n"))) > 100  # translations, not a column of empty lines
@@ -112,10 +118,10 @@ def test_a_job_killed_at_random_points_ends_with_the_bytes_of_one_never_stopped(
     out, parts = tmp_path / "killed", tmp_path / "killed" / "mono.en.de.parts"
     seed = random.randrange(1 << 30)
     rng = random.Random(seed)
-    kills = 0
-    for shards in sorted(rng.sample(range(1, 10), 3)):  # 1 to 9 shards written: the last is killed while joining
-        kills += kill_when(workdir, corpus, out, parts, shards, rng.uniform(0, 0.3), *search, processes=processes)
-    assert kills >= 2, f"the job finished before most kills (seed {seed})"
+    landed = 0
+    for shards in sorted(rng.sample(range(1, 10), kills)):  # 1 to 9 shards written: at 9, killed while joining
+        landed += kill_when(workdir, corpus, out, parts, shards, rng.uniform(0, 0.3), *search, processes=processes)
+    assert landed >= kills - 1, f"the job finished before most kills (seed {seed})"
     stderrs = [stderr for _, stderr in run_job(workdir, corpus, out, *search, processes=processes)]
     assert (out / "mono.en.de").read_bytes() == expected, f"seed {seed}"
     record = json.loads((out / "mono.en.de.json").read_text())
@@ -126,16 +132,8 @@ def test_a_job_killed_at_random_points_ends_with_the_bytes_of_one_never_stopped(
     assert redone < 9 or "already translated" in "".join(stderrs), f"the rerun started over (seed {seed})"
 
 
-def test_outputs_do_not_depend_on_the_number_of_processes(never_stopped):
-    """A shard is translated the same by any process (its samples drawn from its own seed): one process's output
-    is the two-process job's."""
-    one, two = ((never_stopped(TOP_P, processes) / "mono.en.de").read_bytes() for processes in (1, 2))
-    assert len(set(two.split(b"\n"))) > 100  # translations, not a column of empty lines
-    assert one == two
-
-
-def test_bad_input_is_one_line_and_nothing_is_overwritten(trained_run, tmp_path):
-    workdir = trained_run["workdir"]
+def arrange_bad_input(workdir, tmp_path: pathlib.Path) -> list[tuple[list[str], list[str]]]:
+    """test_bad_input_is_one_line_and_nothing_is_overwritten's files; its (command line, error fragments) rows."""
     bad = tmp_path / "bad.en"
     bad.write_bytes(b"the dog\nthe cat\nthe \xe9t\xe9\n")
     theirs = tmp_path / "theirs"
@@ -153,51 +151,131 @@ def test_bad_input_is_one_line_and_nothing_is_overwritten(trained_run, tmp_path)
         ([f"--input={mono}", f"--input={tmp_path / 'x' / 'mono.en'}", f"--output_dir={tmp_path / 'out'}"],
          ["two inputs would write"]),
     ]
-    results = run_rows("transformer-jax", [["translate-corpus", f"--workdir={workdir}", *args] for args, _ in rows],
-                       tmp_path)
-    for (_, fragments), result in zip(rows, results):
+    return [(["translate-corpus", f"--workdir={workdir}", *args], fragments) for args, fragments in rows]
+
+
+def arrange_finished_output(workdir, tmp_path: pathlib.Path) -> list[list[str]]:
+    """test_a_finished_output_is_kept_and_other_settings_are_refused's input; its command lines, in order."""
+    mono = write_corpus(tmp_path / "mono.en", 7)
+    rows = [["translate-corpus", f"--workdir={workdir}", f"--input={mono}", "--mode=greedy"]] * 2
+    rows.append(["translate-corpus", f"--workdir={workdir}", f"--input={mono}", "--mode=beam"])
+    return rows
+
+
+def arrange_not_the_jobs(workdir, tmp_path: pathlib.Path) -> list[tuple[list[str], list[str]]]:
+    """test_what_is_not_the_jobs_is_refused_in_one_line_and_left_as_it_is's places (its claimed output is claimed
+    while the rows run: one_process_rows); its (command line, error fragments) rows."""
+    mono = write_corpus(tmp_path / "mono.en", 5)
+    theirs = tmp_path / "theirs"
+    (theirs / "mono.en.de.parts").mkdir(parents=True)
+    (theirs / "mono.en.de.parts" / "notes.txt").write_text("mine\n")
+    a_file = tmp_path / "a_file"
+    (a_file / "mono.en.de.parts").parent.mkdir()
+    (a_file / "mono.en.de.parts").write_text("mine too\n")
+    plain = tmp_path / "plain.txt"
+    plain.write_text("not a directory\n")
+    claimed = tmp_path / "claimed"
+    rows = [
+        ([f"--output_dir={theirs}"], ["mono.en.de.parts exists but is not a translate-corpus parts folder",
+                                       "nothing in it is read or removed"]),
+        ([f"--output_dir={a_file}"], ["mono.en.de.parts exists but is not a translate-corpus parts folder"]),
+        ([f"--output_dir={plain}"], ["is a file; pass a directory"]),
+        ([f"--output_dir={tmp_path / 'out'}", "--suffix=a/b"], ["--suffix='a/b' must be a plain name"]),
+        ([f"--output_dir={claimed}"], ["mono.en.de is in use by another translate-corpus job", f"pid {os.getpid()}"]),
+        ([f"--input={tmp_path}", f"--output_dir={tmp_path / 'out'}"], ["is a directory, not a text file"]),
+    ]
+    return [(["translate-corpus", f"--workdir={workdir}", f"--input={mono}", *args], fragments)
+            for args, fragments in rows]
+
+
+@pytest.fixture(scope="module")
+def one_process_rows(trained_run, tmp_path_factory) -> dict:
+    """The command lines of the three tests below, run in one process (runs.run_rows: one start-up of Python, JAX and
+    the model instead of three), each test's in a folder of its own: {test: (its folder, its rows, their results)}.
+    The rows keep each test's order (the finished output's three run one after another)."""
+    from transformer_jax.base.lock import Claim
+
+    workdir = trained_run["workdir"]
+    base = tmp_path_factory.mktemp("one_process_rows")
+    folders = {name: base / name for name in ("bad_input", "finished_output", "not_the_jobs")}
+    for folder in folders.values():
+        folder.mkdir()
+    rows = {"bad_input": arrange_bad_input(workdir, folders["bad_input"]),
+            "finished_output": [(row, []) for row in arrange_finished_output(workdir, folders["finished_output"])],
+            "not_the_jobs": arrange_not_the_jobs(workdir, folders["not_the_jobs"])}
+    claimed = folders["not_the_jobs"] / "claimed"
+    claim = Claim(str(claimed / "mono.en.de.lock"), str(claimed / "mono.en.de"), "translate-corpus job",
+                  "--output_dir")
+    claim.acquire(heartbeat=False)  # this test process: alive, so the claim holds
+    try:
+        results = run_rows("transformer-jax", [row for name in rows for row, _ in rows[name]], base)
+    finally:
+        claim.release()
+    made, start = {}, 0
+    for name, named_rows in rows.items():
+        made[name] = (folders[name], named_rows, results[start:start + len(named_rows)])
+        start += len(named_rows)
+    return made
+
+
+def test_bad_input_is_one_line_and_nothing_is_overwritten(one_process_rows):
+    tmp_path, rows, results = one_process_rows["bad_input"]
+    theirs = tmp_path / "theirs"
+    for (_, fragments), result in zip(rows, results, strict=True):
         assert_one_line_error(result, *fragments)
     assert (theirs / "mono.en.de").read_text() == "someone's file\n" and os.listdir(theirs) == ["mono.en.de"]
     # The failed first attempt wrote no output and no parts folder that would pin its settings for the next.
     assert not (tmp_path / "out" / "bad.en.de").exists() and not (tmp_path / "out" / "bad.en.de.parts").exists()
 
 
-def test_a_finished_output_is_kept_and_other_settings_are_refused(trained_run, tmp_path):
-    workdir = trained_run["workdir"]
-    mono = write_corpus(tmp_path / "mono.en", 7)
-    rows = [["translate-corpus", f"--workdir={workdir}", f"--input={mono}", "--mode=greedy"]] * 2
-    rows.append(["translate-corpus", f"--workdir={workdir}", f"--input={mono}", "--mode=beam"])
-    first, again, other = run_rows("transformer-jax", rows, tmp_path)
+def test_a_finished_output_is_kept_and_other_settings_are_refused(one_process_rows):
+    tmp_path, _, (first, again, other) = one_process_rows["finished_output"]
     assert first.returncode == again.returncode == 0, first.stderr[-2000:] + again.stderr[-2000:]
     assert "already translated" in again.stderr
     assert_one_line_error(other, "mono.en.de was translated with other settings (search)")
     assert len((tmp_path / "mono.en.de").read_text().splitlines()) == 7  # beside its input
 
 
-def test_a_glob_in_a_bucket_is_translated_into_the_bucket_and_resumed(trained_run, gcs_emulator, tmp_path):
+def test_what_is_not_the_jobs_is_refused_in_one_line_and_left_as_it_is(one_process_rows):
+    """A folder or file where the parts go, an --output_dir that is a file, a suffix with a /, an output another job
+    claims: one line each, and nothing there is read, changed or removed."""
+    tmp_path, rows, results = one_process_rows["not_the_jobs"]
+    theirs, a_file, plain, claimed = (tmp_path / name for name in ("theirs", "a_file", "plain.txt", "claimed"))
+    for (_, fragments), result in zip(rows, results, strict=True):
+        assert_one_line_error(result, *fragments)
+    assert os.listdir(theirs / "mono.en.de.parts") == ["notes.txt"]
+    assert (theirs / "mono.en.de.parts" / "notes.txt").read_text() == "mine\n"
+    assert (a_file / "mono.en.de.parts").read_text() == "mine too\n" and os.listdir(a_file) == ["mono.en.de.parts"]
+    assert plain.read_text() == "not a directory\n"
+    assert sorted(os.listdir(claimed)) == []  # the claim released; the refused job wrote nothing
+    assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []
+
+
+def test_a_glob_in_a_bucket_is_translated_into_the_bucket_and_resumed(trained_run, corpus, never_stopped,
+                                                                      gcs_emulator, tmp_path):
     """gs:// inputs (a glob) and --output_dir, on a local GCS emulator: a killed job, its glob then gaining a file that
     comes first, goes on to the bytes of a whole one (sampling seeds follow each file's name, not its place in the
-    glob), and the bucket holds only the outputs and their records."""
+    glob, nor where the file is), and the bucket holds only the outputs and their records. The whole one is the
+    module's job never stopped (never_stopped, TOP_K) on a local file of the same name and lines as the glob's first:
+    no job of its own in the bucket."""
     import uuid
 
     import fsspec
     from gcs_emulator import BUCKET, emulator_in_this_process
 
     root = f"gs://{BUCKET}/corpus-{uuid.uuid4().hex[:8]}"
-    local = [write_corpus(tmp_path / f"part{i}.en", 3 * SHARD_LINES + i, seed=i) for i in range(2)]
+    local = [corpus, write_corpus(tmp_path / "part1.en", SHARD_LINES + 1, seed=1)]  # mono.en (9 shards), part1.en
     with emulator_in_this_process(gcs_emulator):
         bucket = fsspec.filesystem("gs", skip_instance_cache=True, use_listings_cache=False)
         for path in local:
             bucket.pipe_file(f"{root}/in/{path.name}", path.read_bytes())
     env = script_env(**gcs_emulator)
-    args = ["--mode=sample", "--seed=2"]
 
     def job(out: str) -> subprocess.Popen:
-        return subprocess.Popen(command(trained_run["workdir"], f"{root}/in/*.en", out, *args), cwd=ROOT, env=env,
+        return subprocess.Popen(command(trained_run["workdir"], f"{root}/in/*.en", out, *TOP_K), cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    whole = job(f"{root}/whole")
-    assert whole.wait(timeout=600) == 0, whole.stderr.read()[-3000:]
+    whole = never_stopped(TOP_K) / "mono.en.de"
     stopped = job(f"{root}/resumed")
     time.sleep(12)  # start-up and a shard or two
     stopped.send_signal(signal.SIGKILL)
@@ -210,11 +288,11 @@ def test_a_glob_in_a_bucket_is_translated_into_the_bucket_and_resumed(trained_ru
     with emulator_in_this_process(gcs_emulator):
         bucket = fsspec.filesystem("gs", skip_instance_cache=True, use_listings_cache=False)
         names = sorted(path.rsplit("/", 1)[-1] for path in bucket.find(f"{root}/resumed".removeprefix("gs://")))
-        assert names == ["added.en.de", "added.en.de.json", "part0.en.de", "part0.en.de.json", "part1.en.de",
+        assert names == ["added.en.de", "added.en.de.json", "mono.en.de", "mono.en.de.json", "part1.en.de",
                          "part1.en.de.json"]
-        for name in ("part0.en.de", "part1.en.de"):
-            output = bucket.cat_file(f"{root}/resumed/{name}")
-            assert output == bucket.cat_file(f"{root}/whole/{name}") and output.count(b"\n") > 3 * SHARD_LINES - 1
+        output = bucket.cat_file(f"{root}/resumed/mono.en.de")
+        assert output == whole.read_bytes() and output.count(b"\n") == 8 * SHARD_LINES + 13
+        assert bucket.cat_file(f"{root}/resumed/part1.en.de").count(b"\n") == SHARD_LINES + 1
 
 
 def test_the_model_is_named_by_its_parameters_and_tokenizer(trained_run):
@@ -228,47 +306,3 @@ def test_the_model_is_named_by_its_parameters_and_tokenizer(trained_run):
         assert first.fingerprint() == second.fingerprint()
         second.params = jax.tree.map(lambda x: x * 1.001, second.params)
         assert first.fingerprint() != second.fingerprint()
-
-
-def test_what_is_not_the_jobs_is_refused_in_one_line_and_left_as_it_is(trained_run, tmp_path):
-    """A folder or file where the parts go, an --output_dir that is a file, a suffix with a /, an output another job
-    claims: one line each, and nothing there is read, changed or removed."""
-    from transformer_jax.base.lock import Claim
-
-    workdir = trained_run["workdir"]
-    mono = write_corpus(tmp_path / "mono.en", 5)
-    theirs = tmp_path / "theirs"
-    (theirs / "mono.en.de.parts").mkdir(parents=True)
-    (theirs / "mono.en.de.parts" / "notes.txt").write_text("mine\n")
-    a_file = tmp_path / "a_file"
-    (a_file / "mono.en.de.parts").parent.mkdir()
-    (a_file / "mono.en.de.parts").write_text("mine too\n")
-    plain = tmp_path / "plain.txt"
-    plain.write_text("not a directory\n")
-    claimed = tmp_path / "claimed"
-    claim = Claim(str(claimed / "mono.en.de.lock"), str(claimed / "mono.en.de"), "translate-corpus job",
-                  "--output_dir")
-    claim.acquire(heartbeat=False)  # this test's process: alive, so the claim holds
-    try:
-        rows = [
-            ([f"--output_dir={theirs}"], ["mono.en.de.parts exists but is not a translate-corpus parts folder",
-                                           "nothing in it is read or removed"]),
-            ([f"--output_dir={a_file}"], ["mono.en.de.parts exists but is not a translate-corpus parts folder"]),
-            ([f"--output_dir={plain}"], ["is a file; pass a directory"]),
-            ([f"--output_dir={tmp_path / 'out'}", "--suffix=a/b"], ["--suffix='a/b' must be a plain name"]),
-            ([f"--output_dir={claimed}"], ["mono.en.de is in use by another translate-corpus job",
-                                            f"pid {os.getpid()}"]),
-            ([f"--input={tmp_path}", f"--output_dir={tmp_path / 'out'}"], ["is a directory, not a text file"]),
-        ]
-        results = run_rows("transformer-jax", [["translate-corpus", f"--workdir={workdir}", f"--input={mono}", *args]
-                                               for args, _ in rows], tmp_path)
-    finally:
-        claim.release()
-    for (_, fragments), result in zip(rows, results):
-        assert_one_line_error(result, *fragments)
-    assert os.listdir(theirs / "mono.en.de.parts") == ["notes.txt"]
-    assert (theirs / "mono.en.de.parts" / "notes.txt").read_text() == "mine\n"
-    assert (a_file / "mono.en.de.parts").read_text() == "mine too\n" and os.listdir(a_file) == ["mono.en.de.parts"]
-    assert plain.read_text() == "not a directory\n"
-    assert sorted(os.listdir(claimed)) == []  # the claim released; the refused job wrote nothing
-    assert not (tmp_path / "out").exists() or os.listdir(tmp_path / "out") == []

@@ -17,10 +17,11 @@ from transformer_jax.data.batching import eval_batches
 from transformer_jax.data.encoded import EncodedPairs, Ragged
 from transformer_jax.model.masks import PAD_ID
 
-# argv: "single", or "process INDEX COUNT PORT" for one process of a jax.distributed run.
+# argv: "single PARAMS", or "process INDEX COUNT PORT PARAMS" for one process of a jax.distributed run. PARAMS: a file
+# the single process writes the model's weights to (pickled NumPy arrays) and the processes of the run read them from.
 SCRIPT = textwrap.dedent(
     """
-    import json, re, sys
+    import json, pickle, re, sys
     import flax.linen as nn, jax, numpy as np, optax
     if sys.argv[1] == "process":
         jax.distributed.initialize(f"localhost:{sys.argv[4]}", int(sys.argv[3]), int(sys.argv[2]))
@@ -29,8 +30,9 @@ SCRIPT = textwrap.dedent(
     from transformer_jax.data.encoded import EncodedPairs, Ragged
     from transformer_jax.decoding.options import DecodeOptions
     from transformer_jax.data.shapes import TranslationBatching
-    from transformer_jax.decoding.translate import translate_batch, translate_rows
-    from transformer_jax.base.sharding import place_rows
+    from transformer_jax.data.translation_batches import translation_batches
+    from transformer_jax.decoding.translate import decoding_precision, translate_batch, translate_rows
+    from transformer_jax.base.sharding import place_rows, place_whole, state_shardings
     from transformer_jax.training.dev_loss import evaluate_loss
     from transformer_jax.evaluation.text_translation import replicate, translate_encoded
     from transformer_jax.base.sharding import batch_sharding, init_sharded, make_mesh
@@ -65,11 +67,22 @@ SCRIPT = textwrap.dedent(
         params["decoder"]["output_projection"]["bias"] = bias.at[3].set(2.0)
         return params
 
-    def setup(data, fsdp, devices=None):
-        mesh = make_mesh(data, fsdp, devices)
-        state, shardings = init_sharded(lambda: create_train_state(MODEL, optax.sgd(0.1), seed=0), mesh)
+    def create():
+        return create_train_state(MODEL, optax.sgd(0.1), seed=0)
+
+    def setup_one():
+        # The weights initialised and varied on one device: every mesh below is given these same values (placed,
+        # not initialised again: each mesh's initialisation would be a compile of its own).
+        mesh = make_mesh(1, 1, jax.devices()[:1])
+        state, shardings = init_sharded(create, mesh)
         params = jax.jit(vary, out_shardings=shardings.params)(state.params)
         return mesh, params, dev_loss_step(CONFIG, 0.1, mesh)
+
+    def setup(data, fsdp, params):
+        # `params` (whole on the host) placed on a (data, fsdp) mesh as a run's state is sharded.
+        mesh = make_mesh(data, fsdp)
+        shardings = state_shardings(mesh, jax.eval_shape(create))
+        return mesh, place_whole(params, shardings.params), dev_loss_step(CONFIG, 0.1, mesh)
 
     def loss_sums(step, params, mesh):
         batch_sums = []
@@ -96,23 +109,31 @@ SCRIPT = textwrap.dedent(
 
     results = {}
     if sys.argv[1] == "process":
-        mesh, params, steps = setup(4, 2)
+        with open(sys.argv[5], "rb") as f:
+            mesh, params, steps = setup(4, 2, pickle.load(f))
         results["data4_fsdp2"] = {"loss": loss_sums(steps, params, mesh),
                                   "translations": translations(params, mesh, ("greedy", "beam", "sample"))}
     else:
-        _, params, steps = setup(1, 1, jax.devices()[:1])
+        _, params, steps = setup_one()
+        weights = jax.device_get(params)
+        with open(sys.argv[2], "wb") as f:
+            pickle.dump(weights, f)
         results["one"] = {"loss": loss_sums(steps, params, None), "flops": flops(steps, params, None),
                           "translations": translations(params, None, ("greedy", "beam", "sample")),
                           "alone": translations(params, None, ("greedy", "beam", "sample"), batch_size=1)}
         for name, (data, fsdp) in {"data8": (8, 1), "data4_fsdp2": (4, 2)}.items():
-            mesh, params, steps = setup(data, fsdp)
+            mesh, params, steps = setup(data, fsdp, weights)
             results[name] = {"loss": loss_sums(steps, params, mesh),
                              "flops": flops(steps, params, mesh),
                              "translations": translations(params, mesh, ("greedy", "beam", "sample"))}
-        src = place_rows(eval_batches(CORPUS, BATCH, row_multiple=8)[0]["inputs"], mesh)
+        # The beam search's program as the data4_fsdp2 translations above ran it: their first batch (the sentences
+        # that are not empty lines), weights, precision and row ids.
+        batch = translation_batches(CORPUS, BATCH, items=np.flatnonzero(CORPUS.source.lengths > 1), row_multiple=8)[0]
+        src, row_ids = place_rows((batch["inputs"], batch["index"].astype(np.uint32)), mesh)
+        searched, searched_config = decoding_precision(replicate(params, mesh), CONFIG, "", "cpu")
         results["collectives"] = {
-            "split": collectives(translate_rows, replicate(params, mesh), src, jax.random.key(0), CONFIG,
-                                 OPTIONS["beam"], mesh),
+            "split": collectives(translate_rows, searched, src, jax.random.key(0), searched_config,
+                                 OPTIONS["beam"], mesh, row_ids),
             # The same search jitted on the batch split over the mesh, as before: XLA communicates.
             "jit": collectives(jax.jit(lambda p, s: translate_batch(p, CONFIG, s, OPTIONS["beam"]),
                                        in_shardings=(jax.tree.map(lambda x: x.sharding, params),
@@ -136,9 +157,16 @@ def results_of(processes: list[subprocess.Popen]) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def results() -> dict:
-    """One device, data=8 and data=4 x fsdp=2 in one process with 8 CPU devices."""
-    return results_of([run_script("single", devices=8)])[0]
+def weights(tmp_path_factory) -> str:
+    """The file the single process writes the model's weights to, for the two-process run to take."""
+    return str(tmp_path_factory.mktemp("split_evaluation") / "params.pickle")
+
+
+@pytest.fixture(scope="module")
+def results(weights) -> dict:
+    """One device, data=8 and data=4 x fsdp=2 in one process with 8 CPU devices (all with the weights it writes to
+    `weights`)."""
+    return results_of([run_script("single", weights, devices=8)])[0]
 
 
 def test_eval_batch_rows_are_padded_to_a_multiple_of_the_mesh_with_pad_rows():
@@ -202,9 +230,9 @@ def test_sharded_decoding_has_no_collectives(results):
     assert results["collectives"]["jit"], "the check finds collectives where the search communicates"
 
 
-def test_two_processes_split_like_one(results):
+def test_two_processes_split_like_one(results, weights):
     port = free_port()
-    processes = [run_script("process", str(index), "2", str(port), devices=4) for index in range(2)]
+    processes = [run_script("process", str(index), "2", str(port), weights, devices=4) for index in range(2)]
     for result in results_of(processes):
         assert_sums_equal(result["data4_fsdp2"]["loss"], results["one"]["loss"])
         assert result["data4_fsdp2"]["translations"] == {

@@ -8,6 +8,7 @@ import jax
 import numpy as np
 import pytest
 
+from runs import copy_run
 from transformer_jax.data.pipeline import prepare_data
 from transformer_jax.errors import ConfigError, TrainingError
 from transformer_jax.config.schema import model_config
@@ -24,18 +25,18 @@ def params_of(trainer):
     return [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
 
 
-def test_run_logs_checkpoints_and_keeps_the_last_k(run_config, tmp_path):
-    trainer = Trainer(assemble_run(run_config, str(tmp_path)))
-    state = trainer.run()
-    assert int(state.step) == 6
-    records = read_metrics(str(tmp_path))
+def test_run_logs_checkpoints_and_keeps_the_last_k(trained_run, tmp_path):
+    """What a fresh tiny run (trained_run: these tests' run_config, trained in-process with Trainer) wrote."""
+    workdir = copy_run(trained_run, tmp_path / "run")  # its own: the Checkpointer below opens it as a writer
+    assert Checkpointer(str(workdir / "checkpoints"), read_only=True).latest_step() == 6
+    records = read_metrics(str(workdir))
     train = [r for r in records if r["split"] == "train"]
     assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
     assert all(np.isfinite(r["loss"]) for r in train)
     assert {"loss", "nll", "perplexity", "accuracy", "learning_rate", "grad_norm"} <= set(train[0])
     # Wall-clock throughput stays out of metrics.jsonl (not reproducible) and goes to timing.jsonl.
     assert not any("tokens_per_second" in r for r in records)
-    timing = [json.loads(line) for line in (tmp_path / "timing.jsonl").read_text().splitlines()]
+    timing = [json.loads(line) for line in (workdir / "timing.jsonl").read_text().splitlines()]
     windows = [t for t in timing if "tokens_per_second" in t]
     assert [t["step"] for t in windows] == [1, 2, 3, 4, 5, 6] and all(t["tokens_per_second"] > 0 for t in windows)
     for t in windows:  # where the host spent each window: its parts fit in the window, the share is a fraction
@@ -61,12 +62,12 @@ def test_run_logs_checkpoints_and_keeps_the_last_k(run_config, tmp_path):
     np.testing.assert_allclose(dev[0]["perplexity"], np.exp(dev[0]["nll"]), rtol=1e-5)
     # Keep the last 2 (4, 6) plus the best by dev loss among the checkpoints saved with an evaluation: 6's metrics
     # are those logged at step 6; step 3's evaluation, between checkpoints, ranks none.
-    checkpointer = Checkpointer(str(tmp_path / "checkpoints"), best_metric="dev_loss", best_mode="min")
+    checkpointer = Checkpointer(str(workdir / "checkpoints"), best_metric="dev_loss", best_mode="min")
     assert checkpointer.steps() == [4, 6] and checkpointer.best_step() == 6
     assert checkpointer.meta(6)["metrics"] == {f"dev_{k}": v for k, v in dev[1].items() if k not in ("step", "split")}
     assert checkpointer.meta(4)["metrics"] == {}
-    assert os.listdir(tmp_path / "tensorboard")
-    assert json.load(open(tmp_path / "config.json"))["model"]["d_model"] == 32
+    assert os.listdir(workdir / "tensorboard")
+    assert json.load(open(workdir / "config.json"))["model"]["d_model"] == 32
 
 
 def test_a_stop_that_cannot_fit_its_grace_period_is_said_once_with_the_measured_figures(run_config, tmp_path, capfd):
@@ -90,9 +91,8 @@ def test_a_stop_that_cannot_fit_its_grace_period_is_said_once_with_the_measured_
     assert "grace period" not in capfd.readouterr().out
 
 
-def test_resume_continues_exactly_like_an_uninterrupted_run(run_config, tmp_path):
-    uninterrupted = Trainer(assemble_run(run_config, str(tmp_path / "a")))
-    uninterrupted.run()
+def test_resume_continues_exactly_like_an_uninterrupted_run(run_config, trained_run, tmp_path):
+    uninterrupted = trained_run["workdir"]  # run_config's 6 steps, never stopped (trained in-process with Trainer)
 
     first = run_config.copy_and_resolve_references()
     first.training.num_train_steps = 3  # stops at step 3 (checkpointed), as a preempted run would
@@ -102,33 +102,36 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(run_config, tmp_path
     object.__setattr__(resumed.programs, "init_state", lambda: pytest.fail("the resumed run made an initial state"))
     resumed.run()
 
-    assert train_losses(str(tmp_path / "b")) == train_losses(str(tmp_path / "a"))
+    assert train_losses(str(tmp_path / "b")) == train_losses(str(uninterrupted))
     assert not (tmp_path / "b" / "config_changes.jsonl").exists()  # going further changes no earlier step
-    for a, b in zip(params_of(uninterrupted), params_of(resumed)):
+    # The uninterrupted run's parameters at step 6, as its checkpoint holds them, against the resumed run's.
+    final = Checkpointer(str(uninterrupted / "checkpoints"), read_only=True).restore_params(6)
+    for a, b in zip([np.asarray(x) for x in jax.tree.leaves(final)], params_of(resumed), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
-def test_non_finite_updates_stop_training_and_keep_the_last_good_checkpoint(run_config, tmp_path, monkeypatch):
-    Trainer(assemble_run(run_config, str(tmp_path))).run()  # a good checkpoint at step 6
+def test_non_finite_updates_stop_training_and_keep_the_last_good_checkpoint(run_config, trained_run, tmp_path,
+                                                                           monkeypatch):
+    workdir = copy_run(trained_run, tmp_path / "run")  # run_config's 6 steps: a good checkpoint at step 6
     said = []
     monkeypatch.setattr(loop, "say", said.append)
     config = run_config.copy_and_resolve_references()
     config.training.num_train_steps = 12
     config.training.learning_rate_scale = 1e30  # the first update overflows to inf
     config.training.max_skipped_updates = 2
-    trainer = Trainer(assemble_run(config, str(tmp_path)))
+    trainer = Trainer(assemble_run(config, str(workdir)))
     with pytest.raises(TrainingError, match="non-finite"):
         trainer.run()
     # The resume changed what a step means (the learning rate): dated in the change log, said once; config.json
     # holds the settings the run went on with. How far it goes and its patience are not such changes.
-    changes = [json.loads(line) for line in (tmp_path / "config_changes.jsonl").read_text().splitlines()]
+    changes = [json.loads(line) for line in (workdir / "config_changes.jsonl").read_text().splitlines()]
     assert [(c["step"], c["changes"]) for c in changes] == [(6, {"training.learning_rate_scale": [1.0, 1e30]})]
     assert changes[0]["time"].startswith(str(datetime.datetime.now(datetime.timezone.utc).year))
     assert [line for line in said if "with changed settings" in line] == [
-        f"resuming at step 6 with changed settings, recorded in {tmp_path}/config_changes.jsonl: "
+        f"resuming at step 6 with changed settings, recorded in {workdir}/config_changes.jsonl: "
         "training.learning_rate_scale 1.0 -> 1e+30"]
-    assert json.load(open(tmp_path / "config.json"))["training"]["learning_rate_scale"] == 1e30
-    checkpointer = Checkpointer(str(tmp_path / "checkpoints"))
+    assert json.load(open(workdir / "config.json"))["training"]["learning_rate_scale"] == 1e30
+    checkpointer = Checkpointer(str(workdir / "checkpoints"))
     for step in checkpointer.steps():
         params = checkpointer.restore_params(step)
         assert all(np.all(np.isfinite(np.asarray(x))) for x in jax.tree.leaves(params)), step
@@ -169,18 +172,18 @@ def test_preempted_run_resumes_with_the_same_log_as_an_uninterrupted_one(run_con
         np.testing.assert_array_equal(a, b)
 
 
-def test_an_unfinished_save_is_never_taken_for_the_latest_checkpoint(run_config, tmp_path):
+def test_an_unfinished_save_is_never_taken_for_the_latest_checkpoint(run_config, trained_run, tmp_path):
     """Orbax writes into a temporary directory and renames it when complete: a crash mid-save leaves
     only that temporary directory, which readers ignore and the next training run removes."""
-    Trainer(assemble_run(run_config, str(tmp_path))).run()
-    unfinished = tmp_path / "checkpoints" / "8.orbax-checkpoint-tmp-1795270000000000"
+    workdir = copy_run(trained_run, tmp_path / "run")  # run_config's 6 steps
+    unfinished = workdir / "checkpoints" / "8.orbax-checkpoint-tmp-1795270000000000"
     (unfinished / "state").mkdir(parents=True)
     (unfinished / "state" / "partial").write_bytes(b"\0" * 100)
-    assert Checkpointer(str(tmp_path / "checkpoints"), read_only=True).latest_step() == 6
+    assert Checkpointer(str(workdir / "checkpoints"), read_only=True).latest_step() == 6
     assert unfinished.exists()  # a reader (eval.py) leaves a save in progress alone
     config = run_config.copy_and_resolve_references()
     config.training.num_train_steps = 8
-    resumed = Trainer(assemble_run(config, str(tmp_path)))
+    resumed = Trainer(assemble_run(config, str(workdir)))
     assert resumed.restore_latest()[0] == 6
     resumed.close()
     assert not unfinished.exists()  # the writer cleans it up
@@ -272,7 +275,7 @@ def with_train_step(trainer, step):
 def test_a_step_that_fails_on_the_device_is_one_line_naming_it_exit_3_and_the_checkpoints_stay(
         trained_run, tmp_path, capsys):
     """A real runtime error inside the compiled train step (a host callback that raises, at update 8)."""
-    from runs import copy_run, snapshot, tiny_run_config
+    from runs import snapshot, tiny_run_config
     from transformer_jax.cli.user_errors import DEVICE_ERROR_EXIT, user_errors
     from transformer_jax.errors import DeviceError
 
@@ -334,7 +337,7 @@ def test_updates_non_finite_from_the_first_blame_the_forward_or_backward_pass_no
     """A train step whose forward pass gives NaN (the parameters it sees are NaN) from the first update of a start."""
     import jax.numpy as jnp
 
-    from runs import copy_run, snapshot, tiny_run_config
+    from runs import snapshot, tiny_run_config
 
     def poisoned(real, state, batch):
         nan_params = jax.tree.map(lambda p: p * jnp.nan, state.params)
