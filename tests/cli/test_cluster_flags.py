@@ -103,8 +103,8 @@ SLURM = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "node[007-009],other", "
     ({}, (None, None, None), (None, None, None)),  # no cluster: JAX's join says what is missing
     (SLURM, (None, None, None), (f"node007:{4242 % 4096 + 61440}", 3, 2)),
     (dict(SLURM, JAX_COORDINATOR_PORT="9999"), (None, None, None), ("node007:9999", 3, 2)),
-    (SLURM, ("10.0.0.2:1234", 4, None), ("10.0.0.2:1234", 4, 2)),  # what a flag gives wins
-    ({"JAX_COORDINATOR_ADDRESS": "10.0.0.3:5"}, (None, 2, 1), ("10.0.0.3:5", 2, 1)),
+    (SLURM, ("127.0.0.1:1234", 4, None), ("127.0.0.1:1234", 4, 2)),  # what a flag gives wins
+    ({"JAX_COORDINATOR_ADDRESS": "localhost:5"}, (None, 2, 1), ("localhost:5", 2, 1)),
 ])
 def test_the_join_settings_jax_would_detect_are_found_before_the_join(monkeypatch, environment, given, found):
     """Process 0 of a cluster JAX detects must know it is process 0 before the join, to run the coordination

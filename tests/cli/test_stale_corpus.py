@@ -123,7 +123,7 @@ DAMAGE_IDS = ["token shard", "dev.json", "test.json"]
 def prepared_runs(text_run):
     """The train.py commands given text_run's corpus (or a damaged copy of it) as data.prepared, all in one process
     (runs.run_rows): {"beside": {edited file: (the text copy, the refusal, its workdir)}, "taken": the same corpus
-    beside an unedited copy of its text, "damaged": {damage id: (the refusal, its workdir)}}."""
+    beside an unedited copy of its text, "damaged": {the line's fragment: (the refusal, its workdir)}}."""
     directory = text_run["dir"] / "prepared_runs"
     directory.mkdir()
     base = [f"--config={text_run['config']}", "--config.data.source=text"]
@@ -140,11 +140,11 @@ def prepared_runs(text_run):
     shutil.copytree(text_run["text"], same, copy_function=shutil.copyfile)
     rows.append([*base, f"--config.data.path={same}", f"--config.data.prepared={text_run['corpus']}",
                  f"--workdir={directory / 'ok'}", "--config.training.num_train_steps=1"])
-    for (damage, _), name in zip(DAMAGES, DAMAGE_IDS):
+    for (damage, named), name in zip(DAMAGES, DAMAGE_IDS):
         case = directory / f"damaged_{name}"
         copies = copy_of(text_run, case, "corpus")
         damage(copies["corpus"])
-        damaged[name] = case / "new"
+        damaged[named] = case / "new"
         # One batch holds every pair (shards are checked pair by pair as they are read: this run reads them all).
         rows.append([*base, f"--config.data.prepared={copies['corpus']}", f"--workdir={case / 'new'}",
                      "--config.data.tokens_per_batch=16384", "--config.training.num_train_steps=2"])
@@ -165,7 +165,7 @@ def test_a_prepared_corpus_beside_other_text_than_it_was_prepared_from_is_refuse
 
 
 @pytest.mark.parametrize("damage, named", DAMAGES, ids=DAMAGE_IDS)
-def test_a_damaged_prepared_corpus_is_refused_naming_the_file(prepared_runs, request, damage, named):
-    result, new = prepared_runs["damaged"][request.node.callspec.id]
+def test_a_damaged_prepared_corpus_is_refused_naming_the_file(prepared_runs, damage, named):
+    result, new = prepared_runs["damaged"][named]
     assert_one_line_error(result, named, "prepare it again")
     assert not new.exists()  # a first start that saved nothing leaves nothing

@@ -255,9 +255,9 @@ def test_a_glob_in_a_bucket_is_translated_into_the_bucket_and_resumed(trained_ru
                                                                       gcs_emulator, tmp_path):
     """gs:// inputs (a glob) and --output_dir, on a local GCS emulator: a killed job, its glob then gaining a file that
     comes first, goes on to the bytes of a whole one (sampling seeds follow each file's name, not its place in the
-    glob, nor where the file is), and the bucket holds only the outputs and their records. The whole one is the
-    module's job never stopped (never_stopped, TOP_K) on a local file of the same name and lines as the glob's first:
-    no job of its own in the bucket."""
+    glob, nor where the file is), and the bucket holds only the outputs and their records. The whole ones are local
+    jobs never stopped on files of the same names and lines: the module's (never_stopped, TOP_K) for the glob's
+    first, one of its own for part1.en; no job of their own in the bucket."""
     import uuid
 
     import fsspec
@@ -292,7 +292,10 @@ def test_a_glob_in_a_bucket_is_translated_into_the_bucket_and_resumed(trained_ru
                          "part1.en.de.json"]
         output = bucket.cat_file(f"{root}/resumed/mono.en.de")
         assert output == whole.read_bytes() and output.count(b"\n") == 8 * SHARD_LINES + 13
-        assert bucket.cat_file(f"{root}/resumed/part1.en.de").count(b"\n") == SHARD_LINES + 1
+        second = bucket.cat_file(f"{root}/resumed/part1.en.de")
+    run_job(trained_run["workdir"], local[1], tmp_path / "part1_whole", *TOP_K)
+    assert second == (tmp_path / "part1_whole" / "part1.en.de").read_bytes()
+    assert second.count(b"\n") == SHARD_LINES + 1
 
 
 def test_the_model_is_named_by_its_parameters_and_tokenizer(trained_run):
