@@ -32,23 +32,30 @@ def compiled_bytes(config: TransformerConfig, rows: int, width: int) -> int:
     return memory.temp_size_in_bytes + memory.output_size_in_bytes + memory.argument_size_in_bytes
 
 
-def test_the_estimate_per_sentence_covers_what_the_compiled_search_holds():
-    # On a CPU the caches are float32 (4 bytes), as decoding_precision makes them there.
+@pytest.mark.parametrize("width", [32, 128])
+def test_the_estimate_per_sentence_covers_what_the_compiled_search_holds(width):
+    # On a CPU the caches are float32 (4 bytes), as decoding_precision makes them there. At 128 tokens the tiny
+    # model's encoder scores (heads x width x width) outweigh its caches: an estimate without them falls short.
     config = TransformerConfig.preset("tiny", float32_dot_outputs=True)
-    per_sentence = (compiled_bytes(config, 24, 32) - compiled_bytes(config, 8, 32)) / 16
-    estimate = search_bytes_per_sentence(config, 4, 32, 50, 4)
+    per_sentence = (compiled_bytes(config, 24, width) - compiled_bytes(config, 8, width)) / 16
+    estimate = search_bytes_per_sentence(config, 4, width, 50, 4)
     assert per_sentence <= estimate <= 2 * per_sentence
 
 
+# A small model of long sources (its encoder scores weigh most at the widest widths) beside the base model.
+SMALL_LONG = TransformerConfig(vocab_size=1000, num_layers=1, d_model=64, d_ff=128, num_heads=4, max_len=256)
+
+
 @pytest.mark.parametrize("mode", ["beam", "greedy"])
-@pytest.mark.parametrize("free_gb,devices", [(3, 1), (20, 1), (100, 8)])
-def test_every_translation_width_keeps_within_the_memory_share(mode, free_gb, devices):
+@pytest.mark.parametrize("model,free_gb,devices", [(BASE, 3, 1), (BASE, 20, 1), (BASE, 100, 8), (SMALL_LONG, 0.05, 1)],
+                         ids=["base-3GB", "base-20GB", "base-100GBx8", "small-long-50MB"])
+def test_every_translation_width_keeps_within_the_memory_share(model, mode, free_gb, devices):
     options = DecodeOptions(mode=mode)
-    batching = device_translation_batching(BASE, options, int(free_gb * 1e9), devices, cache_bytes=2)
+    batching = device_translation_batching(model, options, int(free_gb * 1e9), devices, cache_bytes=2)
     hypotheses = 4 if mode == "beam" else 1
     for width in TRANSLATION_BUCKETS:
         rows = translation_rows(width, batching.batch_size, batching.batch_tokens, devices)
-        per_device = rows // devices * search_bytes_per_sentence(BASE, hypotheses, width, 50, 2)
+        per_device = rows // devices * search_bytes_per_sentence(model, hypotheses, width, 50, 2)
         assert per_device <= SEARCH_MEMORY_SHARE * free_gb * 1e9, width
     assert batching.batch_size % devices == 0
     assert batching.batch_size // devices <= MAX_SEARCH_SENTENCES_PER_DEVICE

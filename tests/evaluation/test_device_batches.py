@@ -9,7 +9,13 @@ from transformer_jax.aot import describe, run_programs
 from transformer_jax.aot.topology import host_devices
 from transformer_jax.base import make_mesh
 from transformer_jax.config import decode_options, decoding_dtype, translation_batching
-from transformer_jax.data.shapes import SEARCH_MEMORY_SHARE, TRANSLATION_BUCKETS, TranslationBatching
+from transformer_jax.data.shapes import (
+    MAX_SEARCH_SENTENCES_PER_DEVICE,
+    SEARCH_MEMORY_SHARE,
+    TRANSLATION_BUCKETS,
+    TranslationBatching,
+    widest_translation_width,
+)
 from transformer_jax.evaluation import device_memory_bytes, sized_batching
 from transformer_jax.model import TransformerConfig
 
@@ -46,10 +52,12 @@ def test_accelerators_size_batches_by_memory_and_say_so_once_per_search(tpu_host
     assert greedy.batch_size > small.batch_size  # one hypothesis a sentence, not beam_size
 
 
-@pytest.mark.parametrize("width", [TRANSLATION_BUCKETS[0], 64])
+# The narrowest width (the most rows: batch_size) and the widest the tiny run translates (max_len 128: the fewest
+# rows, by the token budget, and the most bytes a sentence, its encoder's 128 x 128 scores the most of them).
+@pytest.mark.parametrize("width", [TRANSLATION_BUCKETS[0], widest_translation_width(128)])
 def test_the_tpu_compiler_fits_the_sized_search_in_its_share_of_memory(tpu_host, width):
     topology, mesh, config, programs = tpu_host
-    memory = 5 * 10**8
+    memory = 5 * 10**7  # a budget that binds: fewer rows than MAX_SEARCH_SENTENCES_PER_DEVICE
     options, dtype = decode_options(config), decoding_dtype(config)
     batching, _ = sized_batching(translation_batching(config), programs.model_config, options, dtype, mesh,
                                  memory=memory)
@@ -57,5 +65,5 @@ def test_the_tpu_compiler_fits_the_sized_search_in_its_share_of_memory(tpu_host,
     analysis = lowered.compile().memory_analysis()
     held = analysis.temp_size_in_bytes + analysis.argument_size_in_bytes + analysis.output_size_in_bytes
     rows = programs.search_shape(width, batching, mesh)[0] // mesh.size
-    assert rows >= 8  # the budget gave a real batch, not the minimum
+    assert 8 <= rows < MAX_SEARCH_SENTENCES_PER_DEVICE  # the budget gave a real batch, not the minimum nor the cap
     assert held <= SEARCH_MEMORY_SHARE * memory

@@ -139,30 +139,43 @@ def search_bytes_per_sentence(model: TransformerConfig, hypotheses: int, width: 
                               cache_bytes: int) -> int:
     """Device memory the search of one sentence of source `width` holds at its peak (an estimate, per term):
     the self-attention cache of its `hypotheses` (N beams, 1 for greedy and sampling) over the output length,
-    the encoder-decoder cache and the encoder's output, a step's float32 logits, log-probabilities and
-    candidate scores, the self-attention's float32 scores over the N x L slots, and the token tables."""
+    the encoder-decoder cache and the encoder's output, the encoder's float32 attention scores and weights over
+    the width x width source pairs, a step's float32 logits, log-probabilities and candidate scores, the
+    self-attention's float32 scores over the N x L slots, and the token tables."""
     length = min(width + max_extra_length, model.max_len)
     layers, d_model = model.num_layers, model.d_model
     self_cache = layers * 2 * hypotheses * length * d_model * cache_bytes
     cross_cache = layers * 2 * width * d_model * cache_bytes
     encoder = width * (d_model + model.d_ff) * max(cache_bytes, 2) * 2
+    encoder_scores = model.num_heads * width * width * 4 * 2
     step = hypotheses * model.vocab_size * 4 * 3
     scores = model.num_heads * hypotheses * hypotheses * length * 4 * 2
     tokens = hypotheses * length * 4 * 6
-    return self_cache + cross_cache + encoder + step + scores + tokens
+    return self_cache + cross_cache + encoder + encoder_scores + step + scores + tokens
 
 
 def device_translation_batching(model: TransformerConfig, options: DecodeOptions, free_bytes: int, devices: int,
                                 cache_bytes: int) -> TranslationBatching:
     """Translation batches sized for `devices` devices of `free_bytes` free memory each (after the parameters):
     rows of SEARCH_BUDGET_WIDTH-token sources filling SEARCH_MEMORY_SHARE of it (at most
-    MAX_SEARCH_SENTENCES_PER_DEVICE), and the token budget of those rows, so a wider batch has fewer rows and
-    stays within the same memory (a sentence's search grows no faster than its source width)."""
+    MAX_SEARCH_SENTENCES_PER_DEVICE), and a token budget that keeps every wider batch within the same share.
+
+    A wider batch has fewer rows (the token budget over its width), but a sentence's search grows faster than its
+    width where the encoder's width x width scores weigh (small models, long sources): the budget is the least
+    that every bucket width a source of the model can take (up to its widest) keeps to the share. Narrower batches
+    have at most the rows, each smaller. One sentence a device is the least, even where it alone takes more."""
     hypotheses = options.beam_size if options.mode == "beam" else 1
-    per_sentence = search_bytes_per_sentence(model, hypotheses, SEARCH_BUDGET_WIDTH, options.max_extra_length,
-                                             cache_bytes)
-    rows = int(min(MAX_SEARCH_SENTENCES_PER_DEVICE, max(1, free_bytes * SEARCH_MEMORY_SHARE // per_sentence)))
-    return TranslationBatching(rows * devices, rows * devices * SEARCH_BUDGET_WIDTH)
+
+    def per_sentence(width: int) -> int:
+        return search_bytes_per_sentence(model, hypotheses, width, options.max_extra_length, cache_bytes)
+
+    share = free_bytes * SEARCH_MEMORY_SHARE
+    rows = int(min(MAX_SEARCH_SENTENCES_PER_DEVICE, max(1, share // per_sentence(SEARCH_BUDGET_WIDTH))))
+    widest = widest_translation_width(model.max_len)
+    top = next(width for width in TRANSLATION_BUCKETS if width >= widest)
+    wider = [width for width in TRANSLATION_BUCKETS if SEARCH_BUDGET_WIDTH < width <= top]
+    tokens = int(max(1, min([rows * SEARCH_BUDGET_WIDTH, *(share * width // per_sentence(width) for width in wider)])))
+    return TranslationBatching(rows * devices, tokens * devices)
 
 
 def translation_rows(width: int, batch_size: int, batch_tokens: int, row_multiple: int = 1) -> int:
