@@ -27,9 +27,10 @@ $TRANSFORMER_JAX_TEST_PROCESS_LOG set each process and each test logs its CPU, a
 sums them by test and module; the page shows the tables) (a warm-cache smoke train.py: ~7.5 s of CPU, of which
 imports about 2 s, tracing, lowering and loading its cached programs 2 s, its six steps and four checkpoint saves
 2 s, dev losses 1 s, the test translation, BLEU and plot the rest). CPU seconds of the 1,028-s run:
-- the README's pod preflight (tests/test_recipes.py, 90 s): the base model compiled for v5e-256 through libtpu, the
-  one full-size TPU case (libtpu's compile does not shrink with the topology, and compile-only TPU programs cannot
-  be cached; the train step alone is most of it); the big model on v5p:4x4x8 with one layer per stack 54 s;
+- the pages' TPU preflights (tests/test_recipes.py): the README's base model on v5e-256 through libtpu, 90 s at full
+  size until 2026-12-07, now with one layer a stack (about 40 s: libtpu's compile does not shrink with the topology,
+  and compile-only TPU programs cannot be cached; the train step is most of it); the big model on v5p:4x4x8 with
+  one layer per stack 48-54 s;
 - SIGTERM at random points of train.py runs whose updates take about a second (tests/run/test_stop_latency.py,
   40-48 s each case in the 2026-12-07 runs on machine B before the two-process case's processes were given half of
   the one-process tokens each): the bound on a stop is a promise about updates of seconds, so each launch trains a
