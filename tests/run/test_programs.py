@@ -92,3 +92,29 @@ def test_nominal_shapes_round_rows_to_the_mesh():
     assert shapes.train == ((32, 128),) and shapes.dev_loss == ((12, 128),)
     assert shapes.translation == (8, 256)  # 10 rows rounded down to the 4 devices, at the widest width
     assert np.prod(shapes.train[0]) <= 4096
+
+
+def test_a_run_built_again_in_one_process_reuses_its_traced_programs(run_config):
+    # A Trainer made again in one process (a retry, a notebook's rerun) traces and lowers nothing again; a setting
+    # changed gives programs of their own.
+    mesh = make_mesh(devices=jax.devices()[:1])
+    first = run_programs(run_config, mesh)
+    first.lower_train()
+    traced = []
+
+    def listen(event: str, duration: float, fun_name: str = "", **_) -> None:
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            traced.append(fun_name)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        again = run_programs(run_config.copy_and_resolve_references(), mesh)
+        again.lower_train()
+        assert traced == [] and again.train_step is first.train_step
+        run_config.training.label_smoothing = 0.2
+        other = run_programs(run_config, mesh)
+        other.lower_train()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert other.train_step is not first.train_step and other.config is run_config
+    assert any("train_step" in name for name in traced)

@@ -243,10 +243,33 @@ def train_state_description(model: TransformerConfig) -> str:
             f"{model.num_layers} layers, a vocabulary of {model.vocab_size})")
 
 
+# The runs built in this process, newest last: a run built again with the same settings on the same mesh (a
+# Trainer made again in one Python process: a retry after a fault, a notebook's rerun, a resume) gets the same
+# jitted programs, which JAX has traced, lowered and compiled already (a fresh build traces and lowers them anew:
+# about 2.7 s of CPU for the smoke run, far more for a real model). A few are kept; each holds only programs.
+_BUILT: dict[tuple, RunPrograms] = {}
+_KEEP_BUILT = 4
+
+
 def build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
               shapes: BatchShapes | None = None) -> RunPrograms:
     """Build the run `config` describes on `mesh`, for a vocabulary of `vocab_size` and batches of `shapes`
-    (None: nothing to lower ahead of time, e.g. eval.py, whose shapes come from the split it reads)."""
+    (None: nothing to lower ahead of time, e.g. eval.py, whose shapes come from the split it reads).
+
+    The same settings on the same mesh in one process give the same programs (a copy holding this `config`)."""
+    key = (config.to_json_best_effort(sort_keys=True), mesh, vocab_size, shapes)
+    if key in _BUILT:
+        _BUILT[key] = _BUILT.pop(key)  # the newest again
+        return dataclasses.replace(_BUILT[key], config=config)
+    programs = _build_run(config, mesh, vocab_size, shapes)
+    _BUILT[key] = programs
+    while len(_BUILT) > _KEEP_BUILT:
+        del _BUILT[next(iter(_BUILT))]
+    return programs
+
+
+def _build_run(config: ml_collections.ConfigDict, mesh: Mesh, vocab_size: int,
+               shapes: BatchShapes | None) -> RunPrograms:
     model_config = run_model_config(config, vocab_size)
     if model_config.attention_backend == "cudnn" and mesh_platform(mesh) != "gpu":
         raise ConfigError(f"model.attention_backend='cudnn' needs NVIDIA GPUs, but this run's devices are "
