@@ -29,6 +29,8 @@ def test_a_normal_run_prints_what_the_user_needs_and_verbosity_brings_info_back(
     assert "8/8" in resumed.stderr  # the bar reached the last step
     assert "SacreBLEU" in evaluated.stdout
 
-    verbose = run_script("eval.py", f"--workdir={workdir}", "--verbosity=0")
+    # The cheapest restore eval.py makes (one line, greedy): --verbosity=0 brings Orbax's INFO lines back.
+    verbose = run_script("eval.py", f"--workdir={workdir}", "--translate=-", "--mode=greedy", "--verbosity=0",
+                         stdin="The dog sleeps .\n")
     assert verbose.returncode == 0, verbose.stderr[-3000:]
     assert INFO_LINE.search(verbose.stderr)  # Orbax's restore lines are back

@@ -1,9 +1,10 @@
 """train.py and eval.py as a user runs them: outputs, preemption, checkpoint choice, translation, errors.
 
 The eval.py command lines on the shared trained run whose checks read only their output and files (scores, an
-average, an export, errors) run in one process (runs.run_rows: eval.py's own flag parsing and main, one command line
-after another), as do train.py's refusals of a bad config; the rest start their own processes (standard input, device
-counts, signals).
+average, an export, errors, translations of standard input and of a file) run in one process
+(tests/cli_rows.py, as runs.run_rows runs it: eval.py's own flag parsing and main, one command line after another, the
+process's standard input given), as do train.py's refusals of a bad config, and the same commands that resume the runs
+stopped below; the rest start their own processes (other device counts, signals).
 """
 
 import json
@@ -20,15 +21,10 @@ import jax
 import numpy as np
 import pytest
 
-from runs import CPU_COMPILE_FLAGS, assert_one_line_error, copy_run, run_rows, write_config
+from runs import CPU_COMPILE_FLAGS, assert_one_line_error, command, copy_run, run_rows, script_env, write_config
 from transformer_jax.checkpoints.manager import Checkpointer
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def run(script: str, *args: str, stdin: str | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / script), *args], cwd=ROOT, input=stdin,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -40,12 +36,29 @@ def trained(script_trained_run, tmp_path_factory):
     return script_trained_run["config"], workdir, printed
 
 
+def rows_in_one_process(script: str, rows: dict[str, list[str]], directory: pathlib.Path, stdin: str = "",
+                        env: dict[str, str] | None = None) -> dict[str, subprocess.CompletedProcess]:
+    """{name: result} of each command line of `rows` through `script`'s flag parsing and main, all in one process
+    (tests/cli_rows.py, as runs.run_rows runs it) whose standard input is `stdin`, in `env` (runs.script_env())."""
+    rows_file, out = directory / f"{script}.rows.json", directory / f"{script}.results.json"
+    rows_file.write_text(json.dumps(list(rows.values())))
+    done = subprocess.run(command("tests/cli_rows.py", script, rows_file, out), cwd=ROOT, env=env or script_env(),
+                          input=stdin, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {name: subprocess.CompletedProcess(args, r["returncode"], r["stdout"], r["stderr"])
+            for (name, args), r in zip(rows.items(), json.loads(out.read_text()))}
+
+
+STANDARD_INPUT = "The dog sleeps.\n\nI see the cat.\n"
+
+
 @pytest.fixture(scope="module")
 def evaluations(trained, tmp_path_factory):
     """{name: result} of the eval.py command lines below on the module's run (and on broken copies of it), all in one
-    process (runs.run_rows), in this order; "directory": where the copies and outputs were made."""
+    process (standard input: STANDARD_INPUT), in this order; "directory": where the copies and outputs were made."""
     _, workdir, _ = trained
     directory = tmp_path_factory.mktemp("evaluations")
+    (directory / "standard_input.txt").write_text(STANDARD_INPUT)
     (directory / "not_a_run").mkdir()
     empty = directory / "empty_run"
     empty.mkdir()
@@ -57,6 +70,9 @@ def evaluations(trained, tmp_path_factory):
     config["model"]["d_ff"] = 128
     (mismatched / "config.json").write_text(json.dumps(config))
     rows = {
+        "standard input": [f"--workdir={workdir}", "--translate=-", "--mode=greedy"],
+        "bfloat16": [f"--workdir={workdir}", f"--translate={directory / 'standard_input.txt'}", "--mode=greedy",
+                     "--dtype=bfloat16"],
         "latest": [f"--workdir={workdir}", "--checkpoint=latest", "--beam_size=2"],
         "average:2": [f"--workdir={workdir}", "--checkpoint=average:2", f"--write_averaged={directory / 'averaged'}"],
         "export": [f"--workdir={workdir}", f"--export=ctranslate2:{directory / 'ct2'}"],
@@ -69,7 +85,7 @@ def evaluations(trained, tmp_path_factory):
         "mismatched": [f"--workdir={mismatched}"],
     }
     mismatched_hyp = (mismatched / "test_final.hyp").read_text()
-    results = dict(zip(rows, run_rows("eval.py", list(rows.values()), directory)))
+    results = rows_in_one_process("eval.py", rows, directory, stdin=STANDARD_INPUT)
     return {**results, "directory": directory, "mismatched_hyp_before": mismatched_hyp}
 
 
@@ -106,16 +122,13 @@ def test_eval_latest_and_average_write_results_next_to_the_run(trained, evaluati
         np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
-def test_eval_translates_standard_input_line_by_line(trained):
-    _, workdir, _ = trained
-    result = run("eval.py", f"--workdir={workdir}", "--translate=-", "--mode=greedy",
-                 stdin="The dog sleeps.\n\nI see the cat.\n")
+def test_eval_translates_standard_input_line_by_line(evaluations):
+    result = evaluations["standard input"]  # --translate=- --mode=greedy, STANDARD_INPUT on the process's stdin
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""  # empty input line -> empty output
-    # Decoding in bfloat16 (weights cast once): the same translations of these lines.
-    bfloat16 = run("eval.py", f"--workdir={workdir}", "--translate=-", "--mode=greedy", "--dtype=bfloat16",
-                   stdin="The dog sleeps.\n\nI see the cat.\n")
+    # Decoding in bfloat16 (weights cast once), the same lines read from a file: the same translations.
+    bfloat16 = evaluations["bfloat16"]
     assert bfloat16.returncode == 0, bfloat16.stderr[-3000:]
     assert bfloat16.stdout == result.stdout
 
@@ -212,9 +225,19 @@ def test_a_log_file_gets_plain_lines_not_a_carriage_return_bar(script_trained_ru
     assert all(" | loss " in line and " | tok_s " in line and " | ETA " in line for line in lines)
 
 
-def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
-    config = write_config(tmp_path)
-    workdir = tmp_path / "workdir"
+@pytest.fixture(scope="module")
+def stopped_runs(tmp_path_factory):
+    """Two train.py runs stopped by SIGTERM, each in its process, then the same commands that resume or rerun them in
+    one (runs.run_rows): {"in the loop": (the stop's returncode, stdout, stderr, the checkpoint saved, the last
+    logged step, the resume), "preparing": (the stopped process's returncode and stderr, what it left, the rerun)}."""
+    from runs import start_script
+    from transformer_jax.base import workdir as layout
+
+    directory = tmp_path_factory.mktemp("stopped_runs")
+    config = write_config(directory)
+
+    # In the training loop, once 3 steps are logged.
+    workdir = directory / "in_the_loop"
     args = [f"--config={config}", f"--workdir={workdir}", "--config.training.checkpoint_every=1000"]
     process = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args,
                                 "--config.training.num_train_steps=100000"],
@@ -225,16 +248,39 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
         time.sleep(0.5)
     process.send_signal(signal.SIGTERM)
     stdout, stderr = process.communicate(timeout=240)
-    assert process.returncode == 143, stderr[-3000:]  # stopped before its last step: a scheduler restarts it
+    saved = Checkpointer(str(workdir / "checkpoints"), asynchronous=False).latest_step()
+    logged = max(json.loads(line)["step"] for line in metrics.read_text().splitlines())
+    in_the_loop = (process.returncode, stdout, stderr, saved, logged)
+    resume = [*args, f"--config.training.num_train_steps={(saved or 0) + 2}"]
+
+    # While preparing the data: once the lock is taken.
+    prepared = directory / "preparing"
+    process = start_script("train.py", f"--config={config}", f"--workdir={prepared}")
+    lock = prepared / layout.LOCK
+    deadline = time.time() + 120
+    while not lock.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)  # the lock is taken: train.py is preparing the data
+    _, stderr = process.communicate(timeout=300)
+    left = {"lock": lock.exists(), "half written": list(prepared.glob("**/*.new.*")),
+            "checkpoints": (prepared / layout.CHECKPOINTS).exists()}
+    preparing = (process.returncode, stderr, left)
+
+    resumed, rerun = run_rows("train.py", [resume, [f"--config={config}", f"--workdir={prepared}"]], directory)
+    return {"in the loop": (*in_the_loop, resumed), "preparing": (*preparing, rerun), "loop workdir": workdir}
+
+
+def test_sigterm_saves_a_checkpoint_and_the_run_resumes(stopped_runs):
+    returncode, stdout, stderr, saved, logged, resumed = stopped_runs["in the loop"]
+    assert returncode == 143, stderr[-3000:]  # stopped before its last step: a scheduler restarts it
     stop = re.search(r"stopped by signal 15 at step (\d+): checkpoint (\d+) saved [\d.]+ s after the signal, which "
                      r"arrived at step \d+(; its dev evaluation .*)?; the same command resumes the run", stdout)
     assert stop and stop.group(1) == stop.group(2), stdout[-3000:]
-    saved = Checkpointer(str(workdir / "checkpoints"), asynchronous=False).latest_step()
     assert saved == int(stop.group(2))
-    logged = max(json.loads(line)["step"] for line in metrics.read_text().splitlines())
     assert saved is not None and saved >= logged >= 3
-    resumed = run("train.py", *args, f"--config.training.num_train_steps={saved + 2}")
+    # The same command, to step saved + 2.
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    metrics = stopped_runs["loop workdir"] / "metrics.jsonl"
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()
              if json.loads(line)["split"] == "train"]
     assert steps == list(range(1, saved + 3))
@@ -315,34 +361,28 @@ def test_resuming_with_another_device_count_or_batch_size_is_one_error_and_chang
     longer = "--config.training.num_train_steps=4"
     assert_one_line_error(run_script("train.py", *args, batch, longer, env=script_env(1)),
                           "batches are 8x64", "would be 9x64 (devices 2 -> 1)", "start a new workdir")
-    assert_one_line_error(run_script("train.py", *args, "--config.data.tokens_per_batch=640", longer,
-                                     env=script_env(2)), "would be 10x64 (data.tokens_per_batch 576 -> 640)")
+    # On 2 devices, in one process: another batch size on the run, then the same command as the first resuming a copy
+    # of the run (made now: the snapshot below shows that neither refusal changed the run).
+    resuming = copy_run({"workdir": workdir}, tmp_path / "copy")
+    rows = {"640": [*args, "--config.data.tokens_per_batch=640", longer],
+            "resumed": [f"--config={config}", f"--workdir={resuming}", *args[2:], batch, longer]}
+    results = rows_in_one_process("train.py", rows, tmp_path, env=script_env(2))
+    assert_one_line_error(results["640"], "would be 10x64 (data.tokens_per_batch 576 -> 640)")
     assert snapshot(workdir) == before
-    resumed = run_script("train.py", *args, batch, longer, env=script_env(2))
+    resumed = results["resumed"]
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    steps = [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(line)["step"] for line in (resuming / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
 
 
-def test_sigterm_during_data_preparation_releases_the_lock_and_a_rerun_finishes(tmp_path):
-    from runs import run_script, start_script
-    from transformer_jax.base import workdir as layout
-
-    config, workdir = write_config(tmp_path), tmp_path / "run"
-    process = start_script("train.py", f"--config={config}", f"--workdir={workdir}")
-    lock = workdir / layout.LOCK
-    deadline = time.time() + 120
-    while not lock.exists() and process.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    process.send_signal(signal.SIGTERM)  # the lock is taken: train.py is preparing the data
-    _, stderr = process.communicate(timeout=300)
-    assert process.returncode == 143, stderr[-3000:]
+def test_sigterm_during_data_preparation_releases_the_lock_and_a_rerun_finishes(stopped_runs):
+    returncode, stderr, left, rerun = stopped_runs["preparing"]
+    assert returncode == 143, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     last = stderr.strip().splitlines()[-1]
     assert last.startswith("stopped by SIGTERM: nothing; training had not started") and "resumes" in last
-    assert not lock.exists()
-    assert not list(workdir.glob("**/*.new.*")) and not (workdir / layout.CHECKPOINTS).exists()
-    rerun = run_script("train.py", f"--config={config}", f"--workdir={workdir}")
+    assert not left["lock"]
+    assert not left["half written"] and not left["checkpoints"]
     assert rerun.returncode == 0 and "test SacreBLEU" in rerun.stdout, rerun.stderr[-3000:]
 
 

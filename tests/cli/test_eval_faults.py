@@ -4,7 +4,8 @@ wrong, standard input that is not text, a damaged tokenizer model.
 Every row, run as the real command line, expects exit status 2, exactly one `error: ...` line naming the
 thing and the fix, no traceback, and the files it must not touch byte for byte as they were. A row whose
 disk was full prints its score first, leaves no partial output, and the same command succeeds once space
-is freed. The eval.py rows run in one process (runs.run_rows), their disks and damaged copies made first.
+is freed. The eval.py rows run in one process (runs.run_rows), their disks and damaged copies made first, and
+train.py's rows after them in the same process; the retries once space is freed, in a second one.
 """
 
 import json
@@ -25,6 +26,7 @@ from runs import (
     small_disk,
     snapshot,
 )
+from transformer_jax.cli.old_forms import eval_command
 
 CTRANSLATE2 = "ctranslate2:"
 
@@ -102,27 +104,56 @@ EVAL_ROWS = [
 ]
 
 
+def eval_rows(rows: list[list[str]]) -> list[list[str]]:
+    """eval.py command lines as `transformer-jax` rows: each names the command eval.py hands it to."""
+    named = [eval_command(["eval.py", *flags]) for flags in rows]
+    return [[name, *argv[1:]] for name, argv in named]
+
+
+def train_faults(trained_run: dict, directory: pathlib.Path, disk: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Copies of the trained run for train.py: each tokenizer model cut short, and one on the nearly full `disk`."""
+    workdirs = {name: copy_run(trained_run, directory / name) for name in ("cut_tokenizer", "cut_corpus_tokenizer")}
+    model = (workdirs["cut_tokenizer"] / "tokenizer.model").read_bytes()
+    (workdirs["cut_tokenizer"] / "tokenizer.model").write_bytes(model[:1000])
+    (workdirs["cut_corpus_tokenizer"] / "corpus" / "tokenizer.model").write_bytes(model[:1000])
+    workdirs["full_disk"] = copy_run(trained_run, disk / "run")
+    fill(disk, leave=32 * 1024)  # room for the start (the run lock, a TensorBoard file), not for the figure
+    return workdirs
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, trained_run):
     """Broken copies of the trained run, one on a full disk and one on a read-only disk; every EVAL_ROWS
-    command run on them, then the full disk's commands again after its space was freed."""
+    command run on them, then the full disk's commands again after its space was freed. test_train_py_faults's
+    train.py command lines run in the same two processes, after the eval.py ones (results under "train")."""
     directory = tmp_path_factory.mktemp("eval_faults")
     setup = {"dir": directory, **damaged_copies(trained_run, directory)}
-    with small_disk(directory / "full", "4m") as full, small_disk(directory / "readonly", "4m") as readonly:
+    with (small_disk(directory / "full", "4m") as full, small_disk(directory / "readonly", "4m") as readonly,
+          small_disk(directory / "train" / "disk", "4m") as train_disk):
         copy_run(trained_run, full / "run")
         copy_run(trained_run, readonly / "run")
         subprocess.run(["mount", "-o", "remount,ro", str(readonly)], check=True, capture_output=True)
         fill(full)
         setup.update(full=full, readonly=readonly)
+        trains = train_faults(trained_run, directory / "train", train_disk)
+        train_lines = [["train", f"--config={trained_run['config']}", f"--workdir={workdir}"]
+                       for workdir in trains.values()]
         watched = [full, readonly, *(setup[name] for name in ("run", "files_for_folders", "tensorboard_file"))]
         before = [snapshot(path) for path in watched]
-        results = run_rows("eval.py", [flags(setup) for _, flags, _ in EVAL_ROWS], directory)
+        trains_before = {name: snapshot(workdir) for name, workdir in trains.items()}
+        rows = eval_rows([flags(setup) for _, flags, _ in EVAL_ROWS])
+        results = run_rows("transformer-jax", rows + train_lines, directory)
         after = [snapshot(path) for path in watched]
+        trains_after = {name: snapshot(workdir) for name, workdir in trains.items()}
+        saved = [(trains["full_disk"] / name).read_text() for name in ("test_final.hyp", "test_final.json")]
         left = sorted(path.name for path in full.iterdir())  # before the retries
         (full / ".filler").unlink()
-        retries = run_rows("eval.py", [EVAL_ROWS[row][1](setup) for row in range(4)], directory)
+        (train_disk / ".filler").unlink()
+        retries = run_rows("transformer-jax", rows[:4] + train_lines[2:], directory)
+        train = {"results": results[len(rows):], "retry": retries.pop(), "before": trains_before,
+                 "after": trains_after, "saved": saved}
         yield {**setup, "results": dict(zip([row[0] for row in EVAL_ROWS], results)), "before": before,
-               "after": after, "left": left, "retries": retries}
+               "after": after, "left": left, "retries": retries, "train": train}
 
 
 @pytest.mark.parametrize("row", EVAL_ROWS, ids=[row[0] for row in EVAL_ROWS])
@@ -176,25 +207,14 @@ def test_translating_standard_input_that_is_not_text(trained_run, row):
     assert result.stdout.count("\n") == (1 if name == "Latin-1" else 0)
 
 
-def test_train_py_faults(trained_run, tmp_path):
+def test_train_py_faults(setup):
     """A damaged tokenizer model (either copy) stops train.py at its start with the fix; a full disk at the end
     of training prints the test scores, then one line, and the same command finishes once space is freed."""
-    workdirs = {name: copy_run(trained_run, tmp_path / name) for name in ("cut_tokenizer", "cut_corpus_tokenizer")}
-    model = (workdirs["cut_tokenizer"] / "tokenizer.model").read_bytes()
-    (workdirs["cut_tokenizer"] / "tokenizer.model").write_bytes(model[:1000])
-    (workdirs["cut_corpus_tokenizer"] / "corpus" / "tokenizer.model").write_bytes(model[:1000])
-    with small_disk(tmp_path / "disk", "4m") as disk:
-        workdirs["full_disk"] = copy_run(trained_run, disk / "run")
-        fill(disk, leave=32 * 1024)  # room for the start (the run lock, a TensorBoard file), not for the figure
-        before = {name: snapshot(workdir) for name, workdir in workdirs.items()}
-        rows = [[f"--config={trained_run['config']}", f"--workdir={workdirs[name]}"] for name in workdirs]
-        cut, cut_corpus, full = run_rows("train.py", rows, tmp_path)
-        after = {name: snapshot(workdir) for name, workdir in workdirs.items()}
-        saved = [(workdirs["full_disk"] / name).read_text() for name in ("test_final.hyp", "test_final.json")]
-        (disk / ".filler").unlink()
-        retry = run_rows("train.py", [rows[2]], tmp_path)[0]
-        assert retry.returncode == 0, retry.stderr[-3000:]
-        assert "learning curves:" in retry.stdout
+    train = setup["train"]  # its command lines ran in the setup's processes, after the eval.py rows
+    cut, cut_corpus, full = train["results"]
+    before, after, saved, retry = train["before"], train["after"], train["saved"], train["retry"]
+    assert retry.returncode == 0, retry.stderr[-3000:]
+    assert "learning curves:" in retry.stdout
     assert_one_line_error(cut, "cut_tokenizer/tokenizer.model is damaged",
                           "cut_tokenizer/corpus/tokenizer.model (an intact copy the run keeps) to")
     assert_one_line_error(cut_corpus, "cut_corpus_tokenizer/corpus/tokenizer.model is damaged",

@@ -5,17 +5,28 @@ A full disk (a real small tmpfs, runs.small_disk) must give exit status 2 and ex
 naming what was being written, the checkpoint kept and what to do, with no traceback from any thread; the
 newest complete checkpoint stays, the log holds no part of a line, and once space is freed the same
 command finishes with a metrics.jsonl byte-identical to an uninterrupted run's.
+
+Each full disk stops a train.py process of its own; the same commands that then finish the stopped runs (and the
+uninterrupted run the logging case compares with) run in one process (runs.run_rows: train.py's own flag parsing and
+main, each on its workdir), made once for the module by a fixture that records what each stop left before any rerun
+touches it.
 """
 
+import contextlib
 import json
 import pathlib
 import shutil
 import subprocess
 import time
 
-from runs import assert_one_line_error, copy_run, fill, run_script, small_disk, snapshot, start_script
+import pytest
+
+from runs import assert_one_line_error, copy_run, fill, run_rows, run_script, small_disk, snapshot, start_script
 
 LOGS = ("metrics.jsonl", "timing.jsonl", "tensorboard")
+# The logging case: no checkpoint between step 6 and the end, so that the disk fills up with log lines first.
+LOGGING_FLAGS = ("--config.training.num_train_steps=60", "--config.training.checkpoint_every=1000",
+                 "--config.training.eval_every=0")
 
 
 def train(config: str, workdir: pathlib.Path, *flags: str) -> subprocess.CompletedProcess:
@@ -28,69 +39,95 @@ def assert_quiet(result: subprocess.CompletedProcess) -> None:
         assert sign not in result.stderr, result.stderr[-3000:]
 
 
-def whole_lines(path: pathlib.Path) -> list[dict]:
-    """The records of a log, asserting that it ends with a whole line."""
-    content = path.read_text()
+def whole_lines(content: str) -> list[dict]:
+    """The records of a log's `content`, asserting that it ends with a whole line."""
     assert content.endswith("\n"), content[-300:]
     return [json.loads(line) for line in content.splitlines()]
 
 
-def test_a_full_disk_during_a_checkpoint_save_keeps_the_last_one_and_the_same_command_resumes(trained_run, tmp_path):
-    with small_disk(tmp_path / "disk", "8m") as disk:
+@pytest.fixture(scope="module")
+def full_disks(trained_run, tmp_path_factory):
+    """{case: (the run's workdir on its small disk, the stopped run, what it left)} for a full disk while saving a
+    checkpoint ("save"), while logging ("logging") and while preparing a new run ("preparing"), each stopped in its own
+    process; then, with the space freed, "again": {case: the same command once more} and "reference": the logging
+    case's command on an unlimited copy of the run, all in one process. The disks stay mounted for the module."""
+    config, directory = trained_run["config"], tmp_path_factory.mktemp("full_disks")
+    with contextlib.ExitStack() as disks:
+        runs = {}
+        disk = disks.enter_context(small_disk(directory / "save", "8m"))
         workdir = copy_run(trained_run, disk / "run")
         shutil.rmtree(workdir / "checkpoints" / "6")  # the run resumes from step 4 and saves step 6 again
         kept = snapshot(workdir / "checkpoints" / "4")
         fill(disk, leave=100_000)  # room for the logs, not for a checkpoint (~650 KB)
-        result = train(trained_run["config"], workdir)
-        assert_one_line_error(result, f"writing checkpoint step 6 to {workdir}/checkpoints",
-                              "no space left on the device", "checkpoint step 4 is kept; free space and run the same "
-                              "command again: it resumes from step 4")
-        assert_quiet(result)
-        assert snapshot(workdir / "checkpoints" / "4") == kept
-        assert [p.name for p in (workdir / "checkpoints").iterdir() if "tmp" not in p.name] == ["4"]
-        whole_lines(workdir / "metrics.jsonl")
-
+        result = train(config, workdir)
+        runs["save"] = (workdir, result, {
+            "step 4 before": kept, "step 4": snapshot(workdir / "checkpoints" / "4"),
+            "checkpoints": [p.name for p in (workdir / "checkpoints").iterdir() if "tmp" not in p.name],
+            "metrics.jsonl": (workdir / "metrics.jsonl").read_text()})
         (disk / ".filler").unlink()
-        again = train(trained_run["config"], workdir)
-        assert again.returncode == 0, again.stderr[-3000:]
-        assert (workdir / "metrics.jsonl").read_bytes() == (trained_run["workdir"] / "metrics.jsonl").read_bytes()
-        assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["4", "6"]  # the unfinished save is gone
 
-
-def test_a_full_disk_while_logging_leaves_whole_lines_and_the_same_command_resumes(trained_run, tmp_path):
-    # No checkpoint between step 6 and the end: the disk fills up with log lines first.
-    flags = ("--config.training.num_train_steps=60", "--config.training.checkpoint_every=1000",
-             "--config.training.eval_every=0")
-    reference = train(trained_run["config"], copy_run(trained_run, tmp_path / "reference"), *flags)
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    with small_disk(tmp_path / "disk", "8m") as disk:
+        disk = disks.enter_context(small_disk(directory / "logging", "8m"))
         workdir = copy_run(trained_run, disk / "run")
         fill(disk, leave=24_576)
-        result = train(trained_run["config"], workdir, *flags)
-        line = assert_one_line_error(result, "failed: no space left on the device", "checkpoint step 6 is kept; free "
-                                     "space and run the same command again: it resumes from step 6")
-        assert any(f"({workdir}/{name})" in line for name in LOGS), line
-        assert_quiet(result)
-        assert max(record["step"] for record in whole_lines(workdir / "metrics.jsonl")) > 6  # it failed while logging
-        whole_lines(workdir / "timing.jsonl")
-
+        result = train(config, workdir, *LOGGING_FLAGS)
+        runs["logging"] = (workdir, result, {name: (workdir / name).read_text()
+                                             for name in ("metrics.jsonl", "timing.jsonl")})
         (disk / ".filler").unlink()
-        again = train(trained_run["config"], workdir, *flags)
-        assert again.returncode == 0, again.stderr[-3000:]
-        assert (workdir / "metrics.jsonl").read_bytes() == (tmp_path / "reference" / "metrics.jsonl").read_bytes()
 
-
-def test_a_full_disk_while_preparing_a_new_run_and_the_same_command_then_trains_it(trained_run, tmp_path):
-    with small_disk(tmp_path / "disk", "8m") as disk:
+        disk = disks.enter_context(small_disk(directory / "preparing", "8m"))
         fill(disk, leave=300_000)  # room for the tokenizer, not for the rest of the corpus
-        result = train(trained_run["config"], disk / "run")
-        assert_one_line_error(result, "no space left on the device", "free space and run the same command again")
-        assert_quiet(result)
-
+        runs["preparing"] = (disk / "run", train(config, disk / "run"), {})
         (disk / ".filler").unlink()
-        again = train(trained_run["config"], disk / "run")
-        assert again.returncode == 0, again.stderr[-3000:]
-        assert (disk / "run" / "metrics.jsonl").read_bytes() == (trained_run["workdir"] / "metrics.jsonl").read_bytes()
+
+        reference = copy_run(trained_run, directory / "reference")
+        rows = {"reference": [f"--config={config}", f"--workdir={reference}", *LOGGING_FLAGS],
+                "save": [f"--config={config}", f"--workdir={runs['save'][0]}"],
+                "logging": [f"--config={config}", f"--workdir={runs['logging'][0]}", *LOGGING_FLAGS],
+                "preparing": [f"--config={config}", f"--workdir={runs['preparing'][0]}"]}
+        results = dict(zip(rows, run_rows("train.py", list(rows.values()), directory)))
+        yield {**runs, "again": results, "reference": (reference, results["reference"])}
+
+
+def test_a_full_disk_during_a_checkpoint_save_keeps_the_last_one_and_the_same_command_resumes(trained_run, full_disks):
+    workdir, result, left = full_disks["save"]
+    assert_one_line_error(result, f"writing checkpoint step 6 to {workdir}/checkpoints",
+                          "no space left on the device", "checkpoint step 4 is kept; free space and run the same "
+                          "command again: it resumes from step 4")
+    assert_quiet(result)
+    assert left["step 4"] == left["step 4 before"]
+    assert left["checkpoints"] == ["4"]
+    whole_lines(left["metrics.jsonl"])
+
+    again = full_disks["again"]["save"]  # the space freed
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (workdir / "metrics.jsonl").read_bytes() == (trained_run["workdir"] / "metrics.jsonl").read_bytes()
+    assert sorted(p.name for p in (workdir / "checkpoints").iterdir()) == ["4", "6"]  # the unfinished save is gone
+
+
+def test_a_full_disk_while_logging_leaves_whole_lines_and_the_same_command_resumes(full_disks):
+    reference, uninterrupted = full_disks["reference"]
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-3000:]
+    workdir, result, left = full_disks["logging"]
+    line = assert_one_line_error(result, "failed: no space left on the device", "checkpoint step 6 is kept; free "
+                                 "space and run the same command again: it resumes from step 6")
+    assert any(f"({workdir}/{name})" in line for name in LOGS), line
+    assert_quiet(result)
+    assert max(record["step"] for record in whole_lines(left["metrics.jsonl"])) > 6  # it failed while logging
+    whole_lines(left["timing.jsonl"])
+
+    again = full_disks["again"]["logging"]  # the space freed
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (workdir / "metrics.jsonl").read_bytes() == (reference / "metrics.jsonl").read_bytes()
+
+
+def test_a_full_disk_while_preparing_a_new_run_and_the_same_command_then_trains_it(trained_run, full_disks):
+    workdir, result, _ = full_disks["preparing"]
+    assert_one_line_error(result, "no space left on the device", "free space and run the same command again")
+    assert_quiet(result)
+
+    again = full_disks["again"]["preparing"]  # the space freed
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (workdir / "metrics.jsonl").read_bytes() == (trained_run["workdir"] / "metrics.jsonl").read_bytes()
 
 
 def test_the_workdir_removed_under_a_run_is_one_line(trained_run, tmp_path):

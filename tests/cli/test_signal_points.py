@@ -5,9 +5,10 @@ finishes the run.
 The loop's own handling (a checkpoint at a step boundary) is tested in tests/run/test_loop.py and,
 across processes, in tests/run/test_multiprocess.py.
 
-Each stop is a train.py process of its own; the same command lines that then finish the stopped runs of one
-parametrized test run in one process (runs.run_rows: train.py's own flag parsing and main, each on its workdir), made
-once for the module by a fixture that records what each stop left before any rerun touches it.
+Each stop is a train.py process of its own; the same command lines that then finish the stopped runs of the tests
+below (both parametrized tests and the periodic evaluation's) run in one process (runs.run_rows: train.py's own flag
+parsing and main, each on its workdir), made once for the module by a fixture that records what each stop left before
+any rerun touches it.
 """
 
 import json
@@ -71,23 +72,27 @@ OUTSIDE_THE_LOOP = [
 ]
 
 
-@pytest.fixture(scope="module")
-def outside_the_loop(tmp_path_factory):
-    """{point: (the stopped run, what it left, whether its corpus manifest was written, the rerun)} for each point of
-    OUTSIDE_THE_LOOP: each stopped in its own process, then the same commands finishing them in one."""
+def stop_outside_the_loop(config: str, directory: pathlib.Path) -> dict:
+    """{point: (workdir, the stopped run, what it left, whether its corpus manifest was written)} for each point of
+    OUTSIDE_THE_LOOP, each stopped in its own process."""
     from runs import free_port
 
-    directory = tmp_path_factory.mktemp("outside_the_loop")
-    config, stopped, workdirs = write_config(directory), {}, []
+    stopped = {}
     for point, flags, _ in OUTSIDE_THE_LOOP:
         workdir = directory / point.replace(" ", "_")
         if flags:  # joined through jax.distributed, whose runtime must not take SIGTERM away from us
             flags += (f"--coordinator_address=localhost:{free_port()}",)
         result = signalled_run(config, workdir, point, *flags)
-        stopped[point] = (result, left_by_the_stop(workdir), (workdir / layout.CORPUS / "manifest.json").exists())
-        workdirs.append(workdir)
-    reruns = rerun_each(config, workdirs, directory)
-    return {point: (*stopped[point], rerun) for (point, _, _), rerun in zip(OUTSIDE_THE_LOOP, reruns)}
+        stopped[point] = (workdir, result, left_by_the_stop(workdir),
+                          (workdir / layout.CORPUS / "manifest.json").exists())
+    return stopped
+
+
+@pytest.fixture(scope="module")
+def outside_the_loop(stops):
+    """{point: (the stopped run, what it left, whether its corpus manifest was written, the rerun)} for each point of
+    OUTSIDE_THE_LOOP."""
+    return {point: (*stopped[1:], stops["reruns"][stopped[0]]) for point, stopped in stops["outside the loop"].items()}
 
 
 @pytest.mark.parametrize("point, flags, finished", OUTSIDE_THE_LOOP)
@@ -101,22 +106,51 @@ def test_sigterm_outside_the_loop_stops_cleanly_and_the_same_command_finishes(ou
         assert "resumed from" in rerun.stdout  # training was not redone
 
 
-def test_sigterm_during_a_periodic_evaluation_abandons_it_and_the_restart_does_it(tmp_path):
+def stop_during_a_periodic_evaluation(config: str, workdir: pathlib.Path) -> dict:
+    """A run stopped in its first periodic evaluation, what that left, then the same run stopped again while it
+    compiles to resume, and what that left; each stop in its own process."""
+    stopped = signalled_run(config, workdir, "evaluation")
+    left = {"dev records": [r for r in read_metrics(str(workdir)) if r["split"] == "dev"],
+            "lock": (workdir / layout.LOCK).exists(),
+            "checkpoints": sorted(int(p.name) for p in (workdir / layout.CHECKPOINTS).iterdir() if p.name.isdigit())}
+    compiling = signalled_run(config, workdir, "compiling")
+    return {"workdir": workdir, "stopped": stopped, "left": left, "compiling": compiling,
+            "left by compiling": left_by_the_stop(workdir)}
+
+
+@pytest.fixture(scope="module")
+def stops(tmp_path_factory):
+    """The stops of the tests below, each in its own process ("outside the loop": stop_outside_the_loop, "before the
+    first checkpoint": stop_before_the_first_checkpoint, "periodic evaluation": stop_during_a_periodic_evaluation),
+    then "reruns": {workdir: the same command finishing it}, all in one process (rerun_each)."""
+    directory = tmp_path_factory.mktemp("stops")
+    config = write_config(directory)
+    for folder in ("outside_the_loop", "before"):
+        (directory / folder).mkdir()
+    made = {"outside the loop": stop_outside_the_loop(config, directory / "outside_the_loop"),
+            "before the first checkpoint": stop_before_the_first_checkpoint(config, directory / "before"),
+            "periodic evaluation": stop_during_a_periodic_evaluation(config, directory / "periodic_evaluation")}
+    workdirs = [*(stopped[0] for stopped in made["outside the loop"].values()),
+                *(stopped[0] for stopped in made["before the first checkpoint"].values()),
+                made["periodic evaluation"]["workdir"]]
+    return {**made, "reruns": dict(zip(workdirs, rerun_each(config, workdirs, directory)))}
+
+
+def test_sigterm_during_a_periodic_evaluation_abandons_it_and_the_restart_does_it(stops):
     """Inside the loop the signal is the loop's: the evaluation in progress is abandoned (not finished first), the
     checkpoint of that step is saved, and the run that resumes from it evaluates that step before going on."""
-    config, workdir = write_config(tmp_path), tmp_path / "run"
-    stopped = signalled_run(config, workdir, "evaluation")
+    made = stops["periodic evaluation"]
+    stopped, left, workdir = made["stopped"], made["left"], made["workdir"]
     assert stopped.returncode == 143 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
     step, checkpoint, _, arrived, rest = stop_line(stopped.stdout)
     assert step == checkpoint == arrived == 3
     assert rest == "; its dev evaluation of step 3 was abandoned and is done when the run resumes"
-    assert not [r for r in read_metrics(str(workdir)) if r["split"] == "dev"]  # nothing of it was logged
-    assert not (workdir / layout.LOCK).exists()
-    assert sorted(int(p.name) for p in (workdir / layout.CHECKPOINTS).iterdir() if p.name.isdigit())[-1] == 3
+    assert not left["dev records"]  # nothing of it was logged
+    assert not left["lock"]
+    assert left["checkpoints"][-1] == 3
     # Stopped again while the resumed run compiles: the line says what is on disk, not "nothing".
-    compiling = signalled_run(config, workdir, "compiling")
-    assert_stopped_cleanly(compiling, left_by_the_stop(workdir), "the newest checkpoint is step 3")
-    rerun = run_script("train.py", f"--config={config}", f"--workdir={workdir}")
+    assert_stopped_cleanly(made["compiling"], made["left by compiling"], "the newest checkpoint is step 3")
+    rerun = stops["reruns"][workdir]  # the same command, after the stops of the module
     assert rerun.returncode == 0 and "test SacreBLEU" in rerun.stdout, rerun.stderr[-3000:]
     assert "resumed from" in rerun.stdout
     assert [r["step"] for r in read_metrics(str(workdir)) if r["split"] == "dev"] == [3, 6]  # step 3's done first
@@ -126,13 +160,10 @@ BEFORE_THE_FIRST_CHECKPOINT = [("update", None), ("update twice", "SIGTERM"), ("
                                ("update and save", "SIGINT")]
 
 
-@pytest.fixture(scope="module")
-def before_the_first_checkpoint(tmp_path_factory):
-    """{(point, again): (the stopped run, its timing records, its checkpoint folder's names, whether the lock is left,
-    the rerun)} for each case of BEFORE_THE_FIRST_CHECKPOINT: each stopped in its own process, then the same commands
-    resuming them in one."""
-    directory = tmp_path_factory.mktemp("before_the_first_checkpoint")
-    config, stopped, workdirs = write_config(directory), [], []
+def stop_before_the_first_checkpoint(config: str, directory: pathlib.Path) -> dict:
+    """{(point, again): (workdir, the stopped run, its timing records, its checkpoint folder's names, whether the lock
+    is left)} for each case of BEFORE_THE_FIRST_CHECKPOINT, each stopped in its own process."""
+    stopped = {}
     for index, (point, again) in enumerate(BEFORE_THE_FIRST_CHECKPOINT):
         workdir = directory / f"run{index}"
         result = run_script("tests/signal_at.py", f"--config={config}", f"--workdir={workdir}",
@@ -141,10 +172,16 @@ def before_the_first_checkpoint(tmp_path_factory):
             if (workdir / layout.TIMING).exists() else []
         names = sorted(p.name for p in (workdir / layout.CHECKPOINTS).iterdir()) \
             if (workdir / layout.CHECKPOINTS).is_dir() else []
-        stopped.append((result, timing, names, (workdir / layout.LOCK).exists()))
-        workdirs.append(workdir)
-    reruns = rerun_each(config, workdirs, directory)
-    return {case: (*stop, rerun) for case, stop, rerun in zip(BEFORE_THE_FIRST_CHECKPOINT, stopped, reruns)}
+        stopped[point, again] = (workdir, result, timing, names, (workdir / layout.LOCK).exists())
+    return stopped
+
+
+@pytest.fixture(scope="module")
+def before_the_first_checkpoint(stops):
+    """{(point, again): (the stopped run, its timing records, its checkpoint folder's names, whether the lock is left,
+    the rerun)} for each case of BEFORE_THE_FIRST_CHECKPOINT."""
+    return {case: (*stopped[1:], stops["reruns"][stopped[0]])
+            for case, stopped in stops["before the first checkpoint"].items()}
 
 
 @pytest.mark.parametrize("point, again", BEFORE_THE_FIRST_CHECKPOINT)

@@ -1,10 +1,14 @@
 """eval.py --multihost: 2 processes x 2 CPU devices evaluate a run as 1 process with 4 devices does.
 
 A tiny run is trained once. eval.py then scores its test split with the average of its last two
-checkpoints, and translates a file, once as one process with 4 CPU devices and once as two processes
-of 2 devices each joined by jax.distributed (gloo collectives on CPU). Every eval.py runs under an
-audit hook (DRIVER) that records which paths it opens for writing, renames or creates inside the
-workdir, so the test sees which process wrote what, not only the files that resulted.
+checkpoints, translates a file and writes the averaged parameters, once as one process with 4 CPU devices
+and once as two processes of 2 devices each joined by jax.distributed (gloo collectives on CPU). The
+one-process references of the three commands run once, one after the other in one process (tests/cli_rows.py:
+each command line through eval.py's own flag parsing and main, as a separate eval.py would run it), which
+saves two starts of Python and JAX; every two-process eval.py is a process of its own, as a user starts it.
+Every eval.py runs under an audit hook (HOOK) that records which paths it opens for writing, renames or
+creates inside the workdir (for the references, command by command), so the test sees which process wrote
+what, not only the files that resulted.
 
 On CPU, XLA's gloo collectives print "[Gloo] Rank i is connected to ..." from native code when they
 connect; a joined process sends that to standard error, so standard output holds only what eval.py prints.
@@ -37,13 +41,12 @@ SENTENCES = ["The dog sleeps.", "This is the house that we will build together i
              "Blootroft blits lehairk the heaft with a meapret.", "They sing", "Where is the old bridge now?",
              "Tero must fregrosk that the vunt does not fud the joskeams before froskir trojan beglesks must skeap it."]
 
-# argv: WORKDIR RECORD SCRIPT ARGS...: run SCRIPT with ARGS; at exit, write to RECORD the paths inside
-# WORKDIR that this process opened for writing, renamed to, removed or created as a directory (Python's
-# file operations; Orbax writes array data from C++, which the test checks by the files it finds).
-DRIVER = textwrap.dedent(
+# Records the paths inside `workdir` that this process opens for writing, renames to, removes or creates as a
+# directory into `written` (Python's file operations; Orbax writes array data from C++, which the test checks by
+# the files it finds).
+HOOK = textwrap.dedent(
     """
     import atexit, json, os, runpy, sys
-    workdir, record, script = (os.path.abspath(arg) for arg in sys.argv[1:4])
     written = []
     WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 
@@ -61,21 +64,44 @@ DRIVER = textwrap.dedent(
         elif event in ("os.remove", "os.rmdir") or event == "os.mkdir" and not os.path.isdir(args[0]):
             inside(args[0])
 
-    def save():
+    def save(record):
         with open(record, "w") as f:
             f.write(json.dumps(sorted(set(written))))
-
+    """
+)
+# argv: WORKDIR RECORD SCRIPT ARGS...: run SCRIPT with ARGS; at exit, write to RECORD what HOOK recorded.
+DRIVER = textwrap.dedent(
+    """
+    workdir, record, script = (os.path.abspath(arg) for arg in sys.argv[1:4])
     sys.addaudithook(watch)
-    atexit.register(save)
+    atexit.register(save, record)
     sys.argv = [script, *sys.argv[4:]]
     runpy.run_path(script, run_name="__main__")
+    """
+)
+# argv: WORKDIR ROWS: run each list of eval.py arguments of the JSON file ROWS in this process, one after the other
+# (tests/cli_rows.py); write to ROWS.<i>.json what HOOK recorded during row i and to ROWS.<i>.out its
+# {"returncode", "stdout", "stderr"}.
+ROWS_DRIVER = textwrap.dedent(
+    f"""
+    workdir, rows = os.path.abspath(sys.argv[1]), sys.argv[2]
+    sys.path.insert(0, {str(ROOT / "tests")!r})
+    import cli_rows
+    sys.addaudithook(watch)
+    loaded = {{}}
+    for index, args in enumerate(json.loads(open(rows).read())):
+        written.clear()
+        result = cli_rows.run_row("eval.py", args, loaded)
+        save(f"{{rows}}.{{index}}.json")
+        with open(f"{{rows}}.{{index}}.out", "w") as f:
+            f.write(json.dumps(result))
     """
 )
 
 
 def start_eval(workdir: pathlib.Path, record: pathlib.Path, *args: str, devices: int) -> subprocess.Popen:
     """Start eval.py on `devices` CPU devices under DRIVER (its writes inside `workdir` go to `record`)."""
-    return subprocess.Popen([sys.executable, "-c", DRIVER, str(workdir), str(record), str(ROOT / "eval.py"),
+    return subprocess.Popen([sys.executable, "-c", HOOK + DRIVER, str(workdir), str(record), str(ROOT / "eval.py"),
                              f"--workdir={workdir}", *args], cwd=ROOT, env=script_env(devices),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -87,14 +113,25 @@ def printed(stdout: str) -> list[str]:
 
 
 def writes(record: pathlib.Path) -> list[str]:
-    """The paths a DRIVER record lists, a temporary file (`<path>.tmp.<unique>`, renamed over `path`) as `path`."""
+    """The paths a HOOK record lists, a temporary file (`<path>.tmp.<unique>`, renamed over `path`) as `path`."""
     return sorted({path.split(".tmp.")[0] for path in json.loads(record.read_text())})
 
 
-def eval_alone(workdir: pathlib.Path, records: pathlib.Path, *args: str) -> tuple[list[str], list[str]]:
-    """eval.py as one process with 4 CPU devices: (printed lines, paths written inside the workdir)."""
-    stdout, _ = finish_all([start_eval(workdir, records / "alone.json", *args, "--cpu_devices=4", devices=4)])[0]
-    return printed(stdout), writes(records / "alone.json")
+def eval_alone(workdir: pathlib.Path, records: pathlib.Path,
+               *commands: tuple[str, ...]) -> list[tuple[list[str], list[str]]]:
+    """eval.py with each of `commands`' arguments as one process with 4 CPU devices, the commands one after the
+    other in one process (ROWS_DRIVER): per command, (printed lines, paths written inside the workdir)."""
+    rows = records / "alone.rows.json"
+    rows.write_text(json.dumps([[f"--workdir={workdir}", *args, "--cpu_devices=4"] for args in commands]))
+    done = subprocess.run([sys.executable, "-c", HOOK + ROWS_DRIVER, str(workdir), str(rows)], cwd=ROOT,
+                          env=script_env(4), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = []
+    for index in range(len(commands)):
+        result = json.loads(pathlib.Path(f"{rows}.{index}.out").read_text())
+        assert result["returncode"] == 0, result["stderr"][-3000:]
+        results.append((printed(result["stdout"]), writes(pathlib.Path(f"{rows}.{index}.json"))))
+    return results
 
 
 def eval_on_two_processes(workdir: pathlib.Path, records: pathlib.Path,
@@ -122,15 +159,30 @@ def trained(tmp_path_factory) -> pathlib.Path:
     return workdir
 
 
-def test_two_processes_score_the_split_like_one_and_only_process_0_writes_and_prints(trained, tmp_path):
+@pytest.fixture(scope="module")
+def alone(trained, tmp_path_factory) -> dict:
+    """The one-process references (ROWS_DRIVER): per command ("score", "translate", "average"), (printed lines,
+    paths written); "expected": the .hyp and .json of the score's files, which are then removed for the two
+    processes to write anew; "lines": the file translated."""
+    records = tmp_path_factory.mktemp("eval_multihost_alone")
+    lines = records / "lines.txt"
+    lines.write_text("\n".join(SENTENCES) + "\n")
+    commands = {"score": EVALUATION, "translate": (*EVALUATION, f"--translate={lines}"),
+                "average": (*EVALUATION, f"--write_averaged={trained / 'alone'}")}
+    results = dict(zip(commands, eval_alone(trained, records, *commands.values()), strict=True))
     written = trained / "eval" / "test.average_2_to_200"
-    alone, alone_writes = eval_alone(trained, tmp_path, *EVALUATION)
-    expected = {suffix: pathlib.Path(f"{written}{suffix}").read_text() for suffix in (".hyp", ".json")}
+    results["expected"] = {suffix: pathlib.Path(f"{written}{suffix}").read_text() for suffix in (".hyp", ".json")}
     shutil.rmtree(trained / "eval")
+    return {**results, "lines": lines}
+
+
+def test_two_processes_score_the_split_like_one_and_only_process_0_writes_and_prints(trained, alone, tmp_path):
+    written = trained / "eval" / "test.average_2_to_200"
+    (alone_lines, alone_writes), expected = alone["score"], alone["expected"]
 
     (first, first_writes), (second, second_writes) = eval_on_two_processes(trained, tmp_path, *EVALUATION)
     assert {suffix: pathlib.Path(f"{written}{suffix}").read_text() for suffix in (".hyp", ".json")} == expected
-    assert first == alone and alone[0] == "test (16 sentences, checkpoint average:2 = steps [100, 200])"
+    assert first == alone_lines and alone_lines[0] == "test (16 sentences, checkpoint average:2 = steps [100, 200])"
     assert second == []
     assert first_writes == alone_writes and {"eval/test.average_2_to_200.hyp",
                                              "eval/test.average_2_to_200.json"} <= set(first_writes)
@@ -141,21 +193,19 @@ def test_two_processes_score_the_split_like_one_and_only_process_0_writes_and_pr
     assert json.loads(expected[".json"])["steps"] == [100, 200]
 
 
-def test_two_processes_translate_a_file_and_only_process_0_prints(trained, tmp_path):
-    lines = tmp_path / "lines.txt"
-    lines.write_text("\n".join(SENTENCES) + "\n")
-    alone, alone_writes = eval_alone(trained, tmp_path, *EVALUATION, f"--translate={lines}")
+def test_two_processes_translate_a_file_and_only_process_0_prints(trained, alone, tmp_path):
+    alone_lines, alone_writes = alone["translate"]
     (first, first_writes), (second, second_writes) = eval_on_two_processes(
-        trained, tmp_path, *EVALUATION, f"--translate={lines}")
-    assert first == alone and len(alone) == 10 and alone[5] == "" and all(alone[:5])
+        trained, tmp_path, *EVALUATION, f"--translate={alone['lines']}")
+    assert first == alone_lines and len(alone_lines) == 10 and alone_lines[5] == "" and all(alone_lines[:5])
     assert second == [] and first_writes == second_writes == alone_writes == []
 
 
-def test_two_processes_write_the_averaged_parameters_once(trained, tmp_path):
-    alone, alone_writes = eval_alone(trained, tmp_path, *EVALUATION, f"--write_averaged={trained / 'alone'}")
+def test_two_processes_write_the_averaged_parameters_once(trained, alone, tmp_path):
+    alone_lines, alone_writes = alone["average"]
     (first, first_writes), (second, second_writes) = eval_on_two_processes(
         trained, tmp_path, *EVALUATION, f"--write_averaged={trained / 'two'}")
-    assert first == [line.replace("alone", "two") for line in alone] and second == []
+    assert first == [line.replace("alone", "two") for line in alone_lines] and second == []
     assert first_writes == [path.replace("alone", "two") for path in alone_writes] and second_writes == []
     # The same layout (array data under ocdbt.process_0/ only: Orbax writes it from process 0) and values.
     assert sorted(path.name for path in (trained / "two").iterdir()) == sorted(

@@ -26,7 +26,6 @@ SCRIPT = textwrap.dedent(
     if sys.argv[1] == "process":
         jax.distributed.initialize(f"localhost:{sys.argv[4]}", int(sys.argv[3]), int(sys.argv[2]))
     from transformer_jax import Transformer, TransformerConfig
-    from transformer_jax.data.batching import eval_batches
     from transformer_jax.data.encoded import EncodedPairs, Ragged
     from transformer_jax.decoding.options import DecodeOptions
     from transformer_jax.data.shapes import TranslationBatching
@@ -50,6 +49,8 @@ SCRIPT = textwrap.dedent(
     CORPUS = EncodedPairs(Ragged.from_lists([sentence(n) for n in range(1, 22)]),
                           Ragged.from_lists([sentence(n) for n in range(22, 1, -1)]))
     OPTIONS = {mode: DecodeOptions(mode=mode, beam_size=3, max_extra_length=4) for mode in ("greedy", "beam", "sample")}
+    # Sentences of 10, 13 and 16 source tokens, from both batches of BATCH (both 24 wide), decoded alone: 16 wide.
+    ALONE = (9, 12, 15)
     COLLECTIVE = r"\\b(all-gather|all-reduce|reduce-scatter|collective-permute|all-to-all|collective-broadcast)\\b"
 
     class Ids:
@@ -85,23 +86,31 @@ SCRIPT = textwrap.dedent(
         return mesh, place_whole(params, shardings.params), dev_loss_step(CONFIG, 0.1, mesh)
 
     def loss_sums(step, params, mesh):
-        batch_sums = []
+        batch_sums, arguments = [], []
         def recording(p, b):
+            arguments.append((p, b))
             batch_sums.append(step(p, b))
             return batch_sums[-1]
         figures = evaluate_loss(recording, params, CORPUS, BATCH, mesh)
-        return {"figures": figures, "batches": len(batch_sums),
+        # The flops of the program that computed the first batch's sums, as its arguments were laid out (the step
+        # compiled it for them: lowering and compiling again find it in JAX's caches).
+        cost = step.lower(*arguments[0]).compile().cost_analysis()
+        cost = cost[0] if isinstance(cost, list) else cost
+        return {"figures": figures, "batches": len(batch_sums), "flops": cost["flops"],
                 "sums": {k: sum(float(np.sum(s[k])) for s in jax.device_get(batch_sums)) for k in batch_sums[0]}}
 
-    def flops(step, params, mesh):
-        batch = eval_batches(CORPUS, BATCH, row_multiple=1 if mesh is None else mesh.size)[0]
-        batch = {k: v for k, v in batch.items() if k != "index"}
-        cost = step.lower(params, batch if mesh is None else place_rows(batch, mesh)).compile().cost_analysis()
-        return (cost[0] if isinstance(cost, list) else cost)["flops"]
-
-    def translations(params, mesh, modes=("greedy", "beam"), batch_size=BATCH):
+    def translations(params, mesh, modes=("greedy", "beam")):
         return {mode: translate_encoded(params, CONFIG, CORPUS, Ids(), OPTIONS[mode],
-                                        batching=TranslationBatching(batch_size), show_progress=False, mesh=mesh)
+                                        batching=TranslationBatching(BATCH), show_progress=False, mesh=mesh)
+                for mode in modes}
+
+    def alone(params, modes=("greedy", "beam", "sample")):
+        # Each sentence of ALONE as a corpus of its own (one row, one compile per mode for the three), its row id its
+        # place in CORPUS.
+        return {mode: {str(item): translate_encoded(params, CONFIG, CORPUS.select(np.array([item])), Ids(),
+                                                    OPTIONS[mode], batching=TranslationBatching(1),
+                                                    show_progress=False, first_row_id=item)[0]
+                       for item in ALONE}
                 for mode in modes}
 
     def collectives(jitted, *args):
@@ -118,13 +127,12 @@ SCRIPT = textwrap.dedent(
         weights = jax.device_get(params)
         with open(sys.argv[2], "wb") as f:
             pickle.dump(weights, f)
-        results["one"] = {"loss": loss_sums(steps, params, None), "flops": flops(steps, params, None),
+        results["one"] = {"loss": loss_sums(steps, params, None),
                           "translations": translations(params, None, ("greedy", "beam", "sample")),
-                          "alone": translations(params, None, ("greedy", "beam", "sample"), batch_size=1)}
+                          "alone": alone(params)}
         for name, (data, fsdp) in {"data8": (8, 1), "data4_fsdp2": (4, 2)}.items():
             mesh, params, steps = setup(data, fsdp, weights)
             results[name] = {"loss": loss_sums(steps, params, mesh),
-                             "flops": flops(steps, params, mesh),
                              "translations": translations(params, mesh, ("greedy", "beam", "sample"))}
         # The beam search's program as the data4_fsdp2 translations above ran it: their first batch (the sentences
         # that are not empty lines), weights, precision and row ids.
@@ -205,7 +213,7 @@ def test_dev_loss_sums_on_a_mesh_equal_one_device(results, mesh):
 @pytest.mark.parametrize("mesh", ["data8", "data4_fsdp2"])
 def test_each_device_computes_only_its_rows_of_the_dev_loss(results, mesh):
     # 2 of 16 rows per device against 10 rows on one device: about a fifth of the work.
-    assert results[mesh]["flops"] < 0.4 * results["one"]["flops"]
+    assert results[mesh]["loss"]["flops"] < 0.4 * results["one"]["loss"]["flops"]
 
 
 @pytest.mark.parametrize("mesh", ["data8", "data4_fsdp2"])
@@ -220,9 +228,12 @@ def test_translations_on_a_mesh_equal_one_device_token_for_token(results, mesh, 
 @pytest.mark.parametrize("mode", ["greedy", "beam", "sample"])
 def test_a_sentence_decodes_the_same_alone_as_in_a_batch(results, mode):
     # What makes splitting exact: no row of a search depends on the other rows of its batch (a sampled row
-    # draws from the seed folded with its sentence's place, not its row's).
-    alone = [text.split(" 0")[0] for text in results["one"]["alone"][mode]]
-    assert alone == [text.split(" 0")[0] for text in results["one"]["translations"][mode]]
+    # draws from the seed folded with its sentence's place, not its row's). Three sentences of different lengths,
+    # each alone in a batch narrower than the one it shared (ALONE in SCRIPT).
+    alone = {int(item): text.split(" 0")[0] for item, text in results["one"]["alone"][mode].items()}
+    batched = results["one"]["translations"][mode]
+    assert sorted(alone) == [9, 12, 15] and len(set(alone.values())) == 3
+    assert alone == {item: batched[item].split(" 0")[0] for item in alone}
 
 
 def test_sharded_decoding_has_no_collectives(results):

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from marian_models import tiny_marian
+from runs import command, script_env
 from safetensors.numpy import load_file
 from transformers import MarianMTModel, MarianTokenizer
 
@@ -42,6 +43,16 @@ SENTENCES = ["a small test sentence", "the dog is very old", "we see the big red
 # shared table with an untied projection (transformers v5 then saves the stacks' tables apart).
 VARIANTS = [(True, "swish", True, False), (False, "relu", False, False), (True, "gelu", False, False),
             (False, "swish", True, True)]  # the last: separate source and target vocabularies
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """transformers' models on one thread: the tiny models' operations are too small to split, and torch's second
+    thread spins while it waits (about ten times the CPU for the same outputs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def ended_early(directory: str) -> str:
@@ -133,30 +144,42 @@ def test_greedy_and_beam_translations_equal_generate(opus):
     config = run.model_config.replace(attention_backend="einsum")
     src = our_source(run, SENTENCES)
     greedy = np.asarray(greedy_decode(params, config, src, max_extra_length=EXTRA))
-    assert [run.tokenizer.decode(row) for row in greedy] == hf_generate(hf_dir, SENTENCES, beams=1)
+    generated = hf_generate(hf_dir, SENTENCES, beams=1)
+    assert [run.tokenizer.decode(row) for row in greedy] == generated
     tokens, _ = beam_search(params, config, src, beam_size=4, alpha=0.0, max_extra_length=EXTRA)
     assert [run.tokenizer.decode(row) for row in np.asarray(tokens)[:, 0]] == hf_generate(hf_dir, SENTENCES, beams=4)
-    assert len({len(text) for text in hf_generate(hf_dir, SENTENCES, beams=1)}) > 1  # outputs of several lengths
+    assert len({len(text) for text in generated}) > 1  # outputs of several lengths
+
+
+def eval_rows(rows: list[list[str]], directory, stdin: str) -> list[subprocess.CompletedProcess]:
+    """Each of `rows` (eval.py's flags) as `python eval.py ROW` runs it, all in one process (tests/cli_rows.py: one
+    start-up of Python and JAX, and one compile of a program the rows share), with `stdin` as its standard input."""
+    rows_file, out = directory / "rows.json", directory / "results.json"
+    rows_file.write_text(json.dumps(rows))
+    done = subprocess.run(command("tests/cli_rows.py", "eval.py", rows_file, out), input=stdin, capture_output=True,
+                          text=True, cwd=ROOT, env=script_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return [subprocess.CompletedProcess(row, r["returncode"], r["stdout"], r["stderr"])
+            for row, r in zip(rows, json.loads(out.read_text()))]
 
 
 def test_eval_translates_a_file_stdin_and_on_a_mesh_as_transformers_does(opus, tmp_path):
     hf_dir, workdir = opus
     lines = tmp_path / "lines.txt"
     lines.write_text("\n".join(SENTENCES) + "\n")
-    command = [sys.executable, os.path.join(ROOT, "eval.py"), f"--workdir={workdir}", "--mode=greedy", f"--max_extra_length={EXTRA}"]
-    from_file = subprocess.run([*command, f"--translate={lines}"], capture_output=True, text=True, cwd=ROOT)
+    flags = [f"--workdir={workdir}", "--mode=greedy", f"--max_extra_length={EXTRA}"]
+    from_file, from_stdin, scored = eval_rows([[*flags, f"--translate={lines}"], [*flags, "--translate=-"],
+                                               [*flags, "--split=test"]], tmp_path, stdin=SENTENCES[0] + "\n")
     assert from_file.returncode == 0, from_file.stderr[-2000:]
-    assert from_file.stdout.splitlines() == hf_generate(hf_dir, SENTENCES, beams=1)
-    from_stdin = subprocess.run([*command, "--translate=-"], input=SENTENCES[0] + "\n", capture_output=True,
-                                text=True, cwd=ROOT)
-    assert from_stdin.stdout.splitlines() == hf_generate(hf_dir, SENTENCES[:1], beams=1)
-    scored = subprocess.run([*command, "--split=test"], capture_output=True, text=True, cwd=ROOT)
+    generated = hf_generate(hf_dir, SENTENCES, beams=1)
+    assert from_file.stdout.splitlines() == generated
+    assert from_stdin.stdout.splitlines() == generated[:1], from_stdin.stderr[-2000:]  # hf_generate: each alone
     assert "SacreBLEU" in scored.stdout, scored.stderr[-2000:]
     hypotheses = [path for path in os.listdir(os.path.join(workdir, "eval")) if path.endswith(".hyp")]
     with open(os.path.join(workdir, "eval", hypotheses[0]), encoding="utf-8") as f:
         assert f.read().splitlines() == from_file.stdout.splitlines()
-    on_a_mesh = subprocess.run([*command, f"--translate={lines}", "--cpu_devices=2"], capture_output=True, text=True,
-                               cwd=ROOT)  # the rows split over two devices
+    on_a_mesh = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), *flags, f"--translate={lines}",
+                                "--cpu_devices=2"], capture_output=True, text=True, cwd=ROOT)  # rows over two devices
     assert on_a_mesh.stdout == from_file.stdout, on_a_mesh.stderr[-2000:]
 
 

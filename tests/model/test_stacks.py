@@ -75,19 +75,31 @@ def test_scanned_stack_computes_the_same_function(tiny_config, token_batch, norm
     assert all(jax.tree.leaves(jax.tree.map(np.array_equal, back, params)))
 
 
+def _gradients(config, params, src, tgt_in):
+    """d/dparams of sum(logits**2), with dropout on (a fixed key)."""
+    def loss(p):
+        logits = Transformer(config).apply({"params": p}, src, tgt_in, deterministic=False,
+                                           rngs={"dropout": jax.random.key(7)})
+        return jnp.sum(logits**2)
+    return jax.jit(jax.grad(loss))(params)
+
+
+@pytest.fixture(scope="module")
+def stored_gradients():
+    """The plain stack's parameters and gradients, computed once for both remat policies. One layer per stack:
+    the gradient still flows from one rematerialized layer into another (the decoder's into the encoder's, through
+    cross-attention), as in a deeper stack; a second layer per stack would add compile time, not a path."""
+    config = TransformerConfig.preset("tiny", vocab_size=50, max_len=32, num_layers=1)  # tiny_config, 1 layer
+    src = jnp.array([[5, 6, 7, 8, 9, 3], [10, 11, 12, 3, 0, 0]], jnp.int32)  # as token_batch: padding in row 2
+    tgt_in = jnp.array([[2, 13, 14, 15, 16], [2, 17, 18, 0, 0]], jnp.int32)
+    params = _params(config, src, tgt_in)
+    return config, params, (src, tgt_in), _gradients(config, params, src, tgt_in)
+
+
 @pytest.mark.parametrize("remat", ["full", "dots"])
-def test_rematerialized_gradients_equal_the_stored_ones(tiny_config, token_batch, remat):
-    src, tgt_in = token_batch
-    params = _params(tiny_config, src, tgt_in)
-
-    def grads(config):
-        def loss(p):
-            logits = Transformer(config).apply({"params": p}, src, tgt_in, deterministic=False,
-                                               rngs={"dropout": jax.random.key(7)})
-            return jnp.sum(logits**2)
-        return jax.jit(jax.grad(loss))(params)
-
-    plain, recomputed = grads(tiny_config), grads(tiny_config.replace(remat=remat))
+def test_rematerialized_gradients_equal_the_stored_ones(stored_gradients, remat):
+    config, params, batch, plain = stored_gradients
+    recomputed = _gradients(config.replace(remat=remat), params, *batch)
     for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(recomputed)):
         # Recomputation may reorder float32 sums: compare against each leaf's own scale.
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, float(np.max(np.abs(b)))))
@@ -118,7 +130,9 @@ def test_scanned_cached_decoding_equals_full_forward(tiny_config, token_batch):
     config = tiny_config.replace(scan_layers=True)
     src, _ = token_batch
     tgt_in = jnp.array([[2, 13, 14, 15, 16], [2, 17, 18, 19, 20]])
-    params = _params(config, src, tgt_in)
+    # The plain stack's parameters in the scanned layout (test_scanned_stack_computes_the_same_function shows it is
+    # the scanned model's own); test_scanned_remat_trains_with_dropout initializes a scanned stack itself.
+    params = scanned_layout(_params(tiny_config, src, tgt_in))
     full = Transformer(config).apply({"params": params}, src, tgt_in)
     model = Transformer(config, decoding=True)
     encoded = model.apply({"params": params}, src, method=Transformer.encode)
@@ -135,11 +149,12 @@ def test_scanned_cached_decoding_equals_full_forward(tiny_config, token_batch):
         "decode_step/decoder/layers/self_attention/cache_index": (layers,),
         "decode_step/decoder/position": (),
     }
+    # One compiled step, as a decoder runs it (applied eagerly, the scan recompiled at every position).
+    step = jax.jit(lambda variables, token: model.apply(variables, encoded, src, token, method=Transformer.decode,
+                                                        mutable=DECODING_COLLECTIONS))
     steps = []
     for t in range(tgt_in.shape[1]):
-        logits, state = model.apply({"params": params, **state}, encoded, src,
-                                    tgt_in[:, t : t + 1], method=Transformer.decode,
-                                    mutable=DECODING_COLLECTIONS)
+        logits, state = step({"params": params, **state}, tgt_in[:, t : t + 1])
         steps.append(logits[:, 0])
     np.testing.assert_allclose(np.stack(steps, 1), full, atol=1e-5, rtol=1e-5)
 

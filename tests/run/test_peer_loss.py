@@ -105,8 +105,9 @@ def test_process_0_killed_mid_run_ends_the_others_with_the_line_not_jax_abort(tm
 
 def test_a_peer_killed_after_training_ends_process_0_and_the_same_command_finishes_the_run(tmp_path):
     """Two processes; process 1 is killed once training is over (the test translation): process 0 ends with the
-    line, its checkpoint whole; the same command on both processes then finishes the run."""
-    config, workdir, steps = write_config(tmp_path), tmp_path / "run", 6
+    line, its checkpoint whole; the same command on both processes then finishes the run. Three steps (the tiny
+    run's first dev loss, its checkpoints at 2 and 3) are enough: what is killed is the test translation after them."""
+    config, workdir, steps = write_config(tmp_path), tmp_path / "run", 3
     processes = start_run(config, workdir, 2, steps)
     wait_for(lambda: any(r["step"] == steps and r["split"] == "dev" for r in records(workdir)), processes)
     processes[1].send_signal(signal.SIGKILL)
