@@ -57,9 +57,15 @@ def records(workdir: pathlib.Path) -> list[dict]:
 
 
 def wait_for(condition, processes: list[subprocess.Popen], timeout: float = 300) -> None:
+    """Until `condition()` holds; a process ending first, or the timeout, fails with every process's last output."""
     deadline = time.monotonic() + timeout
     while not condition():
-        assert time.monotonic() < deadline and all(p.poll() is None for p in processes), "the run ended early"
+        if time.monotonic() >= deadline or any(p.poll() is not None for p in processes):
+            for process in processes:
+                if process.poll() is None:
+                    process.kill()
+            said = [f"process {i} (status {p.wait()}): {p.communicate()[1][-2000:]}" for i, p in enumerate(processes)]
+            raise AssertionError("the run ended early or timed out:\n" + "\n".join(said))
         time.sleep(0.05)
 
 
