@@ -11,6 +11,7 @@ from transformer_jax.errors import (
     ShapeMismatchError,
 )
 from transformer_jax.checkpoints.integrity import (
+    CHECKSUM_WEIGHTS,
     check_shapes,
     host_checksums,
     host_is_finite,
@@ -19,6 +20,7 @@ from transformer_jax.checkpoints.integrity import (
     state_checksums,
     tree_is_finite,
     unbox_saved,
+    verify_checksums,
 )
 
 
@@ -31,6 +33,30 @@ def test_checksums_change_with_any_value_or_position():
     flipped = tree["a"].copy()
     flipped.view(np.uint32)[1, 2] ^= 1  # one bit of one value
     assert state_checksums({"a": flipped, "b": tree["b"]})["a"] != base["a"]
+
+
+# Position 15 weighs 15 * 2654435761 + 1, a multiple of 16 (mod 2^32), under version 1's weights.
+MULTIPLE_OF_16 = 15
+
+
+def test_a_high_bit_changed_anywhere_shows_in_the_checksum_and_older_checkpoints_still_verify():
+    """Version 1's weights are even at odd positions: a change of 2^28 (one bit of a float32's top byte, as a flipped
+    byte of a compressed checkpoint gives) at a weight divisible by 16 cancels out. Every weight of version 2 is odd."""
+    assert (MULTIPLE_OF_16 * 2654435761 + 1) % 16 == 0
+    values = np.linspace(-1.0, 1.0, 64, dtype=np.float32)
+    changed = values.copy()
+    changed.view(np.uint32)[MULTIPLE_OF_16] ^= 1 << 28
+    assert changed[MULTIPLE_OF_16] != values[MULTIPLE_OF_16]
+    assert state_checksums({"a": changed}, weights=1) == state_checksums({"a": values}, weights=1)  # missed
+    assert state_checksums({"a": changed}) != state_checksums({"a": values})  # version 2, every save's
+    assert state_checksums({"a": values}) == state_checksums({"a": values}, weights=CHECKSUM_WEIGHTS) == \
+        host_checksums({"a": values}) != state_checksums({"a": values}, weights=1)
+    # A checkpoint saved before version 2 recorded none: its sums verify under version 1's weights.
+    older = state_checksums({"a": values}, weights=1)
+    verify_checksums({"a": values}, older, "checkpoint run/checkpoints/4")
+    with pytest.raises(CorruptCheckpointError, match="array a does not match its checksum"):
+        verify_checksums({"a": changed}, state_checksums({"a": values}), "checkpoint run/checkpoints/4",
+                         weights=CHECKSUM_WEIGHTS)
 
 
 def test_host_checksums_equal_the_devices_for_every_dtype_across_chunks(monkeypatch):

@@ -11,6 +11,7 @@ from runs import flip_a_readable_bit
 
 from transformer_jax.errors import CheckpointError
 from transformer_jax.checkpoints.initial import initial_params
+from transformer_jax.checkpoints.integrity import CHECKSUM_WEIGHTS
 from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.run import Trainer, assemble_run
 from transformer_jax.base.log_records import read_metrics
@@ -120,6 +121,7 @@ def test_a_save_copies_the_state_and_writes_it_in_the_background(tmp_path, caplo
     restored, data, meta = checkpointer.restore(3, jax.eval_shape(lambda: state))
     np.testing.assert_array_equal(restored.params["w"], np.arange(6.0).reshape(2, 3))
     assert data == {"position": 3} and set(meta["checksums"]) == {"params/w", "step"}
+    assert meta["checksum_weights"] == CHECKSUM_WEIGHTS  # the version its restore verifies with
 
     broken = state.replace(params={"w": state.params["w"] * np.nan})
     with caplog.at_level(logging.ERROR):

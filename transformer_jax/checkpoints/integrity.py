@@ -10,6 +10,7 @@ checkpoint that restores intact is used, and the damaged newer ones are moved as
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -58,17 +59,25 @@ def _leaves_by_path(tree: Any) -> dict[str, Any]:
     return {jax.tree_util.keystr(path, simple=True, separator="/"): leaf for path, leaf in leaves}
 
 
-_POSITION_WEIGHT = 2654435761  # Knuth's multiplicative hash: position p weighs p * this + 1 (mod 2^32)
+# Position p weighs p * step + 1 (mod 2^32), step from Knuth's multiplicative hash (2654435761). The weights of
+# version 1 (checkpoints saved before 2026-12-07, which record no version) are even at every odd position, so a
+# change d of one value there is lost whenever d * weight = 0 (mod 2^32): a change of 2^28 in a float32's top byte at
+# one position in 16. Version 2 doubles the step: every weight is odd, and a change of any one value always shows.
+_WEIGHT_STEPS = {1: 2654435761, 2: (2 * 2654435761) % 2**32}
+CHECKSUM_WEIGHTS = 2  # the version every save records (`checksum_weights` in the checkpoint's meta)
 _HOST_CHUNK = 1 << 22  # elements per pass of host_checksums: bounds its temporaries to a few MB
 
 
-@jax.jit
-def _checksums(leaves: dict[str, jax.Array]) -> dict[str, jax.Array]:
-    """Per array: the sum of its element bit patterns weighted by position, modulo 2^32.
+@functools.partial(jax.jit, static_argnums=1)
+def _checksums(leaves: dict[str, jax.Array], weights: int = CHECKSUM_WEIGHTS) -> dict[str, jax.Array]:
+    """Per array: the sum of its element bit patterns weighted by position (weights of version `weights`),
+    modulo 2^32.
 
     Integer sums are exact and order-free, so the value does not depend on the sharding or on how
-    many processes compute it; a flipped bit, a zeroed block or two swapped values change it.
+    many processes compute it; a changed value, a zeroed block or two swapped values change it.
     """
+    step_weight = _WEIGHT_STEPS[weights]
+
     def checksum(x: jax.Array) -> jax.Array:
         x = x.astype(jnp.uint8) if x.dtype == jnp.bool_ else x
         unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
@@ -77,18 +86,19 @@ def _checksums(leaves: dict[str, jax.Array]) -> dict[str, jax.Array]:
         for axis in reversed(range(x.ndim)):  # the flat index, without reshaping a sharded array
             position = position + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis) * jnp.uint32(stride)
             stride *= x.shape[axis]
-        return jnp.sum(bits * (position * jnp.uint32(_POSITION_WEIGHT) + jnp.uint32(1)), dtype=jnp.uint32)
+        return jnp.sum(bits * (position * jnp.uint32(step_weight) + jnp.uint32(1)), dtype=jnp.uint32)
 
     return {key: checksum(leaf) for key, leaf in leaves.items()}
 
 
-def state_checksums(state: Any, prefix: str = "") -> dict[str, int]:
-    """{path: checksum} of every array of `state` (keys start with `prefix`)."""
-    sums = jax.device_get(_checksums(_leaves_by_path(state)))
+def state_checksums(state: Any, prefix: str = "", weights: int = CHECKSUM_WEIGHTS) -> dict[str, int]:
+    """{path: checksum} of every array of `state` (keys start with `prefix`), with the weights of version
+    `weights`."""
+    sums = jax.device_get(_checksums(_leaves_by_path(state), weights))
     return {prefix + key: int(value) for key, value in sums.items()}
 
 
-def _host_checksum(x: np.ndarray) -> int:
+def _host_checksum(x: np.ndarray, weights: int = CHECKSUM_WEIGHTS) -> int:
     """`_checksums`'s value for one array in host memory, computed with NumPy a chunk at a time.
 
     The weight of flat position `start + i` is `(i * W + 1) + start * W` (mod 2^32): each chunk reuses the
@@ -97,19 +107,20 @@ def _host_checksum(x: np.ndarray) -> int:
     flat = np.ascontiguousarray(x).reshape(-1)
     flat = flat.view(np.uint8) if flat.dtype == np.bool_ else flat
     bits = flat.view({1: np.uint8, 2: np.uint16, 4: np.uint32}[flat.dtype.itemsize])
-    weights = np.arange(min(flat.size, _HOST_CHUNK), dtype=np.uint32) * np.uint32(_POSITION_WEIGHT) + np.uint32(1)
+    step_weight = _WEIGHT_STEPS[weights]
+    first = np.arange(min(flat.size, _HOST_CHUNK), dtype=np.uint32) * np.uint32(step_weight) + np.uint32(1)
     total = 0
     for start in range(0, flat.size, _HOST_CHUNK):
         chunk = bits[start:start + _HOST_CHUNK].astype(np.uint32)
-        shift = np.uint32(start * _POSITION_WEIGHT % 2**32)
-        total += int(np.sum(chunk * (weights[:chunk.size] + shift), dtype=np.uint32))
+        shift = np.uint32(start * step_weight % 2**32)
+        total += int(np.sum(chunk * (first[:chunk.size] + shift), dtype=np.uint32))
     return total % 2**32
 
 
-def host_checksums(state: Any, prefix: str = "") -> dict[str, int]:
+def host_checksums(state: Any, prefix: str = "", weights: int = CHECKSUM_WEIGHTS) -> dict[str, int]:
     """`state_checksums` of a state held in host memory (NumPy arrays, or jax.Arrays in host memory that this
     process holds whole), computed on the host: no device program, no compile, callable from any thread."""
-    return {prefix + key: _host_checksum(np.asarray(leaf)) for key, leaf in _leaves_by_path(state).items()}
+    return {prefix + key: _host_checksum(np.asarray(leaf), weights) for key, leaf in _leaves_by_path(state).items()}
 
 
 def host_is_finite(tree: Any) -> bool:
@@ -117,9 +128,10 @@ def host_is_finite(tree: Any) -> bool:
     return all(bool(np.isfinite(np.asarray(leaf)).all()) for leaf in jax.tree.leaves(tree))
 
 
-def verify_checksums(restored: Any, saved: dict[str, int], where: str, prefix: str = "") -> None:
-    """Raise CorruptCheckpointError naming the first array whose checksum differs from the saved one."""
-    for key, value in state_checksums(restored, prefix).items():
+def verify_checksums(restored: Any, saved: dict[str, int], where: str, prefix: str = "", weights: int = 1) -> None:
+    """Raise CorruptCheckpointError naming the first array whose checksum differs from the saved one (`weights`:
+    the version the checkpoint recorded; 1 where it recorded none)."""
+    for key, value in state_checksums(restored, prefix, weights).items():
         if key in saved and saved[key] != value:
             raise CorruptCheckpointError(f"{where}: array {key} does not match its checksum")
 

@@ -146,7 +146,8 @@ class CheckpointReader:
             )
             check_record(restored["meta"], "meta", self._where(step))
             check_record(restored["data"], "data", self._where(step))
-            verify_checksums(restored["state"], restored["meta"].get("checksums", {}), self._where(step))
+            verify_checksums(restored["state"], restored["meta"].get("checksums", {}), self._where(step),
+                             weights=restored["meta"].get("checksum_weights", 1))
             problem = check_records(restored["data"], restored["meta"]) if check_records else None
             if problem:
                 raise CorruptCheckpointError(f"{self._where(step)} is damaged: {problem}")
@@ -217,7 +218,8 @@ class CheckpointReader:
                 step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
             )
             params = unbox_saved(restored["state"]["params"])
-            verify_checksums(params, restored["meta"].get("checksums", {}), self._where(step), prefix="params/")
+            verify_checksums(params, restored["meta"].get("checksums", {}), self._where(step), prefix="params/",
+                             weights=restored["meta"].get("checksum_weights", 1))
         return params
 
     def _where(self, step: int) -> str:
