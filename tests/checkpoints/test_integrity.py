@@ -13,6 +13,7 @@ from transformer_jax.errors import (
 from transformer_jax.checkpoints.integrity import (
     CHECKSUM_WEIGHTS,
     check_shapes,
+    checksum_meta,
     host_checksums,
     host_is_finite,
     newest_intact,
@@ -52,11 +53,9 @@ def test_a_high_bit_changed_anywhere_shows_in_the_checksum_and_older_checkpoints
     assert state_checksums({"a": values}) == state_checksums({"a": values}, weights=CHECKSUM_WEIGHTS) == \
         host_checksums({"a": values}) != state_checksums({"a": values}, weights=1)
     # A checkpoint saved before version 2 recorded none: its sums verify under version 1's weights.
-    older = state_checksums({"a": values}, weights=1)
-    verify_checksums({"a": values}, older, "checkpoint run/checkpoints/4")
+    verify_checksums({"a": values}, {"checksums": state_checksums({"a": values}, weights=1)}, "checkpoint run/4")
     with pytest.raises(CorruptCheckpointError, match="array a does not match its checksum"):
-        verify_checksums({"a": changed}, state_checksums({"a": values}), "checkpoint run/checkpoints/4",
-                         weights=CHECKSUM_WEIGHTS)
+        verify_checksums({"a": changed}, checksum_meta(state_checksums({"a": values})), "checkpoint run/4")
 
 
 def test_host_checksums_equal_the_devices_for_every_dtype_across_chunks(monkeypatch):

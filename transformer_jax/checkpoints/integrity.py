@@ -128,10 +128,16 @@ def host_is_finite(tree: Any) -> bool:
     return all(bool(np.isfinite(np.asarray(leaf)).all()) for leaf in jax.tree.leaves(tree))
 
 
-def verify_checksums(restored: Any, saved: dict[str, int], where: str, prefix: str = "", weights: int = 1) -> None:
-    """Raise CorruptCheckpointError naming the first array whose checksum differs from the saved one (`weights`:
-    the version the checkpoint recorded; 1 where it recorded none)."""
-    for key, value in state_checksums(restored, prefix, weights).items():
+def checksum_meta(sums: dict[str, int]) -> dict[str, Any]:
+    """What a save records of its checksums in its meta: the sums and the version of their weights."""
+    return {"checksums": sums, "checksum_weights": CHECKSUM_WEIGHTS}
+
+
+def verify_checksums(restored: Any, meta: dict[str, Any], where: str, prefix: str = "") -> None:
+    """Raise CorruptCheckpointError naming the first array whose checksum differs from the one its save recorded in
+    `meta` (`checksum_meta`; a checkpoint saved before the weights' version was recorded used version 1)."""
+    saved = meta.get("checksums", {})
+    for key, value in state_checksums(restored, prefix, meta.get("checksum_weights", 1)).items():
         if key in saved and saved[key] != value:
             raise CorruptCheckpointError(f"{where}: array {key} does not match its checksum")
 

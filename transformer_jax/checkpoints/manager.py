@@ -34,7 +34,7 @@ import orbax.checkpoint as ocp
 
 from transformer_jax.base.files import DirectoryWatch, absolute, storage_errno, storage_error, storage_remedy
 from transformer_jax.checkpoints.integrity import (
-    CHECKSUM_WEIGHTS,
+    checksum_meta,
     host_checksums,
     host_is_finite,
     silence_abandoned_io,
@@ -193,7 +193,7 @@ class Checkpointer(CheckpointReader):
         self.wait()
         self.pending = step
         try:
-            self._write(step, state, data_state, {**meta, "checksums": state_checksums(state), "checksum_weights": CHECKSUM_WEIGHTS}, metrics)
+            self._write(step, state, data_state, {**meta, **checksum_meta(state_checksums(state))}, metrics)
         except Exception as error:
             raise self._save_failed(error) from None
         return True
@@ -205,7 +205,7 @@ class Checkpointer(CheckpointReader):
             if not host_is_finite(state.params):
                 _not_finite(step)
                 return
-            self._write(step, state, data_state, {**meta, "checksums": host_checksums(state), "checksum_weights": CHECKSUM_WEIGHTS}, metrics)
+            self._write(step, state, data_state, {**meta, **checksum_meta(host_checksums(state))}, metrics)
         except BaseException as error:  # noqa: BLE001 - raised again on the training thread by `wait`
             self._written = error
 

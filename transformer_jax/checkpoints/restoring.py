@@ -146,8 +146,7 @@ class CheckpointReader:
             )
             check_record(restored["meta"], "meta", self._where(step))
             check_record(restored["data"], "data", self._where(step))
-            verify_checksums(restored["state"], restored["meta"].get("checksums", {}), self._where(step),
-                             weights=restored["meta"].get("checksum_weights", 1))
+            verify_checksums(restored["state"], restored["meta"], self._where(step))
             problem = check_records(restored["data"], restored["meta"]) if check_records else None
             if problem:
                 raise CorruptCheckpointError(f"{self._where(step)} is damaged: {problem}")
@@ -218,8 +217,7 @@ class CheckpointReader:
                 step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore())
             )
             params = unbox_saved(restored["state"]["params"])
-            verify_checksums(params, restored["meta"].get("checksums", {}), self._where(step), prefix="params/",
-                             weights=restored["meta"].get("checksum_weights", 1))
+            verify_checksums(params, restored["meta"], self._where(step), prefix="params/")
         return params
 
     def _where(self, step: int) -> str:
