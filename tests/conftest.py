@@ -252,13 +252,15 @@ if os.environ.get("TRANSFORMER_JAX_TEST_PROCESS_LOG"):
     def pytest_runtest_protocol(item, nextitem):
         """With $TRANSFORMER_JAX_TEST_PROCESS_LOG set (tests/startup/sitecustomize.py), one more line per test: its
         wall seconds (setup, call and teardown), this worker's CPU seconds in it, and those of every process it
-        started and reaped, however that process ended (killed ones too, which write no line of their own)."""
+        started and reaped, however that process ended (killed ones too, which write no line of their own); the
+        worker and the time it started, which place it on the run's timeline (idle cores at the end)."""
         import time
 
-        before, started = os.times(), time.monotonic()
+        before, started, start_time = os.times(), time.monotonic(), time.time()
         yield
         after = os.times()
-        line = {"nodeid": item.nodeid, "wall": round(time.monotonic() - started, 3),
+        line = {"nodeid": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", ""),
+                "start": round(start_time, 3), "wall": round(time.monotonic() - started, 3),
                 "self_cpu": round(after.user + after.system - before.user - before.system, 3),
                 "children_cpu": round(after.children_user + after.children_system
                                       - before.children_user - before.children_system, 3)}

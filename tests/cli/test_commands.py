@@ -253,16 +253,13 @@ def stopped_runs(tmp_path_factory):
     in_the_loop = (process.returncode, stdout, stderr, saved, logged)
     resume = [*args, f"--config.training.num_train_steps={(saved or 0) + 2}"]
 
-    # While preparing the data: once the lock is taken.
+    # While preparing the data: as the corpus is being written (tests/signal_at.py), with the lock taken. A signal
+    # sent from here once the lock exists could land after the preparation on a loaded machine.
     prepared = directory / "preparing"
-    process = start_script("train.py", f"--config={config}", f"--workdir={prepared}")
-    lock = prepared / layout.LOCK
-    deadline = time.time() + 120
-    while not lock.exists() and process.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    process.send_signal(signal.SIGTERM)  # the lock is taken: train.py is preparing the data
+    process = start_script("tests/signal_at.py", f"--config={config}", f"--workdir={prepared}",
+                           env=script_env(SIGNAL_AT="preparation"))
     _, stderr = process.communicate(timeout=300)
-    left = {"lock": lock.exists(), "half written": list(prepared.glob("**/*.new.*")),
+    left = {"lock": (prepared / layout.LOCK).exists(), "half written": list(prepared.glob("**/*.new.*")),
             "checkpoints": (prepared / layout.CHECKPOINTS).exists()}
     preparing = (process.returncode, stderr, left)
 
@@ -346,17 +343,26 @@ def test_a_failed_atomic_write_keeps_the_old_file_and_leaves_no_temporary_file(t
 
 def test_resuming_with_another_device_count_or_batch_size_is_one_error_and_changes_nothing(tmp_path):
     """The data position of a checkpoint is an index into epochs planned for its batch shapes (rows are a
-    multiple of the device count): a run that would plan other batches stops instead of shifting."""
+    multiple of the device count): a run that would plan other batches stops instead of shifting.
+
+    The runs end without the test translation (eval.test_at_end=False): they say so, and write no test output and no
+    plot; the same command with it on, once the run has finished, translates and scores the test split."""
     from runs import run_script, script_env, snapshot
 
     config = write_config(tmp_path)
     workdir = tmp_path / "workdir"
     # Rows of 64 tokens (max_length), so the batch shapes below are stated; a width change is its own error.
     args = [f"--config={config}", f"--workdir={workdir}", "--config.training.eval_every=0",
-            "--config.data.row_width=64"]
+            "--config.data.row_width=64", "--config.eval.test_at_end=False"]
     batch = "--config.data.tokens_per_batch=576"  # 9 rows of 64 tokens; 8 rows on 2 devices
     first = run_script("train.py", *args, batch, "--config.training.num_train_steps=2", env=script_env(2))
     assert first.returncode == 0, first.stderr[-3000:]
+    assert first.stdout.strip().splitlines()[-1] == (
+        f"training finished at step 2; no test translation (eval.test_at_end=False): transformer-jax score "
+        f"--workdir={workdir} scores the test split, transformer-jax plot --workdir={workdir} --curves draws the "
+        "learning curves"), first.stdout
+    assert "SacreBLEU" not in first.stdout
+    assert not list(workdir.glob("test_final*")) and not (workdir / "plots").exists()
     before = snapshot(workdir)
     longer = "--config.training.num_train_steps=4"
     assert_one_line_error(run_script("train.py", *args, batch, longer, env=script_env(1)),
@@ -365,14 +371,18 @@ def test_resuming_with_another_device_count_or_batch_size_is_one_error_and_chang
     # of the run (made now: the snapshot below shows that neither refusal changed the run).
     resuming = copy_run({"workdir": workdir}, tmp_path / "copy")
     rows = {"640": [*args, "--config.data.tokens_per_batch=640", longer],
-            "resumed": [f"--config={config}", f"--workdir={resuming}", *args[2:], batch, longer]}
+            "resumed": [f"--config={config}", f"--workdir={resuming}", *args[2:], batch, longer],
+            "tested": [f"--config={config}", f"--workdir={resuming}", *args[2:-1], batch, longer]}
     results = rows_in_one_process("train.py", rows, tmp_path, env=script_env(2))
     assert_one_line_error(results["640"], "would be 10x64 (data.tokens_per_batch 576 -> 640)")
     assert snapshot(workdir) == before
-    resumed = results["resumed"]
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resumed, tested = results["resumed"], results["tested"]
+    assert resumed.returncode == 0 and "no test translation" in resumed.stdout, resumed.stderr[-3000:]
     steps = [json.loads(line)["step"] for line in (resuming / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
+    assert tested.returncode == 0 and "test SacreBLEU" in tested.stdout, tested.stderr[-3000:]
+    assert json.loads((resuming / "test_final.json").read_text())["step"] == 4
+    assert (resuming / "plots" / "learning_curves.png").exists()
 
 
 def test_sigterm_during_data_preparation_releases_the_lock_and_a_rerun_finishes(stopped_runs):

@@ -23,7 +23,8 @@ def test_checkpoint_every_alone_decides_the_checkpoints_and_an_evaluation_at_one
     assert saved_steps(workdir) == [4, 6]  # the trained run: every 2 steps, not at the evaluation of step 3
     result = run_script("train.py", f"--config={script_trained_run['config']}", f"--workdir={workdir}",
                         "--config.training.num_train_steps=8", "--config.training.eval_every=1",
-                        "--config.training.checkpoint_every=100", "--config.training.keep_checkpoints=5")
+                        "--config.training.checkpoint_every=100", "--config.training.keep_checkpoints=5",
+                        "--config.eval.test_at_end=False")
     assert result.returncode == 0, result.stderr[-3000:]
     dev = {record["step"]: record for record in read_metrics(str(workdir)) if record["split"] == "dev"}
     assert sorted(dev) == [3, 6, 7, 8]

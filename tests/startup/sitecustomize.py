@@ -141,7 +141,8 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
 def _profile(log: str):
     """With $TRANSFORMER_JAX_TEST_PROCESS_LOG set, each process appends one JSON line to that file at exit: the test
     that started it ($PYTEST_CURRENT_TEST, which pytest sets and the process inherits), its command line, wall and
-    CPU seconds, and the seconds JAX reports for tracing, lowering, compiling and cache reads. A measurement of
+    CPU seconds, the seconds JAX reports for tracing, lowering, compiling and cache reads, and which of the end of a
+    run's heavy imports it made (matplotlib and sacremoses: a run's plots and paper-style BLEU; torch). A measurement of
     where the suite's CPU goes (docs/benchmarks/test_suite.md); it changes nothing a process does."""
     import atexit
     import json
@@ -158,7 +159,8 @@ def _profile(log: str):
     def write() -> None:
         times = os.times()
         line = {"test": os.environ.get("PYTEST_CURRENT_TEST", ""), "argv": sys.argv, "wall": time.time() - started,
-                "cpu": times.user + times.system, "jax": {k: round(v, 3) for k, v in durations.items()}}
+                "cpu": times.user + times.system, "jax": {k: round(v, 3) for k, v in durations.items()},
+                "imported": [name for name in ("matplotlib", "sacremoses", "torch") if name in sys.modules]}
         try:
             with open(log, "a") as file:
                 file.write(json.dumps(line) + "\n")

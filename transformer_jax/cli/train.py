@@ -1,7 +1,8 @@
 """transformer-jax train --config=CONFIG --workdir=DIR [--config.KEY=VALUE ...]   (or python train.py, the same flags)
 
 Trains a Transformer, resuming from the newest checkpoint in --workdir; at the end translates the test split
-with beam search and prints SacreBLEU (with its signature). CONFIG is a config file, or the name of one that
+with beam search, prints SacreBLEU (with its signature) and plots the learning curves (--config.eval.test_at_end=False:
+neither). CONFIG is a config file, or the name of one that
 ships with the package (demo, smoke, wmt14_ende_base, wmt14_ende_big, parallel_text:DIR,SRC,TGT, rerun:FILE,
 finetune_opus_mt); --config_help lists every key. A run stopped before its last step (SIGTERM, Ctrl-C) saves a
 checkpoint and exits 143 (130), so that a scheduler restarts it; the same command resumes it.
@@ -34,7 +35,8 @@ BARE_WORD_FLAG = _WORKDIR
 
 
 def train(config, workdir: str, stage: list[str]) -> None:
-    """Train (resuming), then translate and score the test split; `stage` says what is finished so far."""
+    """Train (resuming), then translate and score the test split and plot the learning curves (unless
+    eval.test_at_end is False); `stage` says what is finished so far."""
     trainer = Trainer(assemble_run(config, workdir, checked=True))  # main checked the config
     data, model_config = trainer.data, trainer.model_config
     translation = dict(batching=translation_batching(config), dtype=decoding_dtype(config),
@@ -52,6 +54,12 @@ def train(config, workdir: str, stage: list[str]) -> None:
     stage[0] = f"training finished at step {int(state.step)} (checkpoint saved); the test translation was not"
     if trainer.stopped_by:  # by a signal, even at the last step: the loop said where and what it saved
         raise SystemExit(128 + trainer.stop_signal)
+    if not config.eval.test_at_end:
+        if jax.process_index() == 0:
+            print(f"training finished at step {int(state.step)}; no test translation (eval.test_at_end=False): "
+                  f"transformer-jax score --workdir={workdir} scores the test split, transformer-jax plot "
+                  f"--workdir={workdir} --curves draws the learning curves")
+        return
     scores, hypotheses = evaluate_split(state.params, model_config, data.test, data.tokenizer, decode_options(config),
                                         show_progress=True, **translation)
     split = "dev" if data.test_is_dev else "test"  # text files without a test split: dev's scores, named so

@@ -187,6 +187,9 @@ SETTINGS: tuple[Setting, ...] = _model_settings() + (
                      "eval_batch_size rows)."),
     Setting("eval.dtype", "", 'the dtype decoding runs its weights and matmuls in ("": the model\'s dtype).',
             choices=DTYPES),
+    Setting("eval.test_at_end", True, "when training ends, translate and score the test split (<workdir>/test_final) "
+            "and plot the learning curves; False: a finished run ends at its last checkpoint (transformer-jax score "
+            "and plot do both when asked, e.g. on the averaged checkpoints)."),
     Setting("eval.average_last", 5, "checkpoints averaged by --checkpoint=average of score, average and export "
             "(paper: 5 base, 20 big).", POSITIVE),
 )
