@@ -5,10 +5,11 @@ finishes the run.
 The loop's own handling (a checkpoint at a step boundary) is tested in tests/run/test_loop.py and,
 across processes, in tests/run/test_multiprocess.py.
 
-Each stop is a train.py process of its own; the same command lines that then finish the stopped runs of the tests
-below (both parametrized tests and the periodic evaluation's) run in one process (runs.run_rows: train.py's own flag
-parsing and main, each on its workdir), made once for the module by a fixture that records what each stop left before
-any rerun touches it.
+Each stop is a train.py process of its own; one run takes six of them in turn on one workdir (ONE_RUN: the points
+outside the loop, one stop before the first checkpoint, the periodic evaluation), the other stops before the first
+checkpoint a new run each. The same command lines that then finish the stopped runs run in one process (runs.run_rows:
+train.py's own flag parsing and main, each on its workdir), made once for the module by a fixture that records what
+each stop left before the next process touches it.
 """
 
 import json
@@ -38,11 +39,6 @@ def stop_line(stdout: str) -> tuple[int, int, float, int, str]:
     return int(step), int(checkpoint), float(seconds), int(arrived), rest or ""
 
 
-def signalled_run(config, workdir, point, *flags):
-    return run_script("tests/signal_at.py", f"--config={config}", f"--workdir={workdir}", *flags,
-                      env=script_env(SIGNAL_AT=point))
-
-
 def left_by_the_stop(workdir: pathlib.Path) -> dict:
     """What a stopped run left in its workdir (read before a rerun changes it): the lock, anything half written."""
     everything = list(workdir.rglob("*"))
@@ -65,130 +61,110 @@ def rerun_each(config: str, workdirs: list[pathlib.Path], directory: pathlib.Pat
     return run_rows("train.py", [[f"--config={config}", f"--workdir={workdir}"] for workdir in workdirs], directory)
 
 
+def resumed_from(result, step: int) -> bool:
+    """Whether the run of `result` resumed from the checkpoint of `step`."""
+    return re.search(rf"^resumed from \S+/checkpoints/{step}$", result.stdout, re.M) is not None
+
+
 OUTSIDE_THE_LOOP = [
     ("preparation", ("--multihost", "--num_processes=1", "--process_id=0"), "nothing; training had not started"),
     ("compiling", (), "nothing; training had not started"),
     ("final translation", (), "training finished at step 6"),
 ]
+BEFORE_THE_FIRST_CHECKPOINT = [("update", None), ("update twice", "SIGTERM"), ("update and save", "SIGTERM"),
+                               ("update and save", "SIGINT")]
+# One run stopped at each of these in turn, on one workdir, each stop in a process of its own: what a stop promises
+# holds at its place in the run (no checkpoint yet before the update, the update's checkpoint of step 2 before the
+# periodic evaluation of step 3, that evaluation's checkpoint of step 3 while the second compile is stopped), and each
+# process but the first is the same command resuming what the one before it left. The other cases of
+# BEFORE_THE_FIRST_CHECKPOINT each stop a new run of their own.
+ONE_RUN = ["preparation", "compiling", "update", "evaluation", "compiling again", "final translation"]
 
 
-def stop_outside_the_loop(config: str, directory: pathlib.Path) -> dict:
-    """{point: (workdir, the stopped run, what it left, whether its corpus manifest was written)} for each point of
-    OUTSIDE_THE_LOOP, each stopped in its own process."""
+def signalled_run(config, workdir, point, *flags, again=None):
+    return run_script("tests/signal_at.py", f"--config={config}", f"--workdir={workdir}", *flags,
+                      env=script_env(SIGNAL_AT=point, SIGNAL_AGAIN=again or ""))
+
+
+def stop_at(config: str, workdir: pathlib.Path, point: str, again: str | None = None) -> dict:
+    """A run stopped at `point` (SIGNAL_AGAIN `again`) in a process of its own, and what it left, read at once."""
     from runs import free_port
 
-    stopped = {}
-    for point, flags, _ in OUTSIDE_THE_LOOP:
-        workdir = directory / point.replace(" ", "_")
-        if flags:  # joined through jax.distributed, whose runtime must not take SIGTERM away from us
-            flags += (f"--coordinator_address=localhost:{free_port()}",)
-        result = signalled_run(config, workdir, point, *flags)
-        stopped[point] = (workdir, result, left_by_the_stop(workdir),
-                          (workdir / layout.CORPUS / "manifest.json").exists())
-    return stopped
-
-
-@pytest.fixture(scope="module")
-def outside_the_loop(stops):
-    """{point: (the stopped run, what it left, whether its corpus manifest was written, the rerun)} for each point of
-    OUTSIDE_THE_LOOP."""
-    return {point: (*stopped[1:], stops["reruns"][stopped[0]]) for point, stopped in stops["outside the loop"].items()}
-
-
-@pytest.mark.parametrize("point, flags, finished", OUTSIDE_THE_LOOP)
-def test_sigterm_outside_the_loop_stops_cleanly_and_the_same_command_finishes(outside_the_loop, point, flags, finished):
-    stopped, left, manifest, rerun = outside_the_loop[point]
-    assert_stopped_cleanly(stopped, left, finished)
-    if point == "preparation":
-        assert not manifest  # an unfinished corpus is not taken
-    assert rerun.returncode == 0 and "test SacreBLEU" in rerun.stdout, rerun.stderr[-3000:]
-    if point == "final translation":
-        assert "resumed from" in rerun.stdout  # training was not redone
-
-
-def stop_during_a_periodic_evaluation(config: str, workdir: pathlib.Path) -> dict:
-    """A run stopped in its first periodic evaluation, what that left, then the same run stopped again while it
-    compiles to resume, and what that left; each stop in its own process."""
-    stopped = signalled_run(config, workdir, "evaluation")
-    left = {"dev records": [r for r in read_metrics(str(workdir)) if r["split"] == "dev"],
-            "lock": (workdir / layout.LOCK).exists(),
-            "checkpoints": sorted(int(p.name) for p in (workdir / layout.CHECKPOINTS).iterdir() if p.name.isdigit())}
-    compiling = signalled_run(config, workdir, "compiling")
-    return {"workdir": workdir, "stopped": stopped, "left": left, "compiling": compiling,
-            "left by compiling": left_by_the_stop(workdir)}
+    flags = {outside: flags for outside, flags, _ in OUTSIDE_THE_LOOP}.get(point, ())
+    if flags:  # joined through jax.distributed, whose runtime must not take SIGTERM away from us
+        flags += (f"--coordinator_address=localhost:{free_port()}",)
+    result = signalled_run(config, workdir, point, *flags, again=again)
+    timing = [json.loads(line) for line in (workdir / layout.TIMING).read_text().splitlines()] \
+        if (workdir / layout.TIMING).exists() else []
+    names = sorted(p.name for p in (workdir / layout.CHECKPOINTS).iterdir()) \
+        if (workdir / layout.CHECKPOINTS).is_dir() else []
+    return {"stopped": result, "left": left_by_the_stop(workdir), "timing": timing, "names": names,
+            "manifest": (workdir / layout.CORPUS / "manifest.json").exists(),
+            "dev records": [r for r in read_metrics(str(workdir)) if r["split"] == "dev"]
+            if (workdir / layout.METRICS).exists() else []}
 
 
 @pytest.fixture(scope="module")
 def stops(tmp_path_factory):
-    """The stops of the tests below, each in its own process ("outside the loop": stop_outside_the_loop, "before the
-    first checkpoint": stop_before_the_first_checkpoint, "periodic evaluation": stop_during_a_periodic_evaluation),
-    then "reruns": {workdir: the same command finishing it}, all in one process (rerun_each)."""
+    """{(point, again): what stop_at returned, with "next": the same command's next process on the workdir (the next
+    stop of ONE_RUN, or the rerun) and "rerun": the same command finishing the workdir} for each stop of ONE_RUN
+    (again None; "compiling again" its second compile) and each other case of BEFORE_THE_FIRST_CHECKPOINT. The stops
+    each run in a process of their own, then the reruns all in one process (rerun_each)."""
     directory = tmp_path_factory.mktemp("stops")
     config = write_config(directory)
-    for folder in ("outside_the_loop", "before"):
-        (directory / folder).mkdir()
-    made = {"outside the loop": stop_outside_the_loop(config, directory / "outside_the_loop"),
-            "before the first checkpoint": stop_before_the_first_checkpoint(config, directory / "before"),
-            "periodic evaluation": stop_during_a_periodic_evaluation(config, directory / "periodic_evaluation")}
-    workdirs = [*(stopped[0] for stopped in made["outside the loop"].values()),
-                *(stopped[0] for stopped in made["before the first checkpoint"].values()),
-                made["periodic evaluation"]["workdir"]]
-    return {**made, "reruns": dict(zip(workdirs, rerun_each(config, workdirs, directory)))}
+    made, workdirs = {}, [directory / "one_run"]
+    for point in ONE_RUN:
+        made[point, None] = stop_at(config, workdirs[0], point.removesuffix(" again"))
+    for index, case in enumerate(BEFORE_THE_FIRST_CHECKPOINT[1:], start=1):
+        workdirs.append(directory / f"run{index}")
+        made[case] = stop_at(config, workdirs[-1], *case)
+    reruns = rerun_each(config, workdirs, directory)
+    for case, following in zip(ONE_RUN, [*ONE_RUN[1:], None]):
+        made[case, None].update(next=made[following, None]["stopped"] if following else reruns[0], rerun=reruns[0])
+    for case, rerun in zip(BEFORE_THE_FIRST_CHECKPOINT[1:], reruns[1:]):
+        made[case].update(next=rerun, rerun=rerun)
+    return {**made, "one run": workdirs[0]}
+
+
+@pytest.mark.parametrize("point, flags, finished", OUTSIDE_THE_LOOP)
+def test_sigterm_outside_the_loop_stops_cleanly_and_the_same_command_finishes(stops, point, flags, finished):
+    made = stops[point, None]
+    assert_stopped_cleanly(made["stopped"], made["left"], finished)
+    if point == "preparation":
+        assert not made["manifest"]  # an unfinished corpus is not taken
+    rerun = made["rerun"]  # the same command, after the stops of ONE_RUN
+    assert rerun.returncode == 0 and "test SacreBLEU" in rerun.stdout, rerun.stderr[-3000:]
+    if point == "final translation":
+        assert resumed_from(made["next"], 6)  # training was not redone
 
 
 def test_sigterm_during_a_periodic_evaluation_abandons_it_and_the_restart_does_it(stops):
     """Inside the loop the signal is the loop's: the evaluation in progress is abandoned (not finished first), the
     checkpoint of that step is saved, and the run that resumes from it evaluates that step before going on."""
-    made = stops["periodic evaluation"]
-    stopped, left, workdir = made["stopped"], made["left"], made["workdir"]
+    made = stops["evaluation", None]
+    stopped, left = made["stopped"], made["left"]
     assert stopped.returncode == 143 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
     step, checkpoint, _, arrived, rest = stop_line(stopped.stdout)
     assert step == checkpoint == arrived == 3
     assert rest == "; its dev evaluation of step 3 was abandoned and is done when the run resumes"
-    assert not left["dev records"]  # nothing of it was logged
+    assert not made["dev records"]  # nothing of it was logged
     assert not left["lock"]
-    assert left["checkpoints"][-1] == 3
+    assert max(int(name) for name in made["names"] if name.isdigit()) == 3
     # Stopped again while the resumed run compiles: the line says what is on disk, not "nothing".
-    assert_stopped_cleanly(made["compiling"], made["left by compiling"], "the newest checkpoint is step 3")
-    rerun = stops["reruns"][workdir]  # the same command, after the stops of the module
+    compiling = stops["compiling again", None]
+    assert_stopped_cleanly(compiling["stopped"], compiling["left"], "the newest checkpoint is step 3")
+    assert resumed_from(compiling["next"], 3)  # the same command, stopped once more (ONE_RUN), then finished
+    rerun = made["rerun"]
     assert rerun.returncode == 0 and "test SacreBLEU" in rerun.stdout, rerun.stderr[-3000:]
-    assert "resumed from" in rerun.stdout
-    assert [r["step"] for r in read_metrics(str(workdir)) if r["split"] == "dev"] == [3, 6]  # step 3's done first
-
-
-BEFORE_THE_FIRST_CHECKPOINT = [("update", None), ("update twice", "SIGTERM"), ("update and save", "SIGTERM"),
-                               ("update and save", "SIGINT")]
-
-
-def stop_before_the_first_checkpoint(config: str, directory: pathlib.Path) -> dict:
-    """{(point, again): (workdir, the stopped run, its timing records, its checkpoint folder's names, whether the lock
-    is left)} for each case of BEFORE_THE_FIRST_CHECKPOINT, each stopped in its own process."""
-    stopped = {}
-    for index, (point, again) in enumerate(BEFORE_THE_FIRST_CHECKPOINT):
-        workdir = directory / f"run{index}"
-        result = run_script("tests/signal_at.py", f"--config={config}", f"--workdir={workdir}",
-                            env=script_env(SIGNAL_AT=point, SIGNAL_AGAIN=again or ""))
-        timing = [json.loads(line) for line in (workdir / layout.TIMING).read_text().splitlines()] \
-            if (workdir / layout.TIMING).exists() else []
-        names = sorted(p.name for p in (workdir / layout.CHECKPOINTS).iterdir()) \
-            if (workdir / layout.CHECKPOINTS).is_dir() else []
-        stopped[point, again] = (workdir, result, timing, names, (workdir / layout.LOCK).exists())
-    return stopped
-
-
-@pytest.fixture(scope="module")
-def before_the_first_checkpoint(stops):
-    """{(point, again): (the stopped run, its timing records, its checkpoint folder's names, whether the lock is left,
-    the rerun)} for each case of BEFORE_THE_FIRST_CHECKPOINT."""
-    return {case: (*stopped[1:], stops["reruns"][stopped[0]])
-            for case, stopped in stops["before the first checkpoint"].items()}
+    assert [r["step"] for r in read_metrics(str(stops["one run"])) if r["split"] == "dev"] == [3, 6]  # 3's first
 
 
 @pytest.mark.parametrize("point, again", BEFORE_THE_FIRST_CHECKPOINT)
-def test_a_stop_before_the_first_checkpoint_keeps_its_promise(before_the_first_checkpoint, point, again):
+def test_a_stop_before_the_first_checkpoint_keeps_its_promise(stops, point, again):
     """One signal, or a second one (SIGTERM or Ctrl-C's SIGINT) while the stop's checkpoint is being written: the
     checkpoint is finished whole, the line says so, and the same command resumes from it."""
-    stopped, timing, names, lock_left, rerun = before_the_first_checkpoint[point, again]
+    made = stops[point, again]
+    stopped, timing, names = made["stopped"], made["timing"], made["names"]
     assert stopped.returncode == 143 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
     step, checkpoint, seconds, arrived, _ = stop_line(stopped.stdout)
     assert step == checkpoint == 2 and arrived == 1  # sent while update 2 was being dispatched
@@ -198,9 +174,10 @@ def test_a_stop_before_the_first_checkpoint_keeps_its_promise(before_the_first_c
         number = getattr(signal, again).value
         assert f"signal {number} again: stopping after the checkpoint is written" in stopped.stdout, stopped.stdout
     assert [name for name in names if name.isdigit()] == ["2"] and not [n for n in names if "tmp" in n], names
-    assert not lock_left
-    assert rerun.returncode == 0 and "resumed from" in rerun.stdout and "test SacreBLEU" in rerun.stdout, \
-        rerun.stderr[-3000:]
+    assert not made["left"]["lock"]
+    assert resumed_from(made["next"], 2), made["next"].stdout[-3000:]  # the same command's next process
+    rerun = made["rerun"]
+    assert rerun.returncode == 0 and "test SacreBLEU" in rerun.stdout, rerun.stderr[-3000:]
 
 
 def test_the_stop_line_reads_the_disk_and_the_log(tmp_path):
