@@ -42,8 +42,8 @@ imports about 2 s, tracing, lowering and loading its cached programs 2 s, its si
 - the README's back-translation and own-text recipes (tests/test_readme.py, 37 s and 16 s): each command as
   written, in fresh processes, each training capped at 6 steps of 1,024-token batches (back-translation: two
   trainings, translate-corpus and score); each tier-sized model compiles its own programs;
-- resumable bulk translation killed at random points (tests/evaluation/test_corpus_translation.py, 20-25 s each case since 2026-12-07) and a
-  training killed at random points, then resumed (tests/run/test_crash_and_resume.py, 36 s);
+- resumable bulk translation killed at random points (tests/evaluation/test_corpus_translation.py, 20-25 s each
+  case on 2026-12-07) and a training killed at random points, then resumed (tests/run/test_crash_and_resume.py, 36 s);
 - the damaged-run catalogue (tests/cli/test_damaged_runs.py, 31 s): 27 command lines in one process;
 - the base install (tests/test_base_install.py, 25 s): a fresh virtualenv, installed without bytecode compiling.
 """
