@@ -1,5 +1,8 @@
 """The run builder: train.py's Trainer and the preflight (transformer_jax.aot) compile the same programs."""
 
+import contextlib
+from typing import Iterator
+
 import jax
 import numpy as np
 
@@ -51,21 +54,28 @@ def test_the_preflight_on_cpu_devices_reports_each_program_it_compiles(run_confi
     assert all(program.flops > 0 and program.total_bytes > 0 for program in programs)
 
 
+@contextlib.contextmanager
+def functions_of(event: str) -> Iterator[list[str]]:
+    """The names of the functions JAX reports `event` for (a duration event: compiling, tracing) inside the block."""
+    names: list[str] = []
+
+    def listen(reported: str, duration: float, fun_name: str = "", **_) -> None:
+        if reported == event:
+            names.append(fun_name)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield names
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+
+
 def test_the_hosts_initial_state_is_the_meshs_bit_for_bit_and_its_placement_compiles_nothing(run_config):
     # On accelerators init_state makes the state with the host's CPU and places it (no accelerator program).
     programs = build_run(run_config, make_mesh(devices=jax.devices()[:1]), 64)
     on_mesh = programs.init_state(on_host=False)
-    compiled = []
-
-    def listen(event: str, duration: float, fun_name: str = "", **_) -> None:
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiled.append(fun_name)
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
+    with functions_of("/jax/core/compile/backend_compile_duration") as compiled:
         placed = programs.init_state(on_host=True)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
     assert set(compiled) <= {"jit(create_host_state)"}  # (none when the compile cache had it)
     assert jax.tree.structure(placed) == jax.tree.structure(on_mesh)
     for got, want in zip(jax.tree.leaves(placed), jax.tree.leaves(on_mesh), strict=True):
@@ -100,21 +110,12 @@ def test_a_run_built_again_in_one_process_reuses_its_traced_programs(run_config)
     mesh = make_mesh(devices=jax.devices()[:1])
     first = run_programs(run_config, mesh)
     first.lower_train()
-    traced = []
-
-    def listen(event: str, duration: float, fun_name: str = "", **_) -> None:
-        if event == "/jax/core/compile/jaxpr_trace_duration":
-            traced.append(fun_name)
-
-    jax.monitoring.register_event_duration_secs_listener(listen)
-    try:
+    with functions_of("/jax/core/compile/jaxpr_trace_duration") as traced:
         again = run_programs(run_config.copy_and_resolve_references(), mesh)
         again.lower_train()
         assert traced == [] and again.train_step is first.train_step
         run_config.training.label_smoothing = 0.2
         other = run_programs(run_config, mesh)
         other.lower_train()
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listen)
     assert other.train_step is not first.train_step and other.config is run_config
     assert any("train_step" in name for name in traced)
