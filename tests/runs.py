@@ -45,6 +45,11 @@ CPU_COMPILE_FLAGS = "" if USER_COMPILE else f"{DEFAULT_EMITTER_FLAGS} --xla_cpu_
 FUSION_EMITTERS = {"xla_cpu_use_fusion_emitters": True}
 
 
+# For a train.py run whose test translation, scores and plots no assertion reads: it ends at its last checkpoint
+# (eval.test_at_end; 1.5-3 s of CPU less a finished launch).
+NO_TEST_TRANSLATION = "--config.eval.test_at_end=False"
+
+
 def cpu_xla_flags(devices: int | None = None, flags: str = CPU_COMPILE_FLAGS) -> str:
     """XLA_FLAGS for a test's JAX process: the suite's compile `flags`, with `devices` CPU devices when given."""
     count = None if devices is None else f"--xla_force_host_platform_device_count={devices}"

@@ -3,7 +3,7 @@
 import re
 import subprocess
 
-from runs import copy_run, run_script
+from runs import NO_TEST_TRANSLATION, copy_run, run_script
 
 INFO_LINE = re.compile(r"^(I\d{4} |INFO[: ])", re.M)  # absl's and Python's default formats
 
@@ -14,7 +14,7 @@ def test_a_normal_run_prints_what_the_user_needs_and_verbosity_brings_info_back(
     config, workdir = script_trained_run["config"], copy_run(script_trained_run, tmp_path / "run")
     first = subprocess.CompletedProcess([], 0, script_trained_run["stdout"], script_trained_run["stderr"])
     resumed = run_script("train.py", f"--config={config}", f"--workdir={workdir}",
-                         "--config.training.num_train_steps=8", "--config.eval.test_at_end=False")
+                         "--config.training.num_train_steps=8", NO_TEST_TRANSLATION)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     evaluated = run_script("eval.py", f"--workdir={workdir}")  # restores with Orbax, which logs much at INFO
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]

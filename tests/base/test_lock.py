@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from runs import assert_one_line_error, free_port, script_env, start_script, write_config
+from runs import NO_TEST_TRANSLATION, assert_one_line_error, free_port, script_env, start_script, write_config
 from transformer_jax.base import lock as run_lock
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.lock import Owner, RunLock, WorkdirLockedError, read_owner
@@ -155,7 +155,7 @@ def test_two_train_py_on_one_workdir_the_second_is_refused_and_the_run_is_as_one
     config = write_config(tmp_path)
     workdir = tmp_path / "run"
     args = [f"--config={config}", f"--workdir={workdir}", "--config.training.num_train_steps=12",
-            "--config.training.checkpoint_every=4", "--config.training.eval_every=0", "--config.eval.test_at_end=False"]
+            "--config.training.checkpoint_every=4", "--config.training.eval_every=0", NO_TEST_TRANSLATION]
     first = start_script("train.py", *args)
     try:
         deadline = time.time() + 240

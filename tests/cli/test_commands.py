@@ -347,13 +347,13 @@ def test_resuming_with_another_device_count_or_batch_size_is_one_error_and_chang
 
     The runs end without the test translation (eval.test_at_end=False): they say so, and write no test output and no
     plot; the same command with it on, once the run has finished, translates and scores the test split."""
-    from runs import run_script, script_env, snapshot
+    from runs import NO_TEST_TRANSLATION, run_script, script_env, snapshot
 
     config = write_config(tmp_path)
     workdir = tmp_path / "workdir"
     # Rows of 64 tokens (max_length), so the batch shapes below are stated; a width change is its own error.
     args = [f"--config={config}", f"--workdir={workdir}", "--config.training.eval_every=0",
-            "--config.data.row_width=64", "--config.eval.test_at_end=False"]
+            "--config.data.row_width=64", NO_TEST_TRANSLATION]
     batch = "--config.data.tokens_per_batch=576"  # 9 rows of 64 tokens; 8 rows on 2 devices
     first = run_script("train.py", *args, batch, "--config.training.num_train_steps=2", env=script_env(2))
     assert first.returncode == 0, first.stderr[-3000:]

@@ -21,12 +21,13 @@ import time
 
 import pytest
 
-from runs import assert_one_line_error, copy_run, fill, run_rows, run_script, small_disk, snapshot, start_script
+from runs import (NO_TEST_TRANSLATION, assert_one_line_error, copy_run, fill, run_rows, run_script, small_disk,
+                  snapshot, start_script)
 
 LOGS = ("metrics.jsonl", "timing.jsonl", "tensorboard")
-# Every command of the module, stopped or finishing: no assertion reads a test translation, its scores or the plots,
-# and metrics.jsonl (compared below with the trained run's, which has none either) holds none of them.
-NO_TEST = "--config.eval.test_at_end=False"
+# Every command of the module, stopped or finishing, runs with NO_TEST_TRANSLATION: no assertion reads a test
+# translation, its scores or the plots, and metrics.jsonl (compared below with the trained run's, which has none
+# either) holds none of them.
 # The logging case: no checkpoint between step 6 and the end, so that the disk fills up with log lines first (with the
 # room fill leaves, at about step 22: 40 steps leave as many again to spare).
 LOGGING_FLAGS = ("--config.training.num_train_steps=40", "--config.training.checkpoint_every=1000",
@@ -34,7 +35,7 @@ LOGGING_FLAGS = ("--config.training.num_train_steps=40", "--config.training.chec
 
 
 def train(config: str, workdir: pathlib.Path, *flags: str) -> subprocess.CompletedProcess:
-    return run_script("train.py", f"--config={config}", f"--workdir={workdir}", NO_TEST, *flags)
+    return run_script("train.py", f"--config={config}", f"--workdir={workdir}", NO_TEST_TRANSLATION, *flags)
 
 
 def assert_quiet(result: subprocess.CompletedProcess) -> None:
@@ -84,10 +85,11 @@ def full_disks(trained_run, tmp_path_factory):
         (disk / ".filler").unlink()
 
         reference = copy_run(trained_run, directory / "reference")
-        rows = {"reference": [f"--config={config}", f"--workdir={reference}", NO_TEST, *LOGGING_FLAGS],
-                "save": [f"--config={config}", f"--workdir={runs['save'][0]}", NO_TEST],
-                "logging": [f"--config={config}", f"--workdir={runs['logging'][0]}", NO_TEST, *LOGGING_FLAGS],
-                "preparing": [f"--config={config}", f"--workdir={runs['preparing'][0]}", NO_TEST]}
+        rows = {"reference": [f"--config={config}", f"--workdir={reference}", NO_TEST_TRANSLATION, *LOGGING_FLAGS],
+                "save": [f"--config={config}", f"--workdir={runs['save'][0]}", NO_TEST_TRANSLATION],
+                "logging": [f"--config={config}", f"--workdir={runs['logging'][0]}", NO_TEST_TRANSLATION,
+                            *LOGGING_FLAGS],
+                "preparing": [f"--config={config}", f"--workdir={runs['preparing'][0]}", NO_TEST_TRANSLATION]}
         results = dict(zip(rows, run_rows("train.py", list(rows.values()), directory)))
         yield {**runs, "again": results, "reference": (reference, results["reference"])}
 

@@ -6,7 +6,7 @@ kept)."""
 
 import json
 
-from runs import assert_one_line_error, copy_run, run_rows, run_script, snapshot
+from runs import NO_TEST_TRANSLATION, assert_one_line_error, copy_run, run_rows, run_script, snapshot
 from transformer_jax.base.log_records import read_metrics
 from transformer_jax.checkpoints import Checkpointer
 
@@ -24,7 +24,7 @@ def test_checkpoint_every_alone_decides_the_checkpoints_and_an_evaluation_at_one
     result = run_script("train.py", f"--config={script_trained_run['config']}", f"--workdir={workdir}",
                         "--config.training.num_train_steps=8", "--config.training.eval_every=1",
                         "--config.training.checkpoint_every=100", "--config.training.keep_checkpoints=5",
-                        "--config.eval.test_at_end=False")
+                        NO_TEST_TRANSLATION)
     assert result.returncode == 0, result.stderr[-3000:]
     dev = {record["step"]: record for record in read_metrics(str(workdir)) if record["split"] == "dev"}
     assert sorted(dev) == [3, 6, 7, 8]

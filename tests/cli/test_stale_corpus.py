@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from runs import ROOT, assert_one_line_error, run_rows, run_script, script_env, write_config
+from runs import NO_TEST_TRANSLATION, ROOT, assert_one_line_error, run_rows, run_script, script_env, write_config
 from transformer_jax.data.sources import load_splits
 
 
@@ -88,7 +88,7 @@ def own_text_run(text_run):
     text = write_text(text_run["dir"] / "own_text")
     flags = [f"--config={text_run['config']}", "--config.data.source=text", f"--config.data.path={text}"]
     first = run_script("train.py", *flags, f"--workdir={text_run['dir'] / 'own_run'}",
-                       "--config.training.num_train_steps=2", "--config.eval.test_at_end=False")
+                       "--config.training.num_train_steps=2", NO_TEST_TRANSLATION)
     assert first.returncode == 0, first.stderr[-3000:]
     return {"text": text, "workdir": text_run["dir"] / "own_run", "flags": flags}
 

@@ -11,7 +11,7 @@ import time
 import jax
 import numpy as np
 import pytest
-from runs import run_script, start_script, write_config
+from runs import NO_TEST_TRANSLATION, run_script, start_script, write_config
 
 from transformer_jax.checkpoints.manager import Checkpointer
 
@@ -20,7 +20,6 @@ KEEP = 2
 # A checkpoint at every step, so a random kill often lands while an asynchronous save is being written.
 SETTINGS = (f"--config.training.num_train_steps={STEPS}", "--config.training.checkpoint_every=1",
             f"--config.training.keep_checkpoints={KEEP}")
-NO_TEST = "--config.eval.test_at_end=False"  # for runs whose test translation no test reads
 
 
 def train(config: str, workdir: pathlib.Path, *extra: str) -> subprocess.CompletedProcess:
@@ -111,9 +110,9 @@ def test_sigkill_at_random_points_then_resume_loses_nothing(reference, tmp_path)
 
 def test_same_seed_gives_identical_metrics_and_another_seed_does_not(reference, tmp_path):
     config, uninterrupted = reference
-    train(config, tmp_path / "again", NO_TEST)
+    train(config, tmp_path / "again", NO_TEST_TRANSLATION)
     assert (tmp_path / "again" / "metrics.jsonl").read_bytes() == (uninterrupted / "metrics.jsonl").read_bytes()
-    train(config, tmp_path / "seed1", "--config.training.seed=1", NO_TEST)
+    train(config, tmp_path / "seed1", "--config.training.seed=1", NO_TEST_TRANSLATION)
     first = [json.loads(line) for line in (uninterrupted / "metrics.jsonl").read_text().splitlines()]
     other = [json.loads(line) for line in (tmp_path / "seed1" / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["split"]) for r in other] == [(r["step"], r["split"]) for r in first]

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from runs import _stored_arrays, finish_all, free_port, script_env, start_script, write_config
+from runs import NO_TEST_TRANSLATION, _stored_arrays, finish_all, free_port, script_env, start_script, write_config
 from transformer_jax.base import workdir as layout
 from transformer_jax.base.log_records import read_metrics
 from transformer_jax.run.log_window import summarize_window
@@ -33,7 +33,7 @@ IN_FLIGHT = 2  # training.max_updates_in_flight's default
 # log window for the whole run: unbounded, the host would dispatch up to step 100 and a stop would wait for all of it.
 SIZES = ("--config.data.builtin_train_size=4000", "--config.data.vocab_size=1000", "--config.model.d_model=128",
          "--config.model.d_ff=512", "--config.training.log_every=100", "--config.training.eval_every=0",
-         "--config.training.checkpoint_every=1000", "--config.eval.test_at_end=False")
+         "--config.training.checkpoint_every=1000", NO_TEST_TRANSLATION)
 # Per update. Two processes share the same two cores, each on about one: each computes half of the same 12,288
 # tokens, and their update takes about as long as one process's on both (each computing 12,288 took twice as long).
 TOKENS = {1: 12288, 2: 12288}

@@ -1,11 +1,11 @@
 """transformer-jax train --config=CONFIG --workdir=DIR [--config.KEY=VALUE ...]   (or python train.py, the same flags)
 
 Trains a Transformer, resuming from the newest checkpoint in --workdir; at the end translates the test split
-with beam search, prints SacreBLEU (with its signature) and plots the learning curves (--config.eval.test_at_end=False:
-neither). CONFIG is a config file, or the name of one that
-ships with the package (demo, smoke, wmt14_ende_base, wmt14_ende_big, parallel_text:DIR,SRC,TGT, rerun:FILE,
-finetune_opus_mt); --config_help lists every key. A run stopped before its last step (SIGTERM, Ctrl-C) saves a
-checkpoint and exits 143 (130), so that a scheduler restarts it; the same command resumes it.
+with beam search, prints SacreBLEU (with its signature) and plots the learning curves (neither with
+--config.eval.test_at_end=False). CONFIG is a config file, or the name of one that ships with the package (demo,
+smoke, wmt14_ende_base, wmt14_ende_big, parallel_text:DIR,SRC,TGT, rerun:FILE, finetune_opus_mt); --config_help
+lists every key. A run stopped before its last step (SIGTERM, Ctrl-C) saves a checkpoint and exits 143 (130), so
+that a scheduler restarts it; the same command resumes it.
 """
 
 import jax
