@@ -5,9 +5,10 @@
 Runs `train.py --config=configs/smoke.py` (the run most of the suite's train.py launches are made of) once in a
 fresh process on the CPU, with a new, empty compile cache, and prints its wall time and the CPU seconds of the
 process. The suite is CPU-bound, and machines of one kind (2 cores "AMD EPYC") ran it in 23 to 38 minutes, one VM
-27 and 36 minutes 40 minutes apart (docs/benchmarks/test_suite.md). `.ci/run` prints this line before `make test`
-as a first, rough gauge of the machine: it read about the same after those two runs, so it does not capture
-everything that slows a suite that keeps both cores busy.
+27 and 36 minutes 40 minutes apart (docs/benchmarks/test_suite.md). `.ci/run` prints this line before the suite
+and again after the user-compile lane, and reports each lane's wall time as a multiple of the mean of the two: a
+rough gauge of the machine (it read about the same after those two runs, so it does not capture everything that
+slows a suite that keeps both cores busy; one reading alone moved 15.1-17.5 s between runs of the same tests).
 """
 
 from __future__ import annotations

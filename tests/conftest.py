@@ -20,9 +20,9 @@ are unset and no process imports the hook, so the tests compile exactly as a use
 The slowest tests, and why (2 cores, 2 workers, 2026-12-04 evening: the suite 1,028 s and 967 s wall in two runs
 one after the other, all passing, 1,892 s and 1,775 s of the tests' CPU; the same tests took 1,234 s before the
 quicker XLA:CPU compiles and the loads from process 0 below, and 1,856-2,083 s that morning, when the machine ran
-slower: its speed moves from hour to hour, so `.ci/run` prints a smoke training's time first, then the 25 slowest of
-the run; docs/benchmarks/test_suite.md). The suite is CPU-bound (both cores >95% busy throughout), so more workers
-would not help; about two thirds of its CPU is in the processes tests start (70%: with
+slower: its speed moves from hour to hour, so `.ci/run` times a smoke training before and after the lanes and
+lists the 25 slowest tests; docs/benchmarks/test_suite.md). The suite is CPU-bound (both cores >95% busy throughout),
+so more workers would not help; about two thirds of its CPU is in the processes tests start (70%: with
 $TRANSFORMER_JAX_TEST_PROCESS_LOG set each process and each test logs its CPU, and `python -m benchmarks.suite_cpu`
 sums them by test and module; the page shows the tables) (a warm-cache smoke train.py: ~7.5 s of CPU, of which
 imports about 2 s, tracing, lowering and loading its cached programs 2 s, its six steps and four checkpoint saves
