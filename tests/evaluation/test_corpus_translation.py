@@ -7,6 +7,7 @@ import json
 import os
 import pathlib
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -149,6 +150,10 @@ def arrange_bad_input(workdir, tmp_path: pathlib.Path) -> list[tuple[list[str], 
     mono = write_corpus(tmp_path / "mono.en", 5)
     (tmp_path / "x").mkdir()
     write_corpus(tmp_path / "x" / "mono.en", 5, seed=1)
+    # The run's config alone, no tokenizer or checkpoint: the inputs and places are checked before the model loads.
+    config_only = tmp_path / "config_only"
+    config_only.mkdir()
+    shutil.copy(pathlib.Path(workdir) / "config.json", config_only)
     rows = [
         ([f"--input={bad}", f"--output_dir={tmp_path / 'out'}"], [f"{bad} line 3 is not valid UTF-8"]),
         ([f"--input={mono}", f"--output_dir={theirs}"], ["mono.en.de exists and is not this job's output",
@@ -157,6 +162,8 @@ def arrange_bad_input(workdir, tmp_path: pathlib.Path) -> list[tuple[list[str], 
         ([f"--input={mono}", "--shard_lines=0"], ["--shard_lines=0 must be at least 1"]),
         ([f"--input={mono}", f"--input={tmp_path / 'x' / 'mono.en'}", f"--output_dir={tmp_path / 'out'}"],
          ["two inputs would write"]),
+        ([f"--workdir={config_only}", f"--input={mono}", f"--input={tmp_path / 'x' / 'mono.en'}",
+          f"--output_dir={tmp_path / 'out'}"], ["two inputs would write"]),
     ]
     return [(["translate-corpus", f"--workdir={workdir}", *args], fragments) for args, fragments in rows]
 

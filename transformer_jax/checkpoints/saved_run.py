@@ -1,5 +1,5 @@
 """A training run on disk (`Run`: its config, model config, tokenizer and a read-only checkpointer), reopened by
-`open_run` with every missing or mismatched piece named."""
+`open_run` with every missing or mismatched piece named; `run_config_of` reads its config alone."""
 
 from __future__ import annotations
 
@@ -29,8 +29,9 @@ class Run:
     checkpointer: Checkpointer
 
 
-def open_run(workdir: str) -> Run:
-    """Load `<workdir>/config.json`, the tokenizer and the checkpoint manager; fail clearly if absent."""
+def run_config_of(workdir: str) -> ml_collections.ConfigDict:
+    """`<workdir>/config.json` alone (no tokenizer, checkpoint or model): a missing workdir or config named as
+    open_run names it."""
     if not workdir or not workdir.strip():
         raise CheckpointError("the workdir is empty; pass the --workdir a training run wrote")
     config_path = layout.run_path(workdir, layout.CONFIG)
@@ -44,7 +45,12 @@ def open_run(workdir: str) -> Run:
             f"{workdir} holds no training run (no config.json; it contains: {present}); "
             "pass the --workdir given to train.py"
         )
-    config = read_run_config(config_path)
+    return read_run_config(config_path)
+
+
+def open_run(workdir: str) -> Run:
+    """Load `<workdir>/config.json`, the tokenizer and the checkpoint manager; fail clearly if absent."""
+    config = run_config_of(workdir)
     # A damaged tokenizer.model is named with the fix: the copy its prepared corpus keeps, when intact.
     corpus = corpus_directory(config, workdir)
     tokenizer = Tokenizer.load(layout.run_path(workdir, layout.TOKENIZER), copies=[os.path.join(corpus, layout.TOKENIZER)])

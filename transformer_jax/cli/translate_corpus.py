@@ -50,6 +50,7 @@ def main(argv: list[str]) -> None:
     import jax
 
     from transformer_jax.base import is_local, quiet_console
+    from transformer_jax.checkpoints.saved_run import run_config_of
     from transformer_jax.evaluation import Translator, corpus_translation
 
     quiet_console()
@@ -61,16 +62,17 @@ def main(argv: list[str]) -> None:
         if not patterns:  # a value such as ",": refuse_blank lets no blank one through
             raise ConfigError("--input is empty; pass the files (or globs) to translate")
         _RUN.start()
-        translator = Translator(_RUN.workdir.value, _RUN.checkpoint.value, dtype=_SEARCH.dtype.value)
+        # The inputs and the outputs' places are checked from the run's config alone, before the model is loaded: a
+        # refused command line says so at once, however large the checkpoint.
+        workdir = _RUN.workdir.value
+        suffix = run_config_of(workdir).data.target_lang if _SUFFIX.value is None else _SUFFIX.value
+        files = corpus_translation.plan_files(corpus_translation.expand_inputs(patterns), _OUTPUT_DIR.value, suffix)
+        translator = Translator(workdir, _RUN.checkpoint.value, dtype=_SEARCH.dtype.value)
         try:
             run_config = translator.run.config
             options = _SEARCH.options(run_config)
             translator.batching = _SEARCH.translation(run_config)["batching"]  # None: sized for the devices
             batching = translator.batching_for(options)
-            suffix = run_config.data.target_lang if _SUFFIX.value is None else _SUFFIX.value
-            files = corpus_translation.plan_files(corpus_translation.expand_inputs(patterns), _OUTPUT_DIR.value,
-                                                  suffix)
-            workdir = _RUN.workdir.value
             settings = {"workdir": os.path.abspath(workdir) if is_local(workdir) else workdir,
                         "checkpoint": _RUN.checkpoint.value, "steps": translator.steps,
                         "model": translator.fingerprint(), "search": dataclasses.asdict(options),
