@@ -254,13 +254,15 @@ def test_make_targets_in_the_docs_exist():
             assert re.search(rf"^{target}:", makefile, re.M), f"{path.name} runs make {target}; the Makefile has no such target"
 
 
-# The recipes' trainings below, capped at a few steps of 1,024-token batches, one layer per stack (the tier's
-# two layers cost each training ~15 s more CPU on 2 cores, most of it compiling) and one dev evaluation, at the last
-# step (the 6 steps would otherwise evaluate at every one: ~1 s of CPU a training): the tests show the lines run, not
-# BLEU. The tier's own sizes are checked in tests/config/test_parallel_text.py.
+# The recipes' trainings below, capped at a few steps of 256-token batches (a step of 1,024 tokens took ~0.4 s on 2
+# cores with the suite's quicker compiles), one layer per stack (the tier's two layers cost each training ~15 s more
+# CPU on 2 cores, most of it compiling), no dev evaluation during training (compiling and running the dev loss: ~1-2 s
+# of CPU a training; no assertion reads it) and one checkpoint, at the last step (the tier saves one at every step of
+# so short a run): the tests show the lines run, not BLEU. The tier's own sizes are checked in
+# tests/config/test_parallel_text.py.
 CAPPED_TRAINING = ("--config.training.num_train_steps=6", "--config.training.warmup_steps=3",
-                   "--config.data.tokens_per_batch=1024", "--config.model.num_layers=1",
-                   "--config.training.eval_every=6")
+                   "--config.data.tokens_per_batch=256", "--config.model.num_layers=1",
+                   "--config.training.eval_every=0", "--config.training.checkpoint_every=6")
 
 
 def test_the_own_text_lines_train_and_evaluate_on_files_as_written(tmp_path):
@@ -323,12 +325,12 @@ def test_the_run_from_python_example_trains_the_smoke_run(tmp_path, monkeypatch,
 
 def test_the_back_translation_recipe_runs_in_its_order(tmp_path):
     """docs/back_translation.md's lines on a tiny corpus (`transformer-jax` as this checkout's
-    `python -m transformer_jax`, each training capped by CAPPED_TRAINING): each runs, and the
-    union holds the real pairs and the tagged synthetic ones. No BLEU claim."""
+    `python -m transformer_jax`, each training capped by CAPPED_TRAINING, with one vocabulary size and no test
+    translation, below): each runs, and the union holds the real pairs and the tagged synthetic ones. No BLEU claim."""
     import subprocess
     import sys
 
-    from runs import script_env
+    from runs import NO_TEST_TRANSLATION, script_env
     from transformer_jax.data.builtin.corpus import generate_pairs
 
     path, block = marked_block("back-translation", "bash")
@@ -340,10 +342,14 @@ def test_the_back_translation_recipe_runs_in_its_order(tmp_path):
         for side, lang in enumerate(("en", "de")):
             (tmp_path / "my_corpus" / f"{split}.{lang}").write_text("".join(p[side] + "\n" for p in part))
     (tmp_path / "mono.de").write_text("".join(target + "\n" for _, target in pairs[140:]))
+    # Both models get one vocabulary size (the tier sizes each from its corpus: 899 and 1,034 pieces here, so 512 is
+    # supported by both), so that the second training compiles nothing the first did not (about 4 s of CPU); and
+    # each training ends at its last checkpoint (NO_TEST_TRANSLATION): no assertion reads its translation of dev.
+    capped = [*CAPPED_TRAINING, "--config.data.vocab_size=512", NO_TEST_TRANSLATION]
     for line in lines:
         command = line.replace("transformer-jax ", f"{sys.executable} -m transformer_jax ")
         if " train " in command:
-            command += " " + " ".join(CAPPED_TRAINING)
+            command += " " + " ".join(capped)
         done = subprocess.run(command, shell=True, cwd=tmp_path, env=script_env(), capture_output=True, text=True,
                               timeout=600)
         assert done.returncode == 0, f"{line}\n{done.stderr[-3000:]}"

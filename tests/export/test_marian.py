@@ -76,6 +76,12 @@ def opus(tmp_path_factory):
     return str(hf_dir), workdir
 
 
+@pytest.fixture(scope="module")
+def opus_params(opus):
+    """The imported run's parameters (its one checkpoint, step 0), read once for the tests that only read them."""
+    return checkpoint_params(open_run(opus[1]), [0])
+
+
 def hf_source(tokenizer: MarianTokenizer, sentences: list[str]) -> dict[str, torch.Tensor]:
     return tokenizer(sentences, return_tensors="pt", padding=True)
 
@@ -137,10 +143,10 @@ def hf_generate(hf_dir: str, sentences: list[str], beams: int, extra: int = EXTR
     return outputs
 
 
-def test_greedy_and_beam_translations_equal_generate(opus):
+def test_greedy_and_beam_translations_equal_generate(opus, opus_params):
     hf_dir, workdir = opus
     run = open_run(workdir)
-    params = checkpoint_params(run, [0])
+    params = opus_params
     config = run.model_config.replace(attention_backend="einsum")
     src = our_source(run, SENTENCES)
     greedy = np.asarray(greedy_decode(params, config, src, max_extra_length=EXTRA))
@@ -183,10 +189,10 @@ def test_eval_translates_a_file_stdin_and_on_a_mesh_as_transformers_does(opus, t
     assert on_a_mesh.stdout == from_file.stdout, on_a_mesh.stderr[-2000:]
 
 
-def test_import_then_export_gives_back_the_checkpoint(opus, tmp_path):
+def test_import_then_export_gives_back_the_checkpoint(opus, opus_params, tmp_path):
     hf_dir, workdir = opus
     run = open_run(workdir)
-    out = export_run(run, checkpoint_params(run, [0]), export_target("hf", str(tmp_path / 'out')))
+    out = export_run(run, opus_params, export_target("hf", str(tmp_path / 'out')))
     original, exported = load_file(os.path.join(hf_dir, "model.safetensors")), load_file(os.path.join(out, "model.safetensors"))
     for name, value in original.items():
         if name.endswith("k_proj.bias"):  # the softmax cancels it: dropped on import, zeros on export
@@ -254,7 +260,7 @@ def test_an_export_target_that_exists_is_refused(opus, tmp_path):
     assert os.listdir(tmp_path / "out") == ["keep.txt"]
 
 
-def test_fine_tuning_an_imported_model_then_resuming(opus, tmp_path):
+def test_fine_tuning_an_imported_model_then_resuming(opus, opus_params, tmp_path):
     hf_dir, imported = opus
     text = tmp_path / "text"
     text.mkdir()
@@ -264,8 +270,10 @@ def test_fine_tuning_an_imported_model_then_resuming(opus, tmp_path):
         (text / f"{split}.de").write_text("\n".join(" ".join(reversed(row)) for row in rows) + "\n")
     config = finetune_config()  # configs/finetune_opus_mt.py, as docs/opus_mt.md runs it, shrunk to seconds
     config.data.update(path=str(text), tokens_per_batch=256, max_length=16)
+    # No dev evaluation (~1.3 s of CPU compiling and running it): nothing here reads one; `score` on an imported run
+    # (test_eval_translates_a_file_stdin_and_on_a_mesh_as_transformers_does) computes its dev-style loss.
     config.training.update(num_train_steps=3, warmup_steps=2, peak_learning_rate=1e-3, init_from=imported,
-                           log_every=1, eval_every=3, bleu_every=0, checkpoint_every=3)
+                           log_every=1, eval_every=0, bleu_every=0, checkpoint_every=3)
     workdir = str(tmp_path / "tuned")
     config = adopt_initial_model(config, workdir)
     assert config.model.activation == "swish" and config.model.output_bias
@@ -275,15 +283,15 @@ def test_fine_tuning_an_imported_model_then_resuming(opus, tmp_path):
     trainer.close()
     run = open_run(workdir)
     assert run.tokenizer.fingerprint == open_run(imported).tokenizer.fingerprint
-    tuned, before = checkpoint_params(run, [3]), checkpoint_params(open_run(imported), [0])
+    tuned, before = checkpoint_params(run, [3]), opus_params
     moved = [float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(tuned), jax.tree.leaves(before))]
     assert 0 < min(moved) and max(moved) < 0.1  # every weight trained a little, from the imported ones
     assert any(float(np.abs(a - b).max()) > 0.1 for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(start)))
     config.training.num_train_steps = 5
     resumed = Trainer(assemble_run(config, workdir))
-    assert resumed.restore_latest()[0] == 3  # its own checkpoint, not the imported parameters
     resumed.run()
     resumed.close()
+    assert resumed.start_step == 3  # run() restored its own checkpoint, not the imported parameters (step 0)
     assert open_run(workdir).checkpointer.latest_step() == 5
 
 
@@ -319,7 +327,8 @@ def test_separate_vocabularies_import_and_export_exactly(tmp_path):
 
 def test_a_model_id_is_read_from_the_local_hugging_face_cache_and_never_downloaded(tmp_path):
     """--hf_dir=ORG/NAME takes the snapshot `hf download` left in the cache (laid out here offline, as
-    huggingface_hub keeps it); an id that is not cached is one line saying how to fetch it."""
+    huggingface_hub keeps it); an id that is not cached is one line saying how to fetch it. (Both as
+    `transformer-jax import` command lines, run in one process by tests/cli_rows.py: one start-up of Python and JAX.)"""
     hf_dir = tiny_marian(tmp_path / "hf")
     cache = tmp_path / "hub"
     snapshot = cache / "models--Helsinki-NLP--opus-mt-tiny" / "snapshots" / ("0" * 40)
@@ -327,15 +336,16 @@ def test_a_model_id_is_read_from_the_local_hugging_face_cache_and_never_download
     (cache / "models--Helsinki-NLP--opus-mt-tiny" / "refs").mkdir()
     (cache / "models--Helsinki-NLP--opus-mt-tiny" / "refs" / "main").write_text("0" * 40)
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-m", "transformer_jax.cli.import_marian",
-                           "--hf_dir=Helsinki-NLP/opus-mt-tiny", f"--workdir={tmp_path / 'run'}"],
-                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    rows = [["import", "--hf_dir=Helsinki-NLP/opus-mt-tiny", f"--workdir={tmp_path / 'run'}"],
+            ["import", "--hf_dir=Helsinki-NLP/opus-mt-xx-yy", f"--workdir={tmp_path / 'other'}"]]
+    (tmp_path / "rows.json").write_text(json.dumps(rows))
+    ran = subprocess.run(command("tests/cli_rows.py", "transformer-jax", tmp_path / "rows.json", tmp_path / "out.json"),
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    done, missing = json.loads((tmp_path / "out.json").read_text())
+    assert done["returncode"] == 0, done["stderr"][-2000:]
     assert open_run(str(tmp_path / "run")).checkpointer.latest_step() == 0
-    missing = subprocess.run([sys.executable, "-m", "transformer_jax.cli.import_marian",
-                              "--hf_dir=Helsinki-NLP/opus-mt-xx-yy", f"--workdir={tmp_path / 'other'}"],
-                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
-    assert missing.returncode == 2 and "Traceback" not in missing.stderr, missing.stderr[-2000:]
-    line = missing.stderr.strip().splitlines()[-1]
+    assert missing["returncode"] == 2 and "Traceback" not in missing["stderr"], missing["stderr"][-2000:]
+    line = missing["stderr"].strip().splitlines()[-1]
     assert "holds no snapshot of that model id" in line and "hf download Helsinki-NLP/opus-mt-xx-yy" in line
     assert not (tmp_path / "other").exists()

@@ -9,16 +9,16 @@ its cross-device sums go through the same collectives and the comparison can be 
 import json
 import pathlib
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
 
-from runs import ROOT, finish_all, free_port, script_env, snapshot, start_script, tiny_run_config, write_config
+from runs import (NO_TEST_TRANSLATION, finish_all, free_port, script_env, snapshot, start_script, tiny_run_config,
+                  write_config)
 from transformer_jax.checkpoints.manager import Checkpointer
 from transformer_jax.base.log_records import read_metrics
+from transformer_jax.data import prepare_corpus
 
 GLOBAL_DEVICES = 4
 
@@ -98,7 +98,7 @@ def test_only_process_0_writes_the_logs(runs):
 def test_a_one_process_checkpoint_resumes_in_two_processes(runs, tmp_path):
     config, (single, _), _ = runs
     resumed = stopped_at_step_4(single, tmp_path / "resumed")
-    launch(config, resumed, 2)
+    launch(config, resumed, 2, NO_TEST_TRANSLATION)  # the metrics and parameters are compared, not the translation
     assert (resumed / "metrics.jsonl").read_bytes() == (single / "metrics.jsonl").read_bytes()
     for a, b in zip(params_of(resumed, 6), params_of(single, 6), strict=True):
         np.testing.assert_array_equal(a, b)
@@ -110,7 +110,7 @@ def test_a_two_process_checkpoint_resumes_in_a_plain_single_process(runs, tmp_pa
     config, (single, _), (multi, _) = runs
     resumed = stopped_at_step_4(multi, tmp_path / "resumed")
     before = {k: v for k, v in snapshot(resumed / "checkpoints").items() if k.startswith("4/")}
-    launch(config, resumed, 1, multihost=False)
+    launch(config, resumed, 1, NO_TEST_TRANSLATION, multihost=False)
     expected, got = read_metrics(str(single)), read_metrics(str(resumed))
     assert [(r["step"], r["split"]) for r in got] == [(r["step"], r["split"]) for r in expected]
     assert got[:5] == expected[:5]  # steps 1-4 (and the dev loss at 3) come from the 2-process run
@@ -131,11 +131,10 @@ def test_two_hosts_of_two_devices_read_only_their_rows_of_a_prepared_corpus_and_
     config.write_text(f"exec(open({write_config(tmp_path)!r}).read())\n_tiny = get_config\n\n"
                       "def get_config():\n    config = _tiny()\n    config.mesh.update(data=2, fsdp=2)\n"
                       "    config.training.num_train_steps = 4\n    return config\n")
+    # Prepared in this process by the call `transformer-jax prepare` makes (no process to start); the corpus depends on
+    # the data settings alone, which the fsdp config leaves as the tiny run's.
     prepared = tmp_path / "prepared"
-    result = subprocess.run([sys.executable, "-m", "transformer_jax.cli.prepare", f"--config={config}",
-                             f"--output={prepared}", "--workers=1"], cwd=ROOT, env=script_env(), capture_output=True,
-                            text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
+    prepare_corpus(tiny_run_config(), str(prepared), workers=1)
     single, multi = tmp_path / "single", tmp_path / "multi"
     reference = launch(str(config), single, 1, f"--config.data.prepared={prepared}")
     stopped = launch(str(config), multi, 2, f"--config.data.prepared={prepared}", timeout=600,
