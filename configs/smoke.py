@@ -8,7 +8,8 @@ Hardware: any CPU. On 2 cores (Intel Xeon, 2026-12-07): about 25 s of CPU from a
           (benchmarks/results/smoke-time-2026-12-07.txt, docs/benchmarks/demo_and_install.md).
 Expected: every stage runs (tokenizer, training with dev loss and checkpoints, beam-search test
           translation, SacreBLEU); the BLEU itself is near 0 after 6 steps. The test suite builds
-          its runs from this config (tests/conftest.py).
+          its runs from this config, with rows of data.max_length: one batch shape, not the two
+          widths chosen here from the corpus (tests/runs.py).
 """
 
 from transformer_jax.config import default_config

@@ -26,7 +26,9 @@ so more workers would not help; about two thirds of its CPU is in the processes 
 $TRANSFORMER_JAX_TEST_PROCESS_LOG set each process and each test logs its CPU, and `python -m benchmarks.suite_cpu`
 sums them by test and module; the page shows the tables) (a warm-cache smoke train.py: ~7.5 s of CPU, of which
 imports about 2 s, tracing, lowering and loading its cached programs 2 s, its six steps and four checkpoint saves
-2 s, dev losses 1 s, the test translation, BLEU and plot the rest). CPU seconds of the 1,028-s run:
+2 s, dev losses 1 s, the test translation, BLEU and plot the rest; the suite's tiny run, of one batch shape
+(tests/runs.py), and most launches without the test translation: a median of 5.2 s a train.py process on
+2026-12-07). CPU seconds of the 1,028-s run:
 - the pages' TPU preflights (tests/test_recipes.py): the README's base model on v5e-256 through libtpu, 90 s at full
   size until 2026-12-07, now with one layer a stack (about 40 s: libtpu's compile does not shrink with the topology,
   and compile-only TPU programs cannot be cached; the train step is most of it); the big model on v5p:4x4x8 with

@@ -24,7 +24,8 @@ pytest.importorskip("libtpu", reason="the tpu extra (libtpu) is installed by `ma
 
 def small_run(**mesh):
     config = tiny_run_config()
-    config.data.update(tokens_per_batch=2048, max_length=128)  # rows of 128: whole blocks of the splash kernel
+    # Rows of 128: whole blocks of the splash kernel; on a corpus, widths chosen from it (the tiny run's rows are 64).
+    config.data.update(tokens_per_batch=2048, max_length=128, row_width=0)
     config.model.update(d_model=64, d_ff=128, num_heads=4, max_len=256)
     config.mesh.update(**mesh)
     return config

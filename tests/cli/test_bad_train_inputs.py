@@ -274,7 +274,8 @@ TRAIN_ROWS = [
       "--config.training.accumulation_steps"]),
     ("bad search setting on a new workdir", fresh("--config.eval.alpha=-1"),
      ["eval.alpha=-1.0 must be >= 0", "--config.eval.alpha"]),
-    ("no pair as short as max_length on a new workdir", fresh("--config.data.max_length=1"),
+    ("no pair as short as max_length on a new workdir",  # the width from the corpus (the tiny run's is 64)
+     fresh("--config.data.max_length=1", "--config.data.row_width=0"),
      ["no training pair fits max_length=1 tokens", "raise --config.data.max_length"]),
     ("batch smaller than one row on a new workdir", fresh("--config.data.tokens_per_batch=63"),
      ["data.tokens_per_batch=63 cannot hold one row of max_length=64"]),

@@ -61,9 +61,10 @@ def params_of(workdir: pathlib.Path) -> list[np.ndarray]:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """An uninterrupted run of STEPS steps (seed 0)."""
+    """An uninterrupted run of STEPS steps (seed 0), its packed rows' width chosen from the corpus as configs/smoke.py's
+    (two batch shapes: each resume finds its place among batches of both)."""
     directory = tmp_path_factory.mktemp("crash")
-    config = write_config(directory)
+    config = write_config(directory, automatic_row_width=True)
     train(config, directory / "uninterrupted")
     return config, directory / "uninterrupted"
 

@@ -56,9 +56,10 @@ def stopped_at_step_4(workdir: pathlib.Path, copy: pathlib.Path) -> pathlib.Path
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The tiny run to step 6: once as 1 process x 4 devices, once as 2 processes x 2 devices."""
+    """The tiny run to step 6: once as 1 process x 4 devices, once as 2 processes x 2 devices; the packed rows' width
+    chosen from the corpus, as configs/smoke.py's (two batch shapes, each split among the processes)."""
     directory = tmp_path_factory.mktemp("multiprocess")
-    config = write_config(directory)
+    config = write_config(directory, automatic_row_width=True)
     single, multi = directory / "single", directory / "multi"
     return config, (single, launch(config, single, 1)), (multi, launch(config, multi, 2))
 

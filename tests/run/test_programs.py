@@ -20,6 +20,7 @@ def hlo_by_name(lowered):
 
 def test_the_preflight_compiles_the_programs_train_py_runs_for_the_same_corpus(run_config, tmp_path):
     run_config.data.max_length = 64  # the corpus's pairs are far shorter: its rows are not rows of max_length
+    run_config.data.row_width = 0  # widths chosen from the corpus (the tiny run's rows are max_length wide)
     run_config.model.max_len = 65
     trainer = Trainer(assemble_run(run_config, str(tmp_path)))
     compiled_shapes = trainer.compile_steps()

@@ -50,7 +50,7 @@ def main(argv: list[str]) -> None:
     import jax
 
     from transformer_jax.base import is_local, quiet_console
-    from transformer_jax.checkpoints.saved_run import run_config_of
+    from transformer_jax.checkpoints import run_config_of
     from transformer_jax.evaluation import Translator, corpus_translation
 
     quiet_console()
