@@ -5,6 +5,7 @@ change and the checkpoint kept. The Trainer (loop.py) raises them.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -83,6 +84,18 @@ def kept_checkpoint(kept_step: int | None) -> str:
             else "no checkpoint was written")
 
 
+def _all_finite(params: Any) -> jax.Array:
+    """Whether every parameter is finite: one reduction over the whole tree."""
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(params)]))
+
+
+@functools.lru_cache(maxsize=8)
+def _all_finite_on(sharding: jax.sharding.Sharding | None) -> Callable[[Any], jax.Array]:
+    """_all_finite jitted with its result on `sharding` (None: where JAX puts it): made once per mesh in a process,
+    so a run started again in the same process (a retry, a notebook cell) traces and compiles it once."""
+    return jax.jit(_all_finite, out_shardings=sharding)
+
+
 def check_trained(state: TrainState, step: int, mesh: jax.sharding.Mesh | None = None,
                   newest_checkpoint: Callable[[], int | None] = lambda: None,
                   advice: str | Callable[[], str] = DEFAULT_RATE_ADVICE) -> None:
@@ -94,8 +107,7 @@ def check_trained(state: TrainState, step: int, mesh: jax.sharding.Mesh | None =
     replicated result each process reads from its own devices (no process waits alone in a collective).
     """
     replicated = None if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    all_finite = jax.jit(lambda params: jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(params)])),
-                         out_shardings=replicated)(state.params)
+    all_finite = _all_finite_on(replicated)(state.params)
     skipped = int(np.asarray(_local(state.skipped_updates)))
     advice = advice() if callable(advice) else advice
     if step > 0 and skipped >= step:
