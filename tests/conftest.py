@@ -38,9 +38,9 @@ imports about 2 s, tracing, lowering and loading its cached programs 2 s, its si
   the one-process tokens each): the bound on a stop is a promise about updates of seconds, so each launch trains a
   model sized for them (three launches for one process, two for two: one stop each, the one-process case stopping
   again after it resumes);
-- the multi-process runs (tests/run/test_multiprocess.py 33-48 s,
-  tests/evaluation/test_eval_multihost.py 30 s; tests/evaluation/test_split_evaluation.py's 8-device fixture 37 s:
-  20 compiles of the search): each launch starts JAX in 1-2 fresh processes that join a jax.distributed cluster;
+- the multi-process runs (tests/run/test_multiprocess.py 33-48 s, tests/evaluation/test_eval_multihost.py 30 s;
+  tests/evaluation/test_split_evaluation.py's 8-device fixture 37 s: 20 compiles of the search, of a one-layer
+  model since 2026-12-07): each launch starts JAX in 1-2 fresh processes that join a jax.distributed cluster;
 - the README's back-translation and own-text recipes (tests/test_readme.py, 37 s and 16 s until 2026-12-07, now
   about 21 s and 13 s): each command as written, in fresh processes, each training capped at 6 steps of 256-token
   batches with one checkpoint and no dev evaluation (back-translation: two trainings of one vocabulary size, so the

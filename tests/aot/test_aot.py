@@ -5,6 +5,10 @@ TPU compiler (memory, collectives) and that the verdict and its command line beh
 """
 
 import dataclasses
+import json
+import pathlib
+import pickle
+import runpy
 import subprocess
 import sys
 
@@ -35,22 +39,17 @@ def built_mesh(topology, data, fsdp):
     return mesh_for(topology, data, fsdp)
 
 
-def compiled(topology_name, **mesh):
-    topology = describe(topology_name)
-    config = small_run(**mesh)
-    built = built_mesh(topology, config.mesh.data, config.mesh.fsdp)
-    shapes, programs = compile_run(config, built)
-    return topology, config, shapes, programs
-
-
 def named(programs, prefix):
     """The one program whose name starts with `prefix` (names end in their batch shape)."""
     [program] = [p for p in programs if p.name.startswith(prefix)]
     return program
 
 
-def test_a_data_mesh_all_reduces_gradients_and_reports_memory():
-    topology, config, shapes, programs = compiled("v5e:2x2", data=4, fsdp=1)
+def test_a_data_mesh_all_reduces_gradients_and_reports_memory(preflight_rows):
+    """The programs the tiny-memory preflight (preflight_rows: small_run on v5e:2x2, its default mesh) compiled."""
+    mesh_shape, shapes, programs = preflight_rows["compiled"]
+    assert mesh_shape == {"data": 4, "fsdp": 1}  # data=-1: every device of the topology
+    topology = describe("v5e:2x2")
     assert topology.chip.name == "TPU v5e" and len(topology.devices) == 4 and topology.hosts == 1
     train = named(programs, "train step ")
     assert train.argument_bytes > 0 and train.temp_bytes > 0 and train.total_bytes > train.argument_bytes
@@ -58,7 +57,8 @@ def test_a_data_mesh_all_reduces_gradients_and_reports_memory():
     reductions = set(train.collectives) & {"all-reduce", "reduce-scatter"}
     assert reductions and train.collectives[sorted(reductions)[0]][1] > 0
     assert "all-gather" not in train.collectives  # parameters are replicated: nothing to gather
-    assert named(programs, "dev loss ").name == f"dev loss {shapes.batches.dev_loss[0][0]}x{shapes.batches.dev_loss[0][1]}"
+    rows, width = shapes.batches.dev_loss[0]
+    assert named(programs, "dev loss ").name == f"dev loss {rows}x{width}"
     assert not named(programs, "beam search (beam 2").collectives  # each device decodes its own sentences
     result = verdict(shapes, programs, topology, accumulation=1)
     assert result.fits and 0.5 < result.xla_flops / result.analytic_flops < 3.0
@@ -139,21 +139,77 @@ def test_collectives_are_read_from_hlo_text():
     assert collectives_in(hlo) == {"all-reduce": (1, 512 * 2048 * 4), "all-gather": (1, 32 * 2)}
 
 
-def run_aot(tmp_path, *args):
-    config = tmp_path / "small.py"
+def small_run_file(directory):
+    """A config file of small_run() in `directory`, for the command line."""
+    config = directory / "small.py"
     config.write_text(f"import sys\nsys.path.insert(0, {str(ROOT / 'tests')!r})\n"
                       "from aot.test_aot import small_run\n\ndef get_config():\n    return small_run()\n")
+    return config
+
+
+def run_aot(tmp_path, *args):
+    config = small_run_file(tmp_path)
     return subprocess.run([sys.executable, "-m", "transformer_jax.aot", f"--config={config}", *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
+def record_compiles_of_rows(rows_file: str, results_file: str, compiled_file: str) -> None:
+    """In the process preflight_rows starts: tests/cli_rows.py's `transformer-jax` command lines (each through the
+    command's own flag parsing and main), and what each preflight's compile_run returned, as it returned it
+    (mesh shape, shapes, programs), pickled in order to `compiled_file`."""
+    from transformer_jax.aot import plan
+
+    compiles, compile_run_itself = [], plan.compile_run
+
+    def recorded(config, mesh, *args, **kwargs):
+        shapes, programs = compile_run_itself(config, mesh, *args, **kwargs)
+        compiles.append((dict(mesh.shape), shapes, programs))
+        return shapes, programs
+
+    plan.compile_run = recorded
+    sys.argv = [str(ROOT / "tests" / "cli_rows.py"), "transformer-jax", rows_file, results_file]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+    pathlib.Path(compiled_file).write_bytes(pickle.dumps(compiles))
+
+
 @pytest.fixture(scope="module")
-def fsdp_command(tmp_path_factory):
+def preflight_rows(tmp_path_factory):
+    """The preflight command lines below (`transformer-jax preflight` on a config file of small_run), all in one
+    process (tests/cli_rows.py, as runs.run_rows runs it), in this order: {name: the finished command}, and
+    "compiled": the (mesh shape, shapes, programs) the first, the tiny-memory preflight on v5e:2x2, compiled (only it
+    and the fsdp preflight compile; the others stop at their flags)."""
+    directory = tmp_path_factory.mktemp("preflight_rows")
+    config = small_run_file(directory)
+    rows = {
+        "tiny memory": ["--topology=v5e:2x2", "--hbm_gb=0.001"],
+        # v5e-4 (v5e:2x2) with fsdp=2 and translate-corpus's batching given as its flags (without them it is sized
+        # for the devices: the batches line)
+        "fsdp": ["--topology=v5e-4", "--config.mesh.fsdp=2", "--search_width=16", "--batch_tokens=512",
+                 "--batch_size=64"],
+        "mode without a width": ["--topology=v5e-4", "--mode=greedy"],
+        "top_k with beam search": ["--topology=v5e-4", "--search_width=16", "--top_k=10"],
+        "width 4096": ["--topology=v5e-4", "--search_width=4096"],
+        "unknown topology": ["--topology=v9:2x2"],
+    }
+    rows_file, out, compiled_file = (directory / name for name in ("rows.json", "results.json", "compiled.pickle"))
+    rows_file.write_text(json.dumps([["preflight", f"--config={config}", *args] for args in rows.values()]))
+    done = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(ROOT / 'tests')!r}); "
+                           "from aot.test_aot import record_compiles_of_rows; record_compiles_of_rows(*sys.argv[1:])",
+                           str(rows_file), str(out), str(compiled_file)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = {name: subprocess.CompletedProcess(args, r["returncode"], r["stdout"], r["stderr"])
+               for (name, args), r in zip(rows.items(), json.loads(out.read_text()))}
+    [tiny_memory, fsdp] = pickle.loads(compiled_file.read_bytes())
+    assert fsdp[0] == {"data": 2, "fsdp": 2}, fsdp[0]
+    return {**results, "compiled": tiny_memory}
+
+
+@pytest.fixture(scope="module")
+def fsdp_command(preflight_rows):
     """The preflight of small_run on v5e-4 (v5e:2x2) with fsdp=2 and translate-corpus's batching given as its flags
-    (without them it is sized for the devices: the batches line); test_an_fsdp_mesh_gathers_parameters reads its
-    train step's collectives too."""
-    return run_aot(tmp_path_factory.mktemp("fsdp"), "--topology=v5e-4", "--config.mesh.fsdp=2", "--search_width=16",
-                   "--batch_tokens=512", "--batch_size=64")
+    (a row of preflight_rows); test_an_fsdp_mesh_gathers_parameters reads its train step's collectives too."""
+    return preflight_rows["fsdp"]
 
 
 def test_the_command_prints_the_table_and_fits(fsdp_command):
@@ -239,8 +295,8 @@ def test_on_a_prepared_corpus_the_preflight_compiles_its_widths_and_times_one_ho
     assert "fairseq's --max-tokens 8192 holds" in line and "holds as many as ours" in line, line
 
 
-def test_a_tiny_memory_does_not_fit_and_names_what_to_change(tmp_path):
-    result = run_aot(tmp_path, "--topology=v5e:2x2", "--hbm_gb=0.001")
+def test_a_tiny_memory_does_not_fit_and_names_what_to_change(preflight_rows):
+    result = preflight_rows["tiny memory"]  # --topology=v5e:2x2 --hbm_gb=0.001
     assert result.returncode == 1, result.stderr[-3000:]
     last = result.stdout.rstrip().splitlines()[-1]
     assert last.startswith("does not fit:") and "--config.mesh.fsdp=2" in last and "model.remat=full" in last
@@ -266,26 +322,26 @@ def test_the_bulk_line_prices_translate_corpus_s_search_flags_on_each_host_s_dev
     assert fastest == pytest.approx(4 * 24 / (step_ms / 1e3 * 16), rel=0.01), bulk
 
 
-def test_search_flags_without_a_search_width_are_one_line(tmp_path):
-    result = run_aot(tmp_path, "--topology=v5e-4", "--mode=greedy")
+def test_search_flags_without_a_search_width_are_one_line(preflight_rows):
+    result = preflight_rows["mode without a width"]  # --topology=v5e-4 --mode=greedy
     assert result.returncode == 2, result.stderr[-3000:]
     [line] = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert "--mode prices translate-corpus's batch" in line and "--search_width=32" in line, line
-    result = run_aot(tmp_path, "--topology=v5e-4", "--search_width=16", "--top_k=10")
+    result = preflight_rows["top_k with beam search"]  # --topology=v5e-4 --search_width=16 --top_k=10
     assert result.returncode == 2, result.stderr[-3000:]
     [line] = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert "--top_k applies to --mode=sample" in line, line
 
 
-def test_a_search_width_the_model_cannot_take_is_one_line(tmp_path):
-    result = run_aot(tmp_path, "--topology=v5e-4", "--search_width=4096")
+def test_a_search_width_the_model_cannot_take_is_one_line(preflight_rows):
+    result = preflight_rows["width 4096"]  # --topology=v5e-4 --search_width=4096
     assert result.returncode == 2, result.stderr[-3000:]
     [line] = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert "--search_width=4096" in line and "max_len of 256" in line, line
 
 
-def test_an_unknown_topology_is_one_line(tmp_path):
-    result = run_aot(tmp_path, "--topology=v9:2x2")
+def test_an_unknown_topology_is_one_line(preflight_rows):
+    result = preflight_rows["unknown topology"]  # --topology=v9:2x2
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     assert result.returncode == 2 and len(errors) == 1 and "unknown topology 'v9:2x2'" in errors[0]
     assert "Traceback" not in result.stderr

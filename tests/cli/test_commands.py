@@ -230,15 +230,17 @@ def stopped_runs(tmp_path_factory):
     """Two train.py runs stopped by SIGTERM, each in its process, then the same commands that resume or rerun them in
     one (runs.run_rows): {"in the loop": (the stop's returncode, stdout, stderr, the checkpoint saved, the last
     logged step, the resume), "preparing": (the stopped process's returncode and stderr, what it left, the rerun)}."""
-    from runs import start_script
+    from runs import NO_TEST_TRANSLATION, start_script
     from transformer_jax.base import workdir as layout
 
     directory = tmp_path_factory.mktemp("stopped_runs")
     config = write_config(directory)
 
-    # In the training loop, once 3 steps are logged.
+    # In the training loop, once 3 steps are logged. The command ends without the test translation (nothing below
+    # reads one): the stop and the resume are the same command.
     workdir = directory / "in_the_loop"
-    args = [f"--config={config}", f"--workdir={workdir}", "--config.training.checkpoint_every=1000"]
+    args = [f"--config={config}", f"--workdir={workdir}", "--config.training.checkpoint_every=1000",
+            NO_TEST_TRANSLATION]
     process = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args,
                                 "--config.training.num_train_steps=100000"],
                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

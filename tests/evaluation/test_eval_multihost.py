@@ -26,14 +26,16 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from runs import DEFAULT_EMITTER_FLAGS, ROOT, cpu_xla_flags, finish_all, free_port, run_script, script_env, write_config
+from runs import (DEFAULT_EMITTER_FLAGS, NO_TEST_TRANSLATION, ROOT, cpu_xla_flags, finish_all, free_port, run_script,
+                  script_env, write_config)
 
 # Long enough (with a steeper schedule than configs/smoke.py) that the hypotheses are not empty lines
-# and their lengths differ from sentence to sentence: a misplaced row would change the .hyp file.
+# and their lengths differ from sentence to sentence: a misplaced row would change the .hyp file. No test translation
+# at the end of training (NO_TEST_TRANSLATION): the tests score the test split with eval.py.
 TRAINING = ("--config.training.num_train_steps=200", "--config.training.checkpoint_every=100",
             "--config.training.eval_every=1000", "--config.training.warmup_steps=30",
             "--config.training.learning_rate_scale=2", "--config.training.label_smoothing=0",
-            "--config.model.dropout_rate=0")
+            "--config.model.dropout_rate=0", NO_TEST_TRANSLATION)
 EVALUATION = ("--checkpoint=average:2",)
 # 10 lines (not a multiple of the 4 devices) of many lengths, one empty.
 SENTENCES = ["The dog sleeps.", "This is the house that we will build together in the spring.", "Yes.",
